@@ -1,0 +1,51 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch: installed first so no requirement pulls a CUDA wheel.
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test install dev lint typecheck unit soak bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.dev
+
+demo: install
+	$(BIN)/gpufleet demo
+
+lint: dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: dev
+	$(BIN)/mypy
+
+unit: dev
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+soak: dev
+	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q -m slow tests/
+
+bench: install
+	$(BIN)/python bench/checkpoint_save.py
+	$(BIN)/python bench/step_overhead.py
+	$(BIN)/python bench/preemption_loss.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,10 @@
+"""gpufleet: run training on a preemptible GPU fleet, resume at the last healthy step, see the cost."""
+
+from __future__ import annotations
+
+from gpufleet.errors import GpufleetError
+from gpufleet.spec import JobSpec, load_spec
+
+__version__ = "0.1.0"
+
+__all__ = ["GpufleetError", "JobSpec", "__version__", "load_spec"]

@@ -1,0 +1,57 @@
+"""The backend interface and its registry.
+
+A backend turns a JobSpec into attempts on some scheduler and reports what happened in the
+state store; everything above it (CLI, cost, notes) reads the store, so every backend is priced
+and shown the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+from gpufleet.errors import UsageError
+from gpufleet.spec import JobSpec
+
+B = TypeVar("B", bound="type[Backend]")
+_REGISTRY: dict[str, type[Backend]] = {}
+
+
+class Backend(ABC):
+    """Submit, preempt and cancel jobs; states and events land in the store."""
+
+    name: ClassVar[str]
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    @abstractmethod
+    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+        """Queue a job; return its id."""
+
+    @abstractmethod
+    def preempt(self, job_id: int, grace: float | None = None) -> None:
+        """SIGTERM the running attempt, SIGKILL after ``grace``, then requeue the job."""
+
+    @abstractmethod
+    def cancel(self, job_id: int) -> None:
+        """Stop the job for good."""
+
+
+def register(name: str) -> Callable[[B], B]:
+    def deco(cls: B) -> B:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def get_backend(name: str, home: Path) -> Backend:
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}") from None
+    return cls(home)

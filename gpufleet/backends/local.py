@@ -1,0 +1,381 @@
+"""The embedded local backend: virtual GPU slots, priority preemption with requeue.
+
+It behaves like Slurm with ``PreemptType=preempt/partition_prio`` and ``PreemptMode=REQUEUE``:
+when a pending job cannot fit and lower-priority jobs hold enough slots, the lowest-priority,
+most recently started of them get SIGTERM, then SIGKILL after their grace time, and go back
+to the queue (up to ``max_restarts`` times). Nothing is lost: the runtime saves at the next
+step boundary and the next attempt restores it.
+
+One scheduler process per ``$GPUFLEET_HOME`` (an ``flock`` on ``scheduler.lock``) owns the
+attempts; ``submit`` starts it when none runs, and it exits after ``idle_exit`` seconds with
+nothing queued or running. Its PID is in ``scheduler.pid``. If it dies, the next one finds the
+attempts it left, kills them by PID and requeues their jobs (their checkpoints are intact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gpufleet.backends.base import Backend, register
+from gpufleet.errors import UsageError
+from gpufleet.paths import job_dir
+from gpufleet.runtime.events import read_events
+from gpufleet.runtime.session import REQUEUE_EXIT_CODE
+from gpufleet.spec import JobSpec
+from gpufleet.store import TERMINAL, Job, Store
+
+DEFAULT_SLOTS = 1
+
+
+def configured_slots() -> int:
+    raw = os.environ.get("GPUFLEET_LOCAL_SLOTS", str(DEFAULT_SLOTS))
+    try:
+        slots = int(raw)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise UsageError(f"GPUFLEET_LOCAL_SLOTS={raw!r} is invalid: give a positive number of virtual GPU slots")
+    return slots
+
+
+def store_for(home: Path) -> Store:
+    return Store(home / "state.db")
+
+
+@register("local")
+class LocalBackend(Backend):
+    """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
+
+    def __init__(self, home: Path, *, spawn: bool = True) -> None:
+        super().__init__(home)
+        self.store = store_for(home)
+        self.spawn = spawn
+
+    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+        slots = configured_slots()
+        if spec.resources.gpus > slots:
+            raise UsageError(
+                f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s); "
+                "lower it or set GPUFLEET_LOCAL_SLOTS"
+            )
+        job_id = self.store.add_job(spec, self.name, env)
+        folder = job_dir(self.home, job_id)
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        if self.spawn:
+            ensure_scheduler(self.home)
+        return job_id
+
+    def _require_active(self, job_id: int) -> Job:
+        job = self.store.job(job_id)
+        if job.state in TERMINAL:
+            raise UsageError(f"job {job_id} is already {job.state}")
+        return job
+
+    def preempt(self, job_id: int, grace: float | None = None) -> None:
+        job = self._require_active(job_id)
+        if job.state != "running":
+            raise UsageError(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
+        if grace is not None and grace <= 0:
+            raise UsageError(f"--grace {grace} is invalid: give a positive number of seconds")
+        self.store.add_request(job_id, "preempt", grace)
+        if self.spawn:
+            ensure_scheduler(self.home)
+
+    def cancel(self, job_id: int) -> None:
+        self._require_active(job_id)
+        self.store.add_request(job_id, "cancel")
+        if self.spawn:
+            ensure_scheduler(self.home)
+
+
+# ---- the scheduler process ------------------------------------------------------------------
+
+
+def scheduler_pid(home: Path) -> int | None:
+    """PID of the running scheduler, or ``None`` (checked against the lock, not just the file)."""
+    lock = home / "scheduler.lock"
+    if not lock.exists():
+        return None
+    with lock.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return int((home / "scheduler.pid").read_text().strip())
+            except (OSError, ValueError):
+                return -1
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return None
+
+
+def ensure_scheduler(home: Path) -> None:
+    """Start a detached scheduler for ``home`` unless one holds the lock."""
+    if scheduler_pid(home) is not None:
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    log = (home / "scheduler.log").open("ab")
+    subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.backends.local", str(home)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "GPUFLEET_HOME": str(home)},
+    )
+    log.close()
+    deadline = time.monotonic() + 10
+    while scheduler_pid(home) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@dataclass
+class _Running:
+    job: Job
+    n: int
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    stop: str | None = None
+    """``preempted`` or ``cancelled`` once the scheduler has signalled it."""
+    kill_at: float | None = None
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class LocalScheduler:
+    """Owns the attempts of one ``$GPUFLEET_HOME``; call ``tick`` in a loop, or ``run``."""
+
+    def __init__(self, home: Path, *, slots: int | None = None, poll_s: float = 0.1, idle_exit_s: float = 10.0) -> None:
+        self.home = home
+        self.store = store_for(home)
+        self.slots = slots if slots is not None else configured_slots()
+        self.poll_s = poll_s
+        self.idle_exit_s = idle_exit_s
+        self.running: dict[int, _Running] = {}
+
+    # ---- main loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        lock = (self.home / "scheduler.lock").open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        (self.home / "scheduler.pid").write_text(str(os.getpid()))
+        stop = False
+
+        def _stop(signum: int, frame: object) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        self.adopt_orphans()
+        idle_since = time.monotonic()
+        while not stop:
+            self.tick()
+            if self.running or self.store.jobs(states=("queued",)):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > self.idle_exit_s:
+                break
+            time.sleep(self.poll_s)
+        self.shutdown()
+        (self.home / "scheduler.pid").unlink(missing_ok=True)
+        lock.close()
+
+    def tick(self) -> None:
+        self._handle_requests()
+        self._ingest_all()
+        self._reap()
+        self._enforce_grace()
+        self._schedule()
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Preempt what still runs (it saves and is requeued for the next scheduler)."""
+        for run in list(self.running.values()):
+            if run.stop is None:
+                self._stop(run, "preempted", grace_s)
+        deadline = time.monotonic() + grace_s
+        while self.running and time.monotonic() < deadline:
+            self._reap()
+            self._enforce_grace()
+            time.sleep(0.05)
+        for run in list(self.running.values()):
+            _signal_group(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()
+        self._reap()
+
+    # ---- requests and grace ------------------------------------------------------------------
+    def _handle_requests(self) -> None:
+        for job_id, kind, grace in self.store.take_requests():
+            job = self.store.job(job_id)
+            run = self.running.get(job_id)
+            if kind == "cancel" and run is None and job.state not in TERMINAL:
+                self.store.set_job_state(job_id, "cancelled", reason="cancelled while queued")
+                self.store.add_event(job_id, "cancelled")
+            elif run is not None and run.stop is None:
+                outcome = "cancelled" if kind == "cancel" else "preempted"
+                self._stop(run, outcome, grace)
+
+    def _stop(self, run: _Running, outcome: str, grace: float | None) -> None:
+        grace_s = grace if grace is not None else run.job.spec.checkpoint.grace_seconds
+        now = time.time()
+        run.stop, run.kill_at = outcome, time.monotonic() + grace_s
+        _signal_group(run.proc.pid, signal.SIGTERM)
+        self.store.update_attempt(run.job.id, run.n, state="stopping", sigterm_at=now)
+        self.store.add_event(run.job.id, "sigterm", attempt=run.n, ts=now, reason=outcome, grace=grace_s)
+
+    def _enforce_grace(self) -> None:
+        now = time.monotonic()
+        for run in self.running.values():
+            if run.kill_at is not None and now >= run.kill_at and run.proc.poll() is None:
+                _signal_group(run.proc.pid, signal.SIGKILL)
+                self.store.update_attempt(run.job.id, run.n, kill_at=time.time())
+                self.store.add_event(run.job.id, "sigkill", attempt=run.n, reason="grace time expired")
+                run.kill_at = None
+
+    # ---- attempts ------------------------------------------------------------------------------
+    def _ingest(self, job: Job) -> None:
+        events, offset = read_events(job_dir(self.home, job.id) / "events.jsonl", job.events_offset)
+        if offset != job.events_offset:
+            self.store.add_runtime_events(job.id, events, offset)
+
+    def _ingest_all(self) -> None:
+        for job_id in list(self.running):
+            self._ingest(self.store.job(job_id))
+
+    def _reap(self) -> None:
+        for job_id, run in list(self.running.items()):
+            code = run.proc.poll()
+            if code is None:
+                continue
+            _signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
+            run.log.close()
+            del self.running[job_id]
+            self._ingest(self.store.job(job_id))
+            self._finish(self.store.job(job_id), run.n, code, run.stop)
+
+    def _finish(self, job: Job, n: int, code: int, stop: str | None) -> None:
+        now = time.time()
+        if stop == "cancelled":
+            outcome, state, reason = "cancelled", "cancelled", "cancelled by request"
+        elif code == 0:
+            outcome, state, reason = "completed", "completed", None
+        elif stop == "preempted" or code == REQUEUE_EXIT_CODE or stop == "lost":
+            outcome = stop or "requeued"
+            state, reason = "queued", f"{outcome} at attempt {n}"
+            if job.restarts >= job.spec.max_restarts:
+                state, reason = "failed", f"{outcome} after {job.restarts} restarts (max_restarts)"
+        else:
+            outcome, state = "failed", "failed"
+            reason = f"exit code {code}" if code > 0 else f"killed by {signal.Signals(-code).name}"
+        self.store.update_attempt(job.id, n, state="ended", ended_at=now, exit_code=code, outcome=outcome)
+        restarts = job.restarts + 1 if state == "queued" else None
+        self.store.set_job_state(job.id, state, reason=reason, restarts=restarts)
+        self.store.add_event(job.id, "attempt_end", attempt=n, ts=now, exit_code=code, outcome=outcome)
+        self.store.add_event(job.id, "requeued" if state == "queued" else state, attempt=n, ts=now)
+
+    def adopt_orphans(self) -> None:
+        """Attempts a dead scheduler left: kill them by PID and requeue their jobs."""
+        for attempt in self.store.running_attempts():
+            if attempt.pid:
+                _signal_group(attempt.pid, signal.SIGKILL)
+            job = self.store.job(attempt.job_id)
+            self._ingest(job)
+            self._finish(self.store.job(job.id), attempt.n, -int(signal.SIGKILL), "lost")
+
+    def _launch(self, job: Job) -> None:
+        spec = job.spec
+        n = len(self.store.attempts(job.id)) + 1
+        folder = job_dir(self.home, job.id)
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            **spec.env,
+            **job.env,
+            "GPUFLEET_HOME": str(self.home),
+            "GPUFLEET_JOB_ID": str(job.id),
+            "GPUFLEET_JOB_NAME": spec.name,
+            "GPUFLEET_TEAM": spec.team,
+            "GPUFLEET_ATTEMPT": str(n),
+            "GPUFLEET_JOB_DIR": str(folder),
+            "GPUFLEET_SPEC": str(folder / "spec.json"),
+            "GPUFLEET_CKPT_DIR": str(folder / "checkpoints"),
+            "GPUFLEET_EVENTS": str(folder / "events.jsonl"),
+            "GPUFLEET_BACKEND": "local",
+            "OMP_NUM_THREADS": str(spec.resources.cpus),
+        }
+        argv = [sys.executable, "-m", "gpufleet.runtime.launch"] if spec.callable_entrypoint else spec.command
+        assert argv is not None  # a spec has one entrypoint kind or the other
+        log = (folder / "logs" / f"attempt-{n}.log").open("ab")
+        started = time.time()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=spec.workdir or None,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as err:
+            log.close()
+            self.store.set_job_state(job.id, "failed", reason=f"cannot start {argv[0]!r}: {err.strerror}")
+            self.store.add_event(job.id, "failed", attempt=n, error=str(err))
+            return
+        self.store.add_attempt(job.id, n, proc.pid, started)
+        self.store.add_event(job.id, "attempt_start", attempt=n, ts=started, pid=proc.pid)
+        self.running[job.id] = _Running(job, n, proc, log)
+
+    # ---- placement and preemption ----------------------------------------------------------
+    def _schedule(self) -> None:
+        used = sum(r.job.spec.resources.gpus for r in self.running.values())
+        free = self.slots - used
+        queue = sorted(self.store.jobs(states=("queued",)), key=lambda j: (-j.priority, j.id))
+        for job in queue:
+            need = job.spec.resources.gpus
+            if need <= free:
+                self._launch(job)
+                free -= need
+                continue
+            draining = sum(r.job.spec.resources.gpus for r in self.running.values() if r.stop is not None)
+            victims = sorted(
+                (r for r in self.running.values() if r.stop is None and r.job.priority < job.priority),
+                key=lambda r: (r.job.priority, -r.proc.pid),
+            )
+            chosen, reclaim = [], free + draining
+            for victim in victims:
+                if reclaim >= need:
+                    break
+                chosen.append(victim)
+                reclaim += victim.job.spec.resources.gpus
+            if reclaim >= need:
+                for victim in chosen:
+                    self.store.add_event(victim.job.id, "preempted_by", attempt=victim.n, job=job.id)
+                    self._stop(victim, "preempted", None)
+            break  # strict priority: nothing lower jumps ahead of a job that is waiting
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m gpufleet.backends.local GPUFLEET_HOME", file=sys.stderr)
+        return 2
+    idle = float(os.environ.get("GPUFLEET_SCHEDULER_IDLE_S", "10"))
+    LocalScheduler(Path(argv[0]), idle_exit_s=idle).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,374 @@
+"""The ``gpufleet`` command line: parse, call the library, render. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.backends.base import get_backend
+from gpufleet.backends.local import LocalBackend
+from gpufleet.cli.render import console, duration, emit_json, err_console, hours, money, table
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.paths import gpufleet_home
+from gpufleet.runtime.checkpoint import CheckpointDir
+from gpufleet.spec import load_spec
+from gpufleet.store import Job, Store, latest_step
+
+app = typer.Typer(
+    name="gpufleet",
+    help="Run training jobs that survive preemption, and see what they cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
+app.add_typer(ckpt_app, name="ckpt")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
+
+
+def _store() -> Store:
+    return Store(gpufleet_home() / "state.db")
+
+
+def job_summary(store: Store, job: Job) -> dict[str, Any]:
+    attempts = store.attempts(job.id)
+    spec = job.spec
+    return {
+        "id": job.id,
+        "name": job.name,
+        "team": job.team,
+        "priority": job.priority,
+        "state": job.state,
+        "reason": job.reason,
+        "backend": job.backend,
+        "gpu_type": spec.resources.gpu_type,
+        "gpus": spec.resources.gpus,
+        "provider": spec.provider,
+        "spot": spec.spot,
+        "attempts": len(attempts),
+        "restarts": job.restarts,
+        "step": latest_step(store, job.id),
+        "submitted_at": job.submitted_at,
+        "updated_at": job.updated_at,
+    }
+
+
+@app.command()
+def submit(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends; exit 1 unless it completed.")] = False,
+    backend: Annotated[str, typer.Option(help="Scheduler to run on.")] = "local",
+    json_out: JsonOpt = False,
+) -> None:
+    """Queue a training job."""
+    spec = load_spec(spec_path)
+    home = gpufleet_home()
+    job_id = get_backend(backend, home).submit(spec)
+    store = _store()
+    if not wait:
+        if json_out:
+            emit_json(job_summary(store, store.job(job_id)))
+        else:
+            console.print(f"submitted job [bold]{job_id}[/] ({spec.name}, team {spec.team}) to {backend}")
+        return
+    from gpufleet.cli.watch import watch_jobs
+
+    watch_jobs(store, [job_id], quiet=json_out)
+    job = store.job(job_id)
+    if json_out:
+        emit_json(job_summary(store, job))
+    else:
+        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""))
+    if job.state != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def jobs(
+    team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List jobs."""
+    store = _store()
+    found = store.jobs(team=team, states=(state,) if state else None)
+    rows = [job_summary(store, j) for j in found]
+    if json_out:
+        emit_json({"jobs": rows})
+        return
+    console.print(
+        table(
+            None,
+            ["id", "name", "team", "prio", "state", "attempts", "step", "gpu", "age"],
+            [
+                [
+                    r["id"],
+                    r["name"],
+                    r["team"],
+                    r["priority"],
+                    r["state"],
+                    r["attempts"],
+                    r["step"],
+                    f"{r['gpus']}x {r['gpu_type']}",
+                    duration(time.time() - r["submitted_at"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+@app.command()
+def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """One job: its attempts, notable events and checkpoints."""
+    store = _store()
+    job = store.job(job_id)
+    summary = job_summary(store, job)
+    attempts = [
+        {
+            "attempt": a.n,
+            "outcome": a.outcome or a.state,
+            "pid": a.pid,
+            "started_at": a.started_at,
+            "ended_at": a.ended_at,
+            "exit_code": a.exit_code,
+        }
+        for a in store.attempts(job_id)
+    ]
+    notable = (
+        "queued",
+        "attempt_start",
+        "sigterm",
+        "sigkill",
+        "preempted_by",
+        "restore",
+        "checkpoint_skipped",
+        "unhealthy",
+        "rollback",
+        "preempt_signal",
+        "attempt_end",
+        "requeued",
+        "completed",
+        "failed",
+        "cancelled",
+    )
+    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, notable)]
+    ckpt_dir = gpufleet_home() / "jobs" / str(job_id) / "checkpoints"
+    ckpts = [
+        {
+            "step": i.step,
+            "path": str(i.path),
+            "healthy": i.manifest.healthy if i.manifest else None,
+            "problem": i.problem,
+        }
+        for i in CheckpointDir(ckpt_dir).list(verify=False)
+    ]
+    if json_out:
+        emit_json(
+            {**summary, "spec": job.spec.model_dump(), "attempts": attempts, "events": events, "checkpoints": ckpts}
+        )
+        return
+    console.print(
+        f"[bold]job {job.id}[/] {job.name}  team={job.team}  priority={job.priority}  "
+        f"state=[bold]{job.state}[/]" + (f"  ({job.reason})" if job.reason else "")
+    )
+    console.print(
+        f"step {summary['step']}  {summary['gpus']}x {summary['gpu_type']} on {summary['provider']}"
+        f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
+    )
+    t0 = job.submitted_at
+    console.print(
+        table(
+            "attempts",
+            ["attempt", "outcome", "start", "wall", "exit"],
+            [
+                [
+                    a["attempt"],
+                    a["outcome"],
+                    f"+{a['started_at'] - t0:.1f}s",
+                    duration((a["ended_at"] or time.time()) - a["started_at"]),
+                    a["exit_code"],
+                ]
+                for a in attempts
+            ],
+        )
+    )
+    console.print(
+        table(
+            "events",
+            ["t", "attempt", "event", "detail"],
+            [
+                [
+                    f"+{e['ts'] - t0:.1f}s",
+                    e["attempt"],
+                    e["kind"],
+                    " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "attempt", "kind", "path")),
+                ]
+                for e in events
+            ],
+        )
+    )
+    console.print(
+        table("checkpoints", ["step", "healthy", "path"], [[c["step"], c["healthy"], c["path"]] for c in ckpts])
+    )
+
+
+@app.command()
+def logs(
+    job_id: JobArg,
+    attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).", min=1)] = None,
+) -> None:
+    """Print an attempt's stdout and stderr."""
+    store = _store()
+    attempts = store.attempts(store.job(job_id).id)
+    if not attempts:
+        raise UsageError(f"job {job_id} has not started yet: no logs")
+    n = attempt or attempts[-1].n
+    if n > len(attempts):
+        raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
+    path = gpufleet_home() / "jobs" / str(job_id) / "logs" / f"attempt-{n}.log"
+    sys.stdout.write(path.read_text(encoding="utf-8", errors="replace") if path.exists() else "")
+
+
+@app.command()
+def preempt(
+    job_id: JobArg,
+    grace: Annotated[
+        float | None, typer.Option(help="Seconds between SIGTERM and SIGKILL (default: the spec's).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Preempt a running job: it saves, exits and goes back to the queue."""
+    LocalBackend(gpufleet_home()).preempt(job_id, grace)
+    if json_out:
+        emit_json({"id": job_id, "requested": "preempt", "grace": grace})
+    else:
+        console.print(f"preemption of job {job_id} requested")
+
+
+@app.command()
+def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """Cancel a job for good."""
+    LocalBackend(gpufleet_home()).cancel(job_id)
+    if json_out:
+        emit_json({"id": job_id, "requested": "cancel"})
+    else:
+        console.print(f"cancellation of job {job_id} requested")
+
+
+@app.command()
+def cost(
+    team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
+    job: Annotated[list[int] | None, typer.Option("--job", help="Only these job ids (repeatable).")] = None,
+    rates: Annotated[Path | None, typer.Option(help="Rate card YAML (default: the shipped example card).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write a cost note (Markdown, JSON, PNG) into this folder.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """GPU-hours and money per job and team, with the work lost to preemption."""
+    from gpufleet.cost.report import cost_report
+
+    report = cost_report(_store(), team=team, job_ids=job, rates_path=rates, out=out)
+    if json_out:
+        emit_json(report.to_dict())
+        return
+    report.print(console)
+
+
+@ckpt_app.command("list")
+def ckpt_list(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
+) -> None:
+    """List the step-N checkpoints in DIR, with their state."""
+    infos = _ckpt_infos(directory)
+    rows = [_ckpt_row(i) for i in infos]
+    if json_out:
+        emit_json({"directory": str(directory), "checkpoints": rows})
+        return
+    console.print(
+        table(
+            str(directory),
+            ["step", "status", "healthy", "loss", "size", "reason", "problem"],
+            [[r["step"], r["status"], r["healthy"], r["loss"], r["bytes"], r["reason"], r["problem"]] for r in rows],
+        )
+    )
+
+
+@ckpt_app.command("verify")
+def ckpt_verify(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
+) -> None:
+    """Verify every checkpoint's manifest and sha256; exit 1 if any is bad."""
+    infos = _ckpt_infos(directory)
+    bad = [i for i in infos if i.manifest is None]
+    restorable = [i for i in infos if i.restorable]
+    result = {
+        "directory": str(directory),
+        "ok": not bad,
+        "checked": len(infos),
+        "corrupt": [{"step": i.step, "path": str(i.path), "problem": i.problem} for i in bad],
+        "restore_step": restorable[-1].step if restorable else None,
+    }
+    if json_out:
+        emit_json(result)
+    else:
+        for info in infos:
+            mark = "[green]ok[/]" if info.manifest else "[red]BAD[/]"
+            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""))
+        console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
+    if bad:
+        raise typer.Exit(1)
+
+
+def _ckpt_infos(directory: Path) -> list[Any]:
+    if not directory.exists():
+        raise UsageError(f"checkpoint directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise UsageError(f"{str(directory)!r} is not a directory: give the folder holding step-N folders")
+    try:
+        return CheckpointDir(directory).list(verify=True)
+    except PermissionError as err:
+        raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
+
+
+def _ckpt_row(info: Any) -> dict[str, Any]:
+    m = info.manifest
+    return {
+        "step": info.step,
+        "path": str(info.path),
+        "status": "ok" if m else "corrupt",
+        "healthy": m.healthy if m else None,
+        "loss": round(m.loss, 4) if m and m.loss is not None else None,
+        "bytes": m.total_bytes if m else None,
+        "reason": m.reason if m else None,
+        "problem": info.problem,
+    }
+
+
+@app.command()
+def demo(
+    fault: Annotated[str | None, typer.Option(help="Inject a fault in the preempted job, e.g. nan@150.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The headline job: a preempted training run resumes at its last healthy step and is priced."""
+    from gpufleet.cli.demo import run_demo
+
+    ok = run_demo(fault=fault, json_out=json_out)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except GpufleetError as err:
+        err_console.print(f"[red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
+
+
+__all__ = ["app", "hours", "main", "money"]

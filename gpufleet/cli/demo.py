@@ -1,0 +1,130 @@
+"""``gpufleet demo``: the headline job, in one command on a laptop.
+
+1. A low-priority tiny-LM job (team ``perception``, spot) starts on the only virtual GPU slot.
+2. Once it has checkpointed a few times, a high-priority job (team ``planning``) arrives: the
+   scheduler sends SIGTERM to the first, which saves at its next step boundary and exits with the
+   requeue code; it goes back to the queue.
+3. The high-priority job finishes; the first restarts, restores its last healthy checkpoint
+   (with ``--fault nan@STEP`` it also meets a poisoned batch, rolls back and skips it) and ends.
+4. A cost note (Markdown, JSON, PNG timeline) is written and summarised.
+
+The scheduler runs inside this process (no daemon is left behind) on a fresh state folder under
+``$GPUFLEET_HOME/demo/``, so the user's own jobs are never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.cli.render import console, emit_json
+from gpufleet.cli.watch import JobWatcher, make_progress
+from gpufleet.cost.report import cost_report
+from gpufleet.errors import UsageError
+from gpufleet.paths import gpufleet_home
+from gpufleet.runtime.faults import FaultPlan
+from gpufleet.spec import JobSpec, parse_spec
+from gpufleet.store import latest_step
+
+LOW_STEPS, HIGH_STEPS, PREEMPT_AFTER = 300, 120, 80
+
+
+def demo_specs() -> tuple[JobSpec, JobSpec]:
+    common = {
+        "entrypoint": "gpufleet.workloads.tinylm:train",
+        "resources": {"gpu_type": "A100", "gpus": 1, "cpus": 2},
+        "checkpoint": {"every_steps": 25, "keep": 3, "grace_seconds": 30},
+    }
+    low = parse_spec(
+        {
+            **common,
+            "name": "tinylm-perception",
+            "team": "perception",
+            "priority": 0,
+            "spot": True,
+            "args": {"steps": LOW_STEPS},
+        },
+        source="demo",
+    )
+    high = parse_spec(
+        {
+            **common,
+            "name": "tinylm-planning",
+            "team": "planning",
+            "priority": 100,
+            "spot": False,
+            "args": {"steps": HIGH_STEPS, "seed": 7},
+        },
+        source="demo",
+    )
+    return low, high
+
+
+def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | None = None) -> bool:
+    plan = FaultPlan.parse(fault or "")
+    for position in plan.faults:
+        if not 0 < position < LOW_STEPS:
+            raise UsageError(f"--fault step {position} is outside the demo job's 1..{LOW_STEPS - 1} steps")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    home = home or gpufleet_home() / "demo" / stamp
+    home.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=1, poll_s=0.05)
+    store = backend.store
+    low_spec, high_spec = demo_specs()
+    quiet = json_out
+    say = (lambda *_: None) if quiet else console.print
+    say(f"[bold]gpufleet demo[/]  state: {home}  (1 virtual GPU slot, local backend)")
+    progress = make_progress(quiet)
+    progress.start()
+    try:
+        low = backend.submit(low_spec, env={"GPUFLEET_FAULT": fault} if fault else None)
+        say(f"submitted #{low} {low_spec.name}: team perception, priority 0, spot, {LOW_STEPS} steps")
+        watcher = JobWatcher(store, progress, quiet=quiet)
+        watcher.follow(
+            [low], tick=scheduler.tick, poll_s=0.05, until=lambda: (latest_step(store, low) or 0) >= PREEMPT_AFTER
+        )
+        high = backend.submit(high_spec)
+        say(f"submitted #{high} {high_spec.name}: team planning, priority 100, on-demand: it preempts #{low}")
+        watcher.follow([low, high], tick=scheduler.tick, poll_s=0.05)
+    finally:
+        progress.stop()
+        scheduler.shutdown()
+    note_dir = home / "notes" / stamp
+    report = cost_report(store, out=note_dir, title="gpufleet demo: cost note")
+    jobs = {j.id: j for j in store.jobs()}
+    low_attempts = store.attempts(low)
+    ok = all(j.state == "completed" for j in jobs.values()) and len(low_attempts) >= 2
+    if json_out:
+        emit_json(
+            {
+                "ok": ok,
+                "home": str(home),
+                "seconds": round(time.monotonic() - started, 1),
+                "jobs": [
+                    {
+                        "id": j.id,
+                        "name": j.name,
+                        "team": j.team,
+                        "state": j.state,
+                        "attempts": len(store.attempts(j.id)),
+                    }
+                    for j in jobs.values()
+                ],
+                **report.to_dict(),
+            }
+        )
+        return ok
+    report.print(console)
+    lost = report.ledger.total.gpu_hours["lost"] * 3600
+    console.print(
+        f"job #{low} ran {len(low_attempts)} attempts; {lost:.1f} GPU-seconds were lost to preemption and "
+        f"rollback ({report.ledger.total.steps_redone} steps redone). Demo took {time.monotonic() - started:.0f}s."
+    )
+    console.print(f"explore it:  export GPUFLEET_HOME={home}; gpufleet jobs; gpufleet show {low}; gpufleet cost")
+    if not ok:
+        console.print("[red]the demo did not end as expected: see `gpufleet show` for each job[/]")
+    return ok

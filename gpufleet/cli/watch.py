@@ -1,0 +1,129 @@
+"""Live progress of jobs: one Rich progress bar per job, and a line per notable event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from gpufleet.cli.render import console
+from gpufleet.store import TERMINAL, Event, Store, latest_step
+
+NOTABLE = (
+    "attempt_start",
+    "sigterm",
+    "sigkill",
+    "preempt_signal",
+    "restore",
+    "checkpoint_skipped",
+    "unhealthy",
+    "rollback",
+    "attempt_end",
+    "requeued",
+    "completed",
+    "failed",
+    "cancelled",
+)
+
+
+def describe(event: Event) -> str | None:
+    """One line for a notable event, or ``None`` for those not worth a line."""
+    d = event.data
+    a = f"attempt {event.attempt}" if event.attempt else ""
+    match event.kind:
+        case "attempt_start":
+            return f"{a} started (pid {d.get('pid')})"
+        case "sigterm":
+            return f"[yellow]{a} got SIGTERM ({d.get('reason')}); {d.get('grace')}s to save before SIGKILL[/]"
+        case "sigkill":
+            return f"[red]{a} SIGKILL: the grace time expired[/]"
+        case "preempt_signal":
+            return f"{a} saw {d.get('signal')} at step {d.get('step')}: saving"
+        case "restore":
+            if d.get("step") is None:
+                return f"{a} found no checkpoint: starting from scratch"
+            return f"[green]{a} restored step {d.get('step')} in {float(d.get('seconds', 0)):.2f}s[/]"
+        case "checkpoint_skipped":
+            return f"[yellow]{a} skipped checkpoint step {d.get('step')}: {d.get('reason')}[/]"
+        case "unhealthy":
+            return f"[red]{a} unhealthy step {d.get('step')}: loss {d.get('loss')} ({d.get('reason')})[/]"
+        case "rollback":
+            return (
+                f"[yellow]{a} rolled back from step {d.get('from_step')} to healthy step {d.get('to_step')}, "
+                f"skipping batches {d.get('skip_from')}..{int(d.get('skip_to', 0)) - 1}[/]"
+            )
+        case "attempt_end":
+            return f"{a} ended: {d.get('outcome')} (exit {d.get('exit_code')})"
+        case "requeued":
+            return "[yellow]requeued[/]"
+        case "completed":
+            return "[green]completed[/]"
+        case "failed" | "cancelled":
+            return f"[red]{event.kind}[/]"
+    return None
+
+
+class JobWatcher:
+    """Progress bars and event lines for a set of jobs; ``follow`` can be called repeatedly."""
+
+    def __init__(self, store: Store, progress: Progress, *, quiet: bool = False) -> None:
+        self.store = store
+        self.progress = progress
+        self.quiet = quiet
+        self.tasks: dict[int, TaskID] = {}
+        self.seen: dict[int, int] = {}
+
+    def refresh(self, job_id: int) -> bool:
+        """Update one job's bar and print its new notable events; true once the job has ended."""
+        job = self.store.job(job_id)
+        if job_id not in self.tasks:
+            self.tasks[job_id] = self.progress.add_task(f"#{job_id} {job.name}", total=None, state=job.state)
+        events = self.store.events(job_id, kinds=(*NOTABLE, "session_start"))
+        for ev in events[self.seen.get(job_id, 0) :]:
+            line = describe(ev)
+            if line and not self.quiet:
+                self.progress.console.print(f"  #{job_id} {job.name}: {line}")
+            if ev.kind == "session_start" and isinstance(ev.data.get("total_steps"), int):
+                self.progress.update(self.tasks[job_id], total=ev.data["total_steps"])
+        self.seen[job_id] = len(events)
+        step = latest_step(self.store, job_id)
+        self.progress.update(self.tasks[job_id], completed=step or 0, state=f"{job.state} ({job.team})")
+        return job.state in TERMINAL
+
+    def follow(
+        self,
+        job_ids: Sequence[int],
+        *,
+        tick: Callable[[], None] | None = None,
+        poll_s: float = 0.2,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        """Refresh until every job has ended (or ``until()`` holds), calling ``tick`` each round."""
+        while True:
+            if tick is not None:
+                tick()
+            ended = [self.refresh(j) for j in job_ids]
+            if all(ended) or (until is not None and until()):
+                return
+            time.sleep(poll_s)
+
+
+def watch_jobs(store: Store, job_ids: Sequence[int], *, quiet: bool = False, poll_s: float = 0.5) -> None:
+    """Follow jobs run by a scheduler elsewhere until they all end."""
+    progress = make_progress(quiet)
+    with progress:
+        JobWatcher(store, progress, quiet=quiet).follow(job_ids, poll_s=poll_s)
+
+
+def make_progress(quiet: bool = False) -> Progress:
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps  {task.fields[state]:<24}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )

@@ -1,0 +1,365 @@
+"""The cost note: a Markdown page, a JSON twin and a timeline PNG built from a ledger.
+
+``write_cost_note`` renders what ``build_ledger`` computed; it does no pricing of its own. The
+JSON is the machine-readable record (finite floats, a fixed key order); the Markdown is for
+people and embeds the PNG, a Gantt chart of every attempt split into the ledger's buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger
+
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£"}
+_COLORS = {"startup": "#b0b0b0", "restore": "#f2a541", "useful": "#3c9d6b", "lost": "#d62728", "checkpoint": "#1b2f5e"}
+_ENDED = ("preempted", "lost")
+_HOW_TO_READ = """\
+Every second an attempt held its GPUs falls in exactly one bucket: \
+`wall = startup + restore + checkpoint + lost + useful`. \
+**Startup** is process start to the first training step, restore excluded (imports, data). \
+**Restore** is reading and verifying the checkpoint it resumed from (also after a rollback). \
+**Checkpoint** is time spent saving checkpoints. \
+**Lost** is training that had to be redone: the work after the last durable checkpoint of an attempt \
+that did not finish (preempted, killed, lost), plus the steps discarded by a rollback. \
+**Useful** is the rest. GPU-seconds are wall seconds times the attempt's GPUs; money is GPU-hours \
+times the rate card's price for the attempt's GPU type, provider, and spot or on-demand, and \
+*on-demand* prices the same hours at the on-demand rate, to show what spot saved (or cost, once \
+preemption losses are counted). Lost money is the lost share of the money, at the average rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoteEvent:
+    """A notable moment in a job's life: preempted, rollback to step N, resumed from step N."""
+
+    job_id: int
+    ts: float
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotePaths:
+    markdown: Path
+    json: Path
+    png: Path
+
+
+def write_cost_note(
+    out_dir: Path,
+    usages: Sequence[AttemptUsage],
+    ledger: Ledger,
+    *,
+    title: str = "Cost note",
+    events: Sequence[NoteEvent] = (),
+    generated_at: float,
+) -> NotePaths:
+    """Write ``cost-note.md``, ``cost-note.json`` and ``timeline.png`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = NotePaths(out_dir / "cost-note.md", out_dir / "cost-note.json", out_dir / "timeline.png")
+    attempts = sorted(usages, key=lambda u: (u.job_id, u.attempt, u.start))
+    ordered_events = sorted(events, key=lambda e: (e.ts, e.job_id))
+    data = _finite(_note_json(attempts, ledger, title, ordered_events, generated_at))
+    _write_text(paths.json, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    _draw_timeline(paths.png, attempts, title)
+    _write_text(paths.markdown, _note_markdown(attempts, ledger, title, ordered_events, generated_at, paths.png.name))
+    return paths
+
+
+# --- JSON -------------------------------------------------------------------------------------
+
+
+def _note_json(
+    usages: Sequence[AttemptUsage], ledger: Ledger, title: str, events: Sequence[NoteEvent], generated_at: float
+) -> dict[str, Any]:
+    jobs: list[dict[str, Any]] = []
+    for job_id, cost in ledger.jobs.items():
+        mine = [u for u in usages if u.job_id == job_id]
+        jobs.append(
+            {
+                "job_id": job_id,
+                "name": _joined(u.job_name for u in mine),
+                "team": _joined(u.team for u in mine),
+                "gpu_type": _joined(u.gpu_type for u in mine),
+                "provider": _joined(u.provider for u in mine),
+                "spot": bool(mine) and all(u.spot for u in mine),
+                **cost.to_dict(),
+                "attempts": [_attempt_json(u) for u in mine],
+            }
+        )
+    return {
+        "title": title,
+        "generated_at": _iso(generated_at),
+        "currency": ledger.currency,
+        "total": ledger.total.to_dict(),
+        "teams": {team: cost.to_dict() for team, cost in ledger.teams.items()},
+        "jobs": jobs,
+        "events": [
+            {"job_id": e.job_id, "ts": e.ts, "time": _iso(e.ts), "kind": e.kind, "text": e.text} for e in events
+        ],
+    }
+
+
+def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
+    return {
+        "attempt": u.attempt,
+        "outcome": u.outcome,
+        "gpus": u.gpus,
+        "spot": u.spot,
+        "start": u.start,
+        "end": u.end,
+        "wall_s": round(u.wall_s, 6),
+        "first_step": u.first_step,
+        "last_step": u.last_step,
+        "steps_done": u.steps_done,
+        "steps_redone": u.steps_redone,
+        "seconds": {k: round(v, 6) for k, v in u.seconds().items()},
+    }
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN and infinities (an ``.inf`` price, a broken clock) with ``null``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+# --- Markdown ---------------------------------------------------------------------------------
+
+
+def _note_markdown(
+    usages: Sequence[AttemptUsage],
+    ledger: Ledger,
+    title: str,
+    events: Sequence[NoteEvent],
+    generated_at: float,
+    png_name: str,
+) -> str:
+    total, cur = ledger.total, ledger.currency
+    seconds = total.total_gpu_hours < 1.0
+    unit = "GPU-s" if seconds else "GPU-h"
+    t0 = min((u.start for u in usages), default=0.0)
+    names = {u.job_id: u.job_name for u in usages}
+    rollbacks = sum(len(u.rollbacks) for u in usages)
+
+    def amount(hours: float) -> str:
+        return _num(hours * 3600.0 if seconds else hours)
+
+    def hours_cell(h: float) -> str:
+        return f"{_num(h)} ({_num(h * 3600.0)} GPU-s)" if 0 < h < 0.1 and not seconds else _num(h)
+
+    hours = f"**{_num(total.total_gpu_hours)} GPU-hours**"
+    if seconds:
+        hours += f" ({_num(total.total_gpu_hours * 3600.0)} GPU-seconds)"
+    summary = (
+        f"{_plural(len(ledger.jobs), 'job')} from {_plural(len(ledger.teams), 'team')} used {hours} "
+        f"over {_plural(total.attempts, 'attempt')} and cost **{_money(total.money, cur)}**. "
+        f"Of those hours, **{_num(total.gpu_hours['lost'] * (3600.0 if seconds else 1.0))} {unit} "
+        f"({_pct(total.gpu_hours['lost'], total.total_gpu_hours)})** were lost to work redone after "
+        f"{_plural(total.preemptions, 'preemption')} and {_plural(rollbacks, 'rollback')}, about "
+        f"{_money(total.lost_money, cur)}. At on-demand prices the same hours would have cost "
+        f"{_money(total.on_demand_money, cur)}"
+    )
+    saved = total.on_demand_money - total.money
+    summary += f", so spot saved {_money(saved, cur)}." if saved > 0 else "."
+    out = [f"# {_one_line(title)}", "", f"_Generated {_iso(generated_at)} · prices in {cur}_", "", summary, ""]
+    if total.unpriced:
+        out += [f"> **Unpriced:** {', '.join(total.unpriced)}: counted in hours but not in money.", ""]
+    out += ["## Timeline", "", f"![timeline]({png_name})", ""]
+
+    def cost_cells(c: Cost) -> list[str]:
+        useful, checkpoint = amount(c.gpu_hours["useful"]), amount(c.gpu_hours["checkpoint"])
+        lost = f"{amount(c.gpu_hours['lost'])} ({_pct(c.gpu_hours['lost'], c.total_gpu_hours)})"
+        money = [_money(c.money, cur), _money(c.on_demand_money, cur)]
+        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *money]
+
+    head = ["GPU-hours", f"Useful ({unit})", f"Lost ({unit})", f"Checkpoint ({unit})", "Money", "On-demand"]
+    rows = [[_cell(team), *cost_cells(c)] for team, c in ledger.teams.items()]
+    out += ["## By team", "", *_table(["Team", *head], rows, right_from=1), ""]
+    rows = []
+    for job_id, c in ledger.jobs.items():
+        mine = [u for u in usages if u.job_id == job_id]
+        gpu = _joined(f"{u.gpus}x {u.gpu_type} {'spot' if u.spot else 'on-demand'} ({u.provider})" for u in mine)
+        team = _joined(u.team for u in mine)
+        job = f"#{job_id} {names.get(job_id, '?')}"
+        rows.append([_cell(job), _cell(team), _cell(gpu), str(c.attempts), str(c.preemptions), *cost_cells(c)])
+    out += ["## By job", "", *_table(["Job", "Team", "GPUs", "Attempts", "Preemptions", *head], rows, right_from=3)]
+    rows = []
+    for u in usages:
+        steps = "-" if u.first_step is None else f"{u.first_step}..{u.last_step if u.last_step is not None else '?'}"
+        outcome = f"**{_cell(u.outcome)}**" if u.outcome in _ENDED else _cell(u.outcome)
+        start, wall = f"+{_duration(u.start - t0)}", _duration(u.wall_s)
+        job = _cell(f"#{u.job_id} {u.job_name}")
+        rows.append([job, str(u.attempt), outcome, start, steps, wall, str(u.steps_done), str(u.steps_redone)])
+    heads = ["Job", "Attempt", "Outcome", "Started", "Steps", "Wall", "Steps run", "Redone steps"]
+    out += ["", "## Attempts", "", *_table(heads, rows, right_from=3), "", "## Notable events", ""]
+    for e in events:
+        who = f"#{e.job_id} {names.get(e.job_id, '?')}"
+        out.append(f"- `+{_duration(e.ts - t0)}` {_cell(who)}: **{_cell(e.kind)}**: {_one_line(e.text)}")
+    if not events:
+        out.append("_None recorded._")
+    out += ["", "## How to read this", "", _HOW_TO_READ, ""]
+    return "\n".join(out)
+
+
+def _table(head: list[str], rows: list[list[str]], *, right_from: int) -> list[str]:
+    align = ["---" if i < right_from else "---:" for i in range(len(head))]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _cell(text: str) -> str:
+    return _one_line(text).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _joined(values: Any) -> str:
+    return ", ".join(dict.fromkeys(str(v) for v in values))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _iso(ts: float) -> str:
+    if not math.isfinite(ts):
+        return "unknown"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(x: float) -> str:
+    """Three significant figures, thousands separators above 1000."""
+    if not math.isfinite(x):
+        return "n/a"
+    if x == 0:
+        return "0"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def _money(x: float, currency: str) -> str:
+    """``$12.35``, ``$0.0123``, ``$0.000123``: cents, or three significant figures below a dollar."""
+    if not math.isfinite(x):
+        return "n/a"
+    sign, x = ("-" if x < 0 else ""), abs(x)
+    if x >= 1 or x == 0:
+        text = f"{x:,.2f}"
+    else:
+        text = f"{x:.{min(8, 2 - math.floor(math.log10(x)))}f}".rstrip("0")
+        text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
+    symbol = _SYMBOLS.get(currency.upper())
+    return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f} %" if whole > 0 and math.isfinite(part / whole) else "0 %"
+
+
+def _duration(s: float) -> str:
+    if not math.isfinite(s):
+        return "n/a"
+    if abs(s) < 60:
+        return f"{_num(s)} s"
+    s = round(s)
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+# --- Timeline ---------------------------------------------------------------------------------
+
+
+def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    jobs = list(dict.fromkeys(u.job_id for u in usages))
+    row = {job_id: i for i, job_id in enumerate(jobs)}
+    labels = {u.job_id: f"#{u.job_id} {u.job_name} ({u.team})" for u in usages}
+    t0 = min((u.start for u in usages), default=0.0)
+    span = max([u.end - t0 for u in usages] + [1e-9])
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * max(1, len(jobs)) + 0.5), layout="constrained")
+    try:
+        other_ends = False
+        for u in usages:
+            y, x, sec = row[u.job_id], u.start - t0, u.seconds()
+            end_lost = sec["lost"] if u.outcome not in ("completed", "running") else 0.0
+            parts = [("startup", sec["startup"]), ("restore", sec["restore"])]
+            parts += [("useful", max(0.0, u.wall_s - sec["startup"] - sec["restore"] - end_lost)), ("lost", end_lost)]
+            for bucket, width in parts:
+                if width <= 0:
+                    continue
+                lost = bucket == "lost"
+                ax.barh(y, width, left=x, height=0.5, color="#f6c4c4" if lost else _COLORS[bucket], linewidth=0)
+                if lost:
+                    ax.barh(y, width, left=x, height=0.5, fill=False, hatch="////", edgecolor=_COLORS["lost"], lw=0)
+                x += width
+            ax.barh(y, u.wall_s, left=u.start - t0, height=0.5, fill=False, edgecolor="#333333", linewidth=0.6)
+            if u.wall_s / span > 0.05:
+                ax.text(u.start - t0 + span * 0.004, y, f"a{u.attempt}", va="center", fontsize=7, color="#1a1a1a")
+            for t in u.checkpoints:
+                ax.vlines(t - t0, y - 0.25, y + 0.25, color=_COLORS["checkpoint"], linewidth=1.2)
+            for t in u.rollbacks:
+                ax.vlines(t - t0, y - 0.25, y + 0.25, color=_COLORS["lost"], linewidth=1.2)
+                ax.plot(t - t0, y - 0.36, marker="v", color=_COLORS["lost"], markersize=6)
+            if u.outcome in _ENDED:
+                ax.plot(u.end - t0, y, marker="X", color=_COLORS["lost"], markersize=10, markeredgecolor="white")
+                ax.text(u.end - t0, y - 0.34, u.outcome, ha="center", va="bottom", fontsize=8, color=_COLORS["lost"])
+            elif u.outcome == "running":
+                ax.plot(u.end - t0, y, marker=">", color="#333333", markersize=7)
+            elif u.outcome != "completed":
+                other_ends = True
+                ax.plot(u.end - t0, y, marker="x", color="#333333", markersize=7)
+                ax.text(u.end - t0, y - 0.34, u.outcome, ha="center", va="bottom", fontsize=8, color="#333333")
+        ax.set_yticks(range(len(jobs)), [labels[j] for j in jobs])
+        ax.set_ylim(len(jobs) - 0.4, -0.8)
+        ax.set_xlim(0, span * 1.04)
+        ax.set_xlabel("seconds since the first attempt started")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,g}"))
+        ax.set_title(f"{title}: attempts by job" if jobs else f"{title}: no attempts")
+        ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        handles: list[Any] = [Patch(color=_COLORS[b], label=b) for b in ("startup", "restore", "useful")]
+        handles += [
+            Patch(facecolor="#f6c4c4", edgecolor=_COLORS["lost"], hatch="////", label="lost (redone)"),
+            Line2D([], [], color=_COLORS["checkpoint"], marker="|", ls="", markersize=10, label="checkpoint"),
+            Line2D([], [], color=_COLORS["lost"], marker="v", ls="", label="rollback"),
+            Line2D([], [], color=_COLORS["lost"], marker="X", ls="", markersize=9, label="preempted"),
+        ]
+        if other_ends:
+            handles.append(Line2D([], [], color="#333333", marker="x", ls="", label="ended otherwise"))
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+        tmp = path.with_name(path.name + ".tmp")
+        fig.savefig(tmp, dpi=120, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,78 @@
+"""Rate card: the price of one GPU-hour by GPU type, provider, and spot or on-demand.
+
+YAML (untrusted; validated)::
+
+    currency: USD
+    as_of: 2026-12-01
+    rates:
+      - {gpu_type: H100, provider: lambda, on_demand: 2.99, spot: 1.60}
+      - {gpu_type: L4, provider: "*", on_demand: 0.80}
+
+A ``provider: "*"`` row is the fallback for that GPU type. A missing spot price means spot is
+not sold there: the on-demand price is used.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpufleet.errors import UsageError
+
+
+class Rate(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    gpu_type: str
+    provider: str = "*"
+    on_demand: float = Field(ge=0)
+    spot: float | None = Field(default=None, ge=0)
+    source: str | None = None
+
+
+class RateCard(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    currency: str = "USD"
+    as_of: str | None = None
+
+    @field_validator("as_of", mode="before")
+    @classmethod
+    def _date_as_text(cls, value: object) -> object:
+        return value.isoformat() if isinstance(value, date) else value
+
+    rates: list[Rate]
+
+    def price(self, gpu_type: str, provider: str, *, spot: bool) -> float | None:
+        """Price per GPU-hour, or ``None`` when the card has no row for this GPU type."""
+        exact = [r for r in self.rates if r.gpu_type == gpu_type and r.provider == provider]
+        wildcard = [r for r in self.rates if r.gpu_type == gpu_type and r.provider == "*"]
+        rows = exact or wildcard
+        if not rows:
+            return None
+        row = rows[0]
+        return row.spot if spot and row.spot is not None else row.on_demand
+
+
+def load_rates(path: str | Path | None = None) -> RateCard:
+    """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None``."""
+    if path is None:
+        text = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
+        source = "<default rate card>"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"cannot read rate card {str(path)!r}: {err}") from None
+        source = str(path)
+    try:
+        data = yaml.safe_load(text)
+        return RateCard.model_validate(data)
+    except yaml.YAMLError as err:
+        raise UsageError(f"{source}: malformed YAML: {str(err).splitlines()[0]}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UsageError(f"{source}: {where}: {first['msg']} (see the rate card format in the README)") from None

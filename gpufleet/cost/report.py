@@ -1,0 +1,146 @@
+"""Glue between the store and the ledger: gather usages, price them, write the note."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpufleet.cost.ledger import AttemptUsage, Ledger, build_ledger
+from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
+from gpufleet.cost.rates import load_rates
+from gpufleet.cost.usage import store_usages
+from gpufleet.errors import UsageError
+from gpufleet.store import Store
+
+
+def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
+    """The moments a reader of a cost note wants marked: preemptions, rollbacks, resumes."""
+    out: list[NoteEvent] = []
+    for job_id in job_ids:
+        for e in store.events(job_id, kinds=("sigterm", "sigkill", "restore", "rollback", "checkpoint_skipped")):
+            d = e.data
+            if e.kind == "sigterm":
+                text = f"attempt {e.attempt}: SIGTERM ({d.get('reason')}), grace {d.get('grace')}s"
+            elif e.kind == "sigkill":
+                text = f"attempt {e.attempt}: SIGKILL after the grace time"
+            elif e.kind == "restore":
+                if d.get("step") is None:
+                    continue
+                text = f"attempt {e.attempt}: resumed from step {d.get('step')}"
+            elif e.kind == "rollback":
+                text = (
+                    f"attempt {e.attempt}: unhealthy step {d.get('from_step')}, rolled back to step "
+                    f"{d.get('to_step')} and skipped batches {d.get('skip_from')}-{d.get('skip_to')}"
+                )
+            else:
+                text = f"attempt {e.attempt}: skipped checkpoint at step {d.get('step')}: {d.get('reason')}"
+            out.append(NoteEvent(job_id=job_id, ts=e.ts, kind=e.kind, text=text))
+    return sorted(out, key=lambda n: n.ts)
+
+
+@dataclass(frozen=True)
+class CostReport:
+    ledger: Ledger
+    usages: list[AttemptUsage]
+    names: dict[int, str]
+    note: NotePaths | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "currency": self.ledger.currency,
+            "total": self.ledger.total.to_dict(),
+            "teams": {t: c.to_dict() for t, c in self.ledger.teams.items()},
+            "jobs": [{"id": j, "name": self.names[j], **c.to_dict()} for j, c in self.ledger.jobs.items()],
+            "note": None
+            if self.note is None
+            else {"markdown": str(self.note.markdown), "json": str(self.note.json), "png": str(self.note.png)},
+        }
+
+    def print(self, console: Console) -> None:
+        from gpufleet.cli.render import hours, money, table
+
+        cur = self.ledger.currency
+        rows = []
+        for team, c in self.ledger.teams.items():
+            rows.append(
+                [
+                    team,
+                    c.attempts,
+                    c.preemptions,
+                    hours(c.total_gpu_hours),
+                    hours(c.gpu_hours["useful"]),
+                    hours(c.gpu_hours["lost"]),
+                    c.steps_redone,
+                    money(c.money, cur),
+                    money(c.on_demand_money, cur),
+                ]
+            )
+        t = self.ledger.total
+        rows.append(
+            [
+                "[bold]total[/]",
+                t.attempts,
+                t.preemptions,
+                hours(t.total_gpu_hours),
+                hours(t.gpu_hours["useful"]),
+                hours(t.gpu_hours["lost"]),
+                t.steps_redone,
+                money(t.money, cur),
+                money(t.on_demand_money, cur),
+            ]
+        )
+        console.print(
+            table(
+                "cost per team",
+                [
+                    "team",
+                    "attempts",
+                    "preemptions",
+                    "GPU-h",
+                    "useful GPU-h",
+                    "lost GPU-h",
+                    "redone steps",
+                    "money",
+                    "on-demand",
+                ],
+                rows,
+            )
+        )
+        if t.unpriced:
+            console.print(f"[yellow]no rate for {', '.join(t.unpriced)}: counted in hours, not in money[/]")
+        if self.note is not None:
+            console.print(f"cost note: {self.note.markdown}")
+
+
+def cost_report(
+    store: Store,
+    *,
+    team: str | None = None,
+    job_ids: Sequence[int] | None = None,
+    rates_path: Path | None = None,
+    out: Path | None = None,
+    title: str = "Cost note",
+) -> CostReport:
+    rates = load_rates(rates_path)
+    usages = store_usages(store, team=team, job_ids=job_ids)
+    if job_ids:
+        known = {j.id for j in store.jobs()}
+        missing = [j for j in job_ids if j not in known]
+        if missing:
+            raise UsageError(f"no job {missing[0]} (list them with `gpufleet jobs`)")
+    ledger = build_ledger(usages, rates)
+    names = {u.job_id: u.job_name for u in usages}
+    note = None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {str(out)!r} is a file: give a folder for the cost note")
+        ids = sorted(names)
+        note = write_cost_note(
+            out, usages, ledger, title=title, events=note_events(store, ids), generated_at=time.time()
+        )
+    return CostReport(ledger, usages, names, note)

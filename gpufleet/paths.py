@@ -1,0 +1,43 @@
+"""Where state lives, and the one place that turns user-supplied names into paths.
+
+Layout under ``$GPUFLEET_HOME`` (default ``~/.gpufleet``)::
+
+    state.db                 SQLite: jobs, attempts, events, requests
+    scheduler.pid            PID of the local scheduler while it runs
+    scheduler.log
+    jobs/<id>/spec.json      the validated JobSpec, as submitted
+    jobs/<id>/events.jsonl   what the runtime reported, one JSON object a line
+    jobs/<id>/logs/attempt-<n>.log
+    jobs/<id>/checkpoints/step-<8 digits>/
+    notes/                   cost notes
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from gpufleet.errors import UsageError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+NAME_HINT = "use 1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def gpufleet_home() -> Path:
+    """The state root: ``$GPUFLEET_HOME`` or ``~/.gpufleet``."""
+    raw = os.environ.get("GPUFLEET_HOME")
+    return Path(raw).expanduser() if raw else Path.home() / ".gpufleet"
+
+
+def check_name(value: str, what: str = "name") -> str:
+    """Return ``value`` if it is safe to use as one path component, else raise ``UsageError``."""
+    if not NAME_RE.match(value):
+        raise UsageError(f"invalid {what} {value!r}: {NAME_HINT}")
+    return value
+
+
+def job_dir(home: Path, job_id: int) -> Path:
+    if job_id < 1:
+        raise UsageError(f"invalid job id {job_id}: job ids are positive integers (see `gpufleet jobs`)")
+    return home / "jobs" / str(job_id)

@@ -1,0 +1,54 @@
+"""``python -m gpufleet.runtime.launch``: run a ``module:function`` entrypoint as one attempt.
+
+The backend exports ``GPUFLEET_SPEC`` (the job's spec.json); this imports the function, gives
+torch the spec's CPU threads, and calls it with the spec's ``args``. Exit status: 0 when the
+function returns, ``REQUEUE_EXIT_CODE`` (75) when it was preempted after saving, 1 on error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+from gpufleet.spec import parse_spec
+
+
+def main() -> int:
+    spec_path = os.environ.get("GPUFLEET_SPEC")
+    if not spec_path:
+        print("gpufleet.runtime.launch: GPUFLEET_SPEC is not set; run jobs with `gpufleet submit`", file=sys.stderr)
+        return 2
+    spec = parse_spec(json.loads(Path(spec_path).read_text(encoding="utf-8")), source=spec_path)
+    target = spec.callable_entrypoint
+    if target is None:
+        print(f"gpufleet.runtime.launch: {spec.entrypoint!r} is not module:function", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(spec.resources.cpus)
+    module_name, func_name = target.split(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as err:
+        print(f"gpufleet: cannot import entrypoint {target!r}: {err}", file=sys.stderr)
+        return 1
+    try:
+        func(**spec.args)
+    except GpufleetError as err:
+        print(f"gpufleet: {err}", file=sys.stderr)
+        return 1
+    except SystemExit:
+        raise
+    except Exception:  # noqa: BLE001 - the user's code failed: log it, exit 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

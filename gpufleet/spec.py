@@ -1,0 +1,206 @@
+"""JobSpec: what to run, for whom, on what, and how to survive preemption.
+
+A JobSpec is loaded from YAML, validated by pydantic (unknown fields are errors), and frozen.
+The same spec runs unchanged on every backend::
+
+    name: tinylm
+    team: perception
+    entrypoint: gpufleet.workloads.tinylm:train   # a Python module:function, or a command
+    args: {steps: 400}                             # keyword arguments for a module:function
+    resources: {gpu_type: L4, gpus: 1, cpus: 1}
+    priority: 10                                   # higher preempts lower
+    checkpoint: {every_steps: 50, keep: 3, grace_seconds: 30}
+    max_restarts: 5
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpufleet.errors import SpecError
+from gpufleet.paths import NAME_HINT, NAME_RE
+
+CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Resources(_Frozen):
+    """What one attempt occupies."""
+
+    gpu_type: str = "cpu"
+    """Accelerator model used for pricing and placement (``cpu`` for none)."""
+    gpus: int = Field(default=1, ge=0, le=1024)
+    """Number of GPUs (virtual slots on the local backend)."""
+    cpus: int = Field(default=1, ge=1, le=1024)
+    """CPU threads given to the process (``torch.set_num_threads``)."""
+
+
+class CheckpointPolicy(_Frozen):
+    """When to save, how many to keep, and how long a preempted job has to save."""
+
+    every_steps: int | None = Field(default=50, ge=1)
+    every_seconds: float | None = Field(default=None, gt=0)
+    keep: int = Field(default=3, ge=1)
+    """Newest checkpoints kept; the newest healthy one is always kept as well."""
+    grace_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Time between SIGTERM and SIGKILL when the job is preempted or cancelled."""
+
+    @model_validator(mode="after")
+    def _some_trigger(self) -> CheckpointPolicy:
+        if self.every_steps is None and self.every_seconds is None:
+            raise ValueError("set checkpoint.every_steps or checkpoint.every_seconds (or both)")
+        return self
+
+
+class HealthPolicy(_Frozen):
+    """How a bad step is recognised and what is done about it (PaLM, section 5.1)."""
+
+    spike_zscore: float | None = Field(default=8.0, gt=0)
+    """Robust z-score (median / MAD over ``window`` healthy losses) above which a loss is a spike;
+    ``null`` disables spike detection (NaN and inf are always unhealthy)."""
+    window: int = Field(default=50, ge=5)
+    min_history: int = Field(default=20, ge=3)
+    """Healthy losses needed before spikes are judged."""
+    action: Literal["rollback", "mark"] = "rollback"
+    """``rollback``: restore the last healthy checkpoint and skip the offending data window;
+    ``mark``: record the event and flag later checkpoints unhealthy until a healthy one follows."""
+    max_rollbacks: int = Field(default=5, ge=0)
+    skip_extra_batches: int = Field(default=0, ge=0)
+    """Batches skipped beyond the offending one (PaLM skipped 200-500 around a spike)."""
+
+    @model_validator(mode="after")
+    def _history_fits(self) -> HealthPolicy:
+        if self.min_history > self.window:
+            raise ValueError(f"health.min_history ({self.min_history}) must not exceed health.window ({self.window})")
+        return self
+
+
+class JobSpec(_Frozen):
+    """One training job, as a user writes it."""
+
+    name: str
+    team: str = "default"
+    entrypoint: str | list[str]
+    """``package.module:function`` (called with ``args``), or a command as a list or a string
+    (split like a shell would, but never run by one)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    workdir: str | None = None
+    """Working directory for a command entrypoint; relative paths are relative to the spec file."""
+    resources: Resources = Field(default_factory=Resources)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    provider: str = "local"
+    spot: bool = False
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    health: HealthPolicy = Field(default_factory=HealthPolicy)
+    max_restarts: int = Field(default=10, ge=0, le=1000)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name", "team", "provider")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid name: {NAME_HINT}")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list):
+            if not value or not all(isinstance(v, str) and v for v in value):
+                raise ValueError("a command entrypoint must be a non-empty list of non-empty strings")
+            return value
+        value = value.strip()
+        if not value:
+            raise ValueError("entrypoint is empty: give `package.module:function` or a command")
+        if ":" in value and " " not in value and not CALLABLE_RE.match(value):
+            raise ValueError(f"{value!r} is not `package.module:function`")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME_RE.match(key) or key.startswith("GPUFLEET_"):
+                raise ValueError(f"env name {key!r} is invalid (letters, digits, '_'; GPUFLEET_* is reserved)")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args_finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"args.{key} must be finite, got {item}")
+        return value
+
+    @property
+    def callable_entrypoint(self) -> str | None:
+        """``module:function`` when the entrypoint is a Python callable, else ``None``."""
+        if isinstance(self.entrypoint, str) and CALLABLE_RE.match(self.entrypoint):
+            return self.entrypoint
+        return None
+
+    @property
+    def command(self) -> list[str] | None:
+        """The argv of a command entrypoint, else ``None``."""
+        if self.callable_entrypoint is not None:
+            return None
+        return list(self.entrypoint) if isinstance(self.entrypoint, list) else shlex.split(self.entrypoint)
+
+    def copy_with(self, **changes: Any) -> JobSpec:
+        """A validated copy with some fields replaced (the spec itself is immutable)."""
+        return parse_spec({**self.model_dump(), **changes}, source="<copy>")
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field (check its spelling against the JobSpec reference in the README)"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {where}: {msg}{more}"
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
+    """Validate a mapping as a JobSpec; raise ``SpecError`` naming the first bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a JobSpec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_describe(err, source)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a JobSpec YAML file (untrusted input: ``yaml.safe_load`` only)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"cannot read spec {str(path)!r}: {err.__class__.__name__}: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{path}: malformed YAML{where}: {problem}") from None
+    spec = parse_spec(data, source=str(path))
+    if spec.workdir is not None and not Path(spec.workdir).is_absolute():
+        spec = spec.copy_with(workdir=str((path.parent / spec.workdir).resolve()))
+    elif spec.workdir is None and spec.command is not None:
+        spec = spec.copy_with(workdir=str(path.parent.resolve()))
+    return spec

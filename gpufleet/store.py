@@ -1,0 +1,287 @@
+"""The embedded state store: jobs, attempts, events and requests in one SQLite file.
+
+WAL mode lets the CLI read while the scheduler writes; every write is one short transaction.
+The scheduler is the only process that changes job and attempt states; the CLI inserts jobs and
+requests (preempt, cancel), which the scheduler acts on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.errors import StoreError, UsageError
+from gpufleet.spec import JobSpec, parse_spec
+
+SCHEMA_VERSION = 1
+TERMINAL = ("completed", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL, team TEXT NOT NULL, priority INTEGER NOT NULL,
+    backend TEXT NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL,
+    submitted_at REAL NOT NULL, updated_at REAL NOT NULL,
+    restarts INTEGER NOT NULL DEFAULT 0, reason TEXT, env TEXT NOT NULL DEFAULT '{}',
+    events_offset INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id INTEGER NOT NULL REFERENCES jobs(id), n INTEGER NOT NULL,
+    state TEXT NOT NULL, pid INTEGER, started_at REAL NOT NULL, ended_at REAL,
+    exit_code INTEGER, outcome TEXT, sigterm_at REAL, kill_at REAL,
+    PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, attempt INTEGER,
+    ts REAL NOT NULL, kind TEXT NOT NULL, source TEXT NOT NULL, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id, ts);
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, kind TEXT NOT NULL,
+    grace REAL, created_at REAL NOT NULL, handled_at REAL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    name: str
+    team: str
+    priority: int
+    backend: str
+    state: str
+    spec: JobSpec
+    submitted_at: float
+    updated_at: float
+    restarts: int
+    reason: str | None
+    env: dict[str, str]
+    events_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    job_id: int
+    n: int
+    state: str
+    pid: int | None
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    outcome: str | None
+    sigterm_at: float | None
+    kill_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    job_id: int
+    attempt: int | None
+    ts: float
+    kind: str
+    source: str
+    data: dict[str, Any]
+
+
+class Store:
+    """A handle on ``state.db``; cheap to open, one per process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreError(f"{path} was written by a newer gpufleet (schema {row[0]}); upgrade gpufleet")
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"cannot open state database {path}: {err}; move it aside or set GPUFLEET_HOME") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ---- jobs ----------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec, backend: str, env: dict[str, str] | None = None) -> int:
+        now = time.time()
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO jobs (name, team, priority, backend, state, spec, submitted_at, updated_at, env)"
+                " VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+                (spec.name, spec.team, spec.priority, backend, spec.model_dump_json(), now, now, json.dumps(env or {})),
+            )
+            job_id = int(cur.lastrowid or 0)
+            db.execute(
+                "INSERT INTO events (job_id, attempt, ts, kind, source, data)"
+                " VALUES (?, NULL, ?, 'queued', 'backend', ?)",
+                (job_id, now, json.dumps({"priority": spec.priority})),
+            )
+        return job_id
+
+    def _job(self, row: sqlite3.Row) -> Job:
+        return Job(
+            id=row["id"],
+            name=row["name"],
+            team=row["team"],
+            priority=row["priority"],
+            backend=row["backend"],
+            state=row["state"],
+            spec=parse_spec(json.loads(row["spec"]), source=f"job {row['id']}"),
+            submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"],
+            restarts=row["restarts"],
+            reason=row["reason"],
+            env=json.loads(row["env"]),
+            events_offset=row["events_offset"],
+        )
+
+    def job(self, job_id: int) -> Job:
+        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise UsageError(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
+        return self._job(row)
+
+    def jobs(self, *, states: Sequence[str] | None = None, team: str | None = None) -> list[Job]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args += list(states)
+        if team:
+            sql += " AND team=?"
+            args.append(team)
+        return [self._job(r) for r in self._db.execute(sql + " ORDER BY id", args)]
+
+    def set_job_state(self, job_id: int, state: str, reason: str | None = None, restarts: int | None = None) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET state=?, reason=COALESCE(?, reason), restarts=COALESCE(?, restarts), updated_at=?"
+                " WHERE id=?",
+                (state, reason, restarts, time.time(), job_id),
+            )
+
+    def set_events_offset(self, job_id: int, offset: int) -> None:
+        self._db.execute("UPDATE jobs SET events_offset=? WHERE id=?", (offset, job_id))
+
+    # ---- attempts ------------------------------------------------------------------------
+    def _attempt(self, row: sqlite3.Row) -> Attempt:
+        return Attempt(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
+
+    def add_attempt(self, job_id: int, n: int, pid: int, started_at: float) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO attempts (job_id, n, state, pid, started_at) VALUES (?, ?, 'running', ?, ?)",
+                (job_id, n, pid, started_at),
+            )
+            db.execute("UPDATE jobs SET state='running', updated_at=? WHERE id=?", (started_at, job_id))
+
+    def update_attempt(self, job_id: int, n: int, **fields: Any) -> None:
+        allowed = {"state", "ended_at", "exit_code", "outcome", "sigterm_at", "kill_at"}
+        if not fields or not set(fields) <= allowed:
+            raise ValueError(f"cannot update attempt fields {sorted(fields)}")
+        sets = ", ".join(f"{k}=?" for k in fields)
+        self._db.execute(f"UPDATE attempts SET {sets} WHERE job_id=? AND n=?", (*fields.values(), job_id, n))
+
+    def attempts(self, job_id: int | None = None) -> list[Attempt]:
+        if job_id is None:
+            rows = self._db.execute("SELECT * FROM attempts ORDER BY job_id, n")
+        else:
+            rows = self._db.execute("SELECT * FROM attempts WHERE job_id=? ORDER BY n", (job_id,))
+        return [self._attempt(r) for r in rows]
+
+    def running_attempts(self) -> list[Attempt]:
+        return [self._attempt(r) for r in self._db.execute("SELECT * FROM attempts WHERE state='running'")]
+
+    # ---- events --------------------------------------------------------------------------
+    def add_event(
+        self, job_id: int, kind: str, attempt: int | None = None, ts: float | None = None, **data: Any
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, 'backend', ?)",
+            (job_id, attempt, ts or time.time(), kind, json.dumps(data)),
+        )
+
+    def add_runtime_events(self, job_id: int, events: Sequence[dict[str, Any]], offset: int) -> None:
+        """Ingest lines from the job's event log and move its read offset, in one transaction."""
+        with self.transaction() as db:
+            for ev in events:
+                data = {k: v for k, v in ev.items() if k not in ("ts", "attempt", "kind")}
+                attempt = ev.get("attempt")
+                db.execute(
+                    "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, 'runtime', ?)",
+                    (
+                        job_id,
+                        attempt if isinstance(attempt, int) else None,
+                        float(ev["ts"]),
+                        ev["kind"],
+                        json.dumps(data),
+                    ),
+                )
+            db.execute("UPDATE jobs SET events_offset=? WHERE id=?", (offset, job_id))
+
+    def events(self, job_id: int, kinds: Sequence[str] | None = None) -> list[Event]:
+        sql, args = "SELECT * FROM events WHERE job_id=?", [job_id]
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += list(kinds)
+        rows = self._db.execute(sql + " ORDER BY ts, id", args)
+        return [Event(r["job_id"], r["attempt"], r["ts"], r["kind"], r["source"], json.loads(r["data"])) for r in rows]
+
+    def last_event(self, job_id: int, kind: str) -> Event | None:
+        r = self._db.execute(
+            "SELECT * FROM events WHERE job_id=? AND kind=? ORDER BY ts DESC, id DESC LIMIT 1", (job_id, kind)
+        ).fetchone()
+        return (
+            None
+            if r is None
+            else Event(r["job_id"], r["attempt"], r["ts"], r["kind"], r["source"], json.loads(r["data"]))
+        )
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, job_id: int, kind: str, grace: float | None = None) -> None:
+        self._db.execute(
+            "INSERT INTO requests (job_id, kind, grace, created_at) VALUES (?, ?, ?, ?)",
+            (job_id, kind, grace, time.time()),
+        )
+
+    def take_requests(self) -> list[tuple[int, str, float | None]]:
+        """Unhandled requests, marked handled; a read with no write when there are none."""
+        if self._db.execute("SELECT 1 FROM requests WHERE handled_at IS NULL LIMIT 1").fetchone() is None:
+            return []
+        with self.transaction() as db:
+            rows = db.execute(
+                "SELECT id, job_id, kind, grace FROM requests WHERE handled_at IS NULL ORDER BY id"
+            ).fetchall()
+            db.execute("UPDATE requests SET handled_at=? WHERE handled_at IS NULL", (time.time(),))
+        return [(r["job_id"], r["kind"], r["grace"]) for r in rows]
+
+
+def latest_step(store: Store, job_id: int) -> int | None:
+    """The job's most recent step count, as reported by its runtime (``None`` before any)."""
+    for ev in reversed(store.events(job_id, kinds=("train_start", "step", "checkpoint", "rollback"))):
+        value = ev.data.get("to_step" if ev.kind == "rollback" else "step")
+        if isinstance(value, int):
+            return value
+    return None

@@ -1,0 +1,97 @@
+"""The tiny character-level language model as a gpufleet job: ``gpufleet.workloads.tinylm:train``.
+
+A complete, preemptible training script in about fifty lines of loop: the model and data come
+from :mod:`gpufleet.workloads.charlm`; everything that makes it survive preemption is the
+:class:`~gpufleet.runtime.TrainSession` around the loop. Batches are a pure function of the
+data position, so the only data state a checkpoint needs is that one integer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpufleet.runtime import TrainSession
+from gpufleet.runtime.faults import FaultPlan
+from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
+
+
+def build(
+    *, seed: int, context: int, layers: int, heads: int, embed: int, dropout: float, lr: float, steps: int
+) -> tuple[CharCorpus, CharLM, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """Model, optimizer and a warmup-then-cosine schedule, initialised from ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    corpus = CharCorpus(load_text())
+    config = CharLMConfig(
+        vocab_size=corpus.vocab_size, context=context, layers=layers, heads=heads, embed=embed, dropout=dropout
+    )
+    model = CharLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.SequentialLR(
+        optimizer,
+        [
+            torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup),
+            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, steps - warmup), eta_min=lr / 10),
+        ],
+        milestones=[warmup],
+    )
+    return corpus, model, optimizer, schedule
+
+
+def train(
+    steps: int = 300,
+    batch_size: int = 32,
+    context: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    embed: int = 128,
+    dropout: float = 0.1,
+    lr: float = 3e-3,
+    seed: int = 1337,
+    eval_batches: int = 8,
+    ckpt_dir: str = "checkpoints",
+    on_step: Callable[[TrainSession], None] | None = None,
+) -> dict[str, Any]:
+    """Train, surviving preemption; return the final validation and test losses.
+
+    ``on_step`` is called after every step with the session (progress hooks, tests).
+    """
+    torch.use_deterministic_algorithms(True)
+    corpus, model, optimizer, schedule = build(
+        seed=seed, context=context, layers=layers, heads=heads, embed=embed, dropout=dropout, lr=lr, steps=steps
+    )
+    faults = FaultPlan.parse(os.environ.get("GPUFLEET_FAULT", ""))
+    sess = TrainSession.from_env(
+        model=model, optimizer=optimizer, scheduler=schedule, total_steps=steps, ckpt_dir=ckpt_dir
+    )
+    with sess:
+        model.train()
+        for _ in sess.steps():
+            x, y = corpus.batch("train", sess.data_position, batch_size, context, seed)
+            _, loss = model(x, y)
+            assert loss is not None
+            loss = faults.apply(loss, sess.data_position)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            sess.report(loss, tokens=x.numel(), lr=schedule.get_last_lr()[0])
+            if on_step is not None:
+                on_step(sess)
+        result = {
+            split: evaluate(
+                model, corpus, split, batches=eval_batches, batch_size=batch_size, context=context, seed=seed
+            )
+            for split in ("val", "test")
+        }
+        sess.log("eval", val_loss=result["val"], test_loss=result["test"])
+    return {"val_loss": result["val"], "test_loss": result["test"], "steps": sess.step}
