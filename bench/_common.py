@@ -1,0 +1,112 @@
+"""Helpers shared by the benchmarks in ``bench/``: argument parsing, statistics, filesystems, output.
+
+Every benchmark compares ratios against a baseline measured in the same run (the machine is
+shared, so absolute timings mean little), prints a small table (or, with ``--json``, one JSON
+object on stdout) and exits 0 when its target is met, 1 otherwise. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the ``--json`` flag every benchmark has."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
+    return p
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (stdout is kept for the table or the JSON object)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence."""
+    if not values:
+        raise ValueError("median of no values")
+    return float(statistics.median(values))
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``, ``inf`` (or ``nan`` for 0/0) when the denominator is 0."""
+    if denominator == 0:
+        return float("nan") if numerator == 0 else float("inf")
+    return numerator / denominator
+
+
+@dataclass(frozen=True, slots=True)
+class Filesystem:
+    """The mount a path lives on, from ``/proc/self/mounts``."""
+
+    mount_point: str
+    device: str
+    fs_type: str
+
+    def describe(self) -> str:
+        return f"{self.fs_type} on {self.device} (mounted at {self.mount_point})"
+
+
+def filesystem_of(path: Path) -> Filesystem:
+    """The longest mount point that contains ``path``; ``unknown`` fields off Linux."""
+    resolved = str(path.resolve())
+    best = Filesystem("?", "unknown", "unknown")
+    try:
+        lines = Path("/proc/self/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        device, mount_point, fs_type = fields[0], fields[1].replace("\\040", " "), fields[2]
+        inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best.mount_point == "?" or len(mount_point) >= len(best.mount_point)):
+            best = Filesystem(mount_point, device, fs_type)
+    return best
+
+
+def same_device(a: Path, b: Path) -> bool:
+    """Whether two existing paths are on the same block device."""
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
+def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: left-aligned first column, right-aligned others."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join(parts).rstrip()
+
+    rule = "-" * len(line(["-" * w for w in widths]))
+    return "\n".join([title, rule, line(header), rule, *(line(r) for r in rows), rule])
+
+
+def finish(*, json_mode: bool, result: dict[str, Any], table: str, verdict: str, ok: bool) -> int:
+    """Print the table and verdict (or the JSON object) and return the exit status."""
+    if json_mode:
+        print(json.dumps({**result, "target_met": ok}, indent=None, sort_keys=True, allow_nan=False, default=str))
+    else:
+        print(table)
+        print(f"{'PASS' if ok else 'FAIL'}: {verdict}")
+    return 0 if ok else 1
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN or inf."""
+    return value if value == value and abs(value) != float("inf") else None

@@ -1,0 +1,157 @@
+"""The session's promises, in-process: bit-exact resume, rollback past bad batches, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpufleet.errors import HealthError
+from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
+from gpufleet.runtime.events import read_events
+from gpufleet.workloads import tinylm
+
+SMALL = {"steps": 60, "batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
+
+
+@pytest.fixture
+def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Environment as a backend would export it, with a spec that checkpoints every 7 steps."""
+    spec = {
+        "name": "t",
+        "entrypoint": "gpufleet.workloads.tinylm:train",
+        "checkpoint": {"every_steps": 7, "keep": 2},
+        "health": {"min_history": 5, "window": 20},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
+    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "events.jsonl"))
+    monkeypatch.delenv("GPUFLEET_FAULT", raising=False)
+    return tmp_path
+
+
+def final_state(ckpt_dir: Path, step: int) -> dict[str, Any]:
+    _, state = CheckpointDir(ckpt_dir).load(ckpt_dir / f"step-{step:08d}")
+    return state
+
+
+def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_bitwise_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_bitwise_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def run_with_preemptions(preempt_at: set[int], monkeypatch: pytest.MonkeyPatch, attempts: list[int]) -> None:
+    """Run to the end, requesting preemption after each step in ``preempt_at`` (once each)."""
+    pending = set(preempt_at)
+
+    def on_step(sess: TrainSession) -> None:
+        if sess.step in pending:
+            pending.discard(sess.step)
+            sess.request_preemption()
+
+    attempt = 1
+    while True:
+        monkeypatch.setenv("GPUFLEET_ATTEMPT", str(attempt))
+        try:
+            tinylm.train(**SMALL, on_step=on_step)
+            attempts.append(attempt)
+            return
+        except Preempted as stop:
+            assert stop.code == 75
+            attempt += 1
+
+
+def test_resume_after_five_random_preemptions_is_bit_exact(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[int] = []
+    run_with_preemptions(set(), monkeypatch, attempts)
+    reference = final_state(tmp_path / "ckpt", SMALL["steps"])
+
+    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt2"))
+    rng = random.Random(2026)
+    # Spaced two apart: a stop requested after step k lands at the boundary of step k + 1.
+    stops = {2 * k for k in rng.sample(range(1, SMALL["steps"] // 2 - 1), 6)}
+    attempts.clear()
+    run_with_preemptions(stops, monkeypatch, attempts)
+    assert attempts == [len(stops) + 1]
+    resumed = final_state(tmp_path / "ckpt2", SMALL["steps"])
+    for name in ("model", "optimizer", "scheduler"):
+        assert_bitwise_equal(reference[name], resumed[name], name)
+    assert_bitwise_equal(reference["trainer"]["rng"], resumed["trainer"]["rng"], "rng")
+
+
+def test_nan_rolls_back_to_last_healthy_and_skips_the_batch(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_FAULT", "nan@17")
+    result = tinylm.train(**SMALL)
+    assert result["steps"] == SMALL["steps"]
+    assert torch.isfinite(torch.tensor(result["val_loss"]))
+    events, _ = read_events(tmp_path / "events.jsonl")
+    rollback = next(e for e in events if e["kind"] == "rollback")
+    assert rollback["from_step"] == 17 and rollback["to_step"] == 14
+    assert rollback["skip_from"] == 14 and rollback["skip_to"] == 18
+    assert rollback["redone_steps"] == 4
+    assert [e["kind"] for e in events].count("unhealthy") == 1
+    for info in CheckpointDir(tmp_path / "ckpt").list():
+        assert info.manifest is not None and info.manifest.healthy
+
+
+def test_spike_is_detected(job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_FAULT", "spike@30")
+    tinylm.train(**SMALL)
+    events, _ = read_events(tmp_path / "events.jsonl")
+    bad = [e for e in events if e["kind"] == "unhealthy"]
+    assert len(bad) == 1 and bad[0]["reason"] == "spike" and bad[0]["step"] == 30
+
+
+def test_repeated_bad_steps_stop_after_max_rollbacks(job_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_FAULT", ",".join(f"nan@{p}" for p in range(8, 40)))
+    with pytest.raises(HealthError, match="max_rollbacks"):
+        tinylm.train(**SMALL)
+
+
+def test_nan_before_any_checkpoint_is_a_clear_error(job_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_FAULT", "nan@3")
+    with pytest.raises(HealthError, match="no healthy checkpoint precedes it"):
+        tinylm.train(**SMALL)
+
+
+def test_sigterm_saves_at_step_boundary_and_requeues(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def on_step(sess: TrainSession) -> None:
+        if sess.step == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Preempted) as stop:
+        tinylm.train(**SMALL, on_step=on_step)
+    assert stop.value.step == 11
+    info, _ = CheckpointDir(tmp_path / "ckpt").latest()
+    assert info is not None and info.step == 11 and info.manifest is not None
+    assert info.manifest.reason == "preempt"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers are put back
+
+
+def test_steps_outside_context_manager_is_an_error(tmp_path: Path) -> None:
+    sess = TrainSession(ckpt_dir=tmp_path, model=torch.nn.Linear(1, 1), total_steps=1)
+    with pytest.raises(RuntimeError, match="context manager"):
+        next(sess.steps())

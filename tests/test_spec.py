@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.errors import SpecError
+from gpufleet.spec import load_spec, parse_spec
+
+GOOD = """
+name: tinylm
+team: perception
+entrypoint: gpufleet.workloads.tinylm:train
+args: {steps: 10}
+resources: {gpu_type: A100, gpus: 1, cpus: 2}
+priority: 5
+checkpoint: {every_steps: 5, keep: 2, grace_seconds: 10}
+max_restarts: 3
+env: {FOO: bar}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_good_spec_loads(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, GOOD))
+    assert spec.callable_entrypoint == "gpufleet.workloads.tinylm:train"
+    assert spec.command is None
+    assert spec.resources.cpus == 2 and spec.checkpoint.keep == 2 and spec.env == {"FOO": "bar"}
+
+
+def test_command_entrypoint_is_split_not_shelled(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, "name: a\nentrypoint: python train.py --lr '1e-3; rm -rf /'\n"))
+    assert spec.command == ["python", "train.py", "--lr", "1e-3; rm -rf /"]
+    assert spec.workdir == str(tmp_path.resolve())
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: a\nentrypoint: m:f\nresources: {gpus: -1}\n", "resources.gpus"),
+        ("name: a\nentrypoint: m:f\nresourses: {gpus: 1}\n", "resourses: unknown field"),
+        ("name: a\n", "entrypoint: required field is missing"),
+        ("name: ../etc\nentrypoint: m:f\n", "name"),
+        ("name: a\nentrypoint: m:f\ncheckpoint: {every_steps: null}\n", "checkpoint"),
+        ("name: a\nentrypoint: 'bad:module:thing'\n", "entrypoint"),
+        ("name: a\nentrypoint: m:f\nenv: {GPUFLEET_X: y}\n", "env"),
+        ("name: a\nentrypoint: m:f\nhealth: {window: 10, min_history: 20}\n", "health"),
+    ],
+)
+def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(write(tmp_path, text))
+    message = str(err.value)
+    assert field in message
+    assert "\n" not in message
+
+
+def test_malformed_yaml_gives_line(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="malformed YAML at line 3"):
+        load_spec(write(tmp_path, "name: a\nentrypoint: [unclosed\n"))
+
+
+def test_non_mapping_and_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="must be a YAML mapping"):
+        load_spec(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_yaml_tags_are_not_executed(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="malformed YAML"):
+        load_spec(write(tmp_path, "name: !!python/object/apply:os.system ['true']\nentrypoint: m:f\n"))
+
+
+def test_spec_is_frozen_and_copy_validates() -> None:
+    spec = parse_spec({"name": "a", "entrypoint": "m:f"})
+    with pytest.raises(Exception, match="frozen"):
+        spec.name = "b"  # type: ignore[misc]
+    assert spec.copy_with(priority=3).priority == 3
+    with pytest.raises(SpecError, match="priority"):
+        spec.copy_with(priority=10_000)
