@@ -40,7 +40,7 @@ unit: dev
 test: lint typecheck unit
 
 soak: dev
-	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q -m slow tests/
+	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 
 bench: install
 	$(BIN)/python bench/checkpoint_save.py

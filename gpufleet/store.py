@@ -243,10 +243,11 @@ class Store:
 
     def events(self, job_id: int, kinds: Sequence[str] | None = None) -> list[Event]:
         sql, args = "SELECT * FROM events WHERE job_id=?", [job_id]
+        args_any: list[Any] = list(args)
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
-            args += list(kinds)
-        rows = self._db.execute(sql + " ORDER BY ts, id", args)
+            args_any += list(kinds)
+        rows = self._db.execute(sql + " ORDER BY ts, id", args_any)
         return [Event(r["job_id"], r["attempt"], r["ts"], r["kind"], r["source"], json.loads(r["data"])) for r in rows]
 
     def last_event(self, job_id: int, kind: str) -> Event | None:

@@ -80,7 +80,7 @@ def test_yaml_tags_are_not_executed(tmp_path: Path) -> None:
 def test_spec_is_frozen_and_copy_validates() -> None:
     spec = parse_spec({"name": "a", "entrypoint": "m:f"})
     with pytest.raises(Exception, match="frozen"):
-        spec.name = "b"  # type: ignore[misc]
+        spec.name = "b"
     assert spec.copy_with(priority=3).priority == 3
     with pytest.raises(SpecError, match="priority"):
         spec.copy_with(priority=10_000)

@@ -29,7 +29,7 @@ from gpufleet.backends.base import Backend, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.events import read_events
-from gpufleet.runtime.session import REQUEUE_EXIT_CODE
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Job, Store
 

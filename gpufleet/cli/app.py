@@ -167,7 +167,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             "healthy": i.manifest.healthy if i.manifest else None,
             "problem": i.problem,
         }
-        for i in CheckpointDir(ckpt_dir).list(verify=False)
+        for i in CheckpointDir(ckpt_dir).scan(verify=False)
     ]
     if json_out:
         emit_json(
@@ -189,13 +189,13 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             ["attempt", "outcome", "start", "wall", "exit"],
             [
                 [
-                    a["attempt"],
-                    a["outcome"],
-                    f"+{a['started_at'] - t0:.1f}s",
-                    duration((a["ended_at"] or time.time()) - a["started_at"]),
-                    a["exit_code"],
+                    a.n,
+                    a.outcome or a.state,
+                    f"+{a.started_at - t0:.1f}s",
+                    duration((a.ended_at or time.time()) - a.started_at),
+                    a.exit_code,
                 ]
-                for a in attempts
+                for a in store.attempts(job_id)
             ],
         )
     )
@@ -331,7 +331,7 @@ def _ckpt_infos(directory: Path) -> list[Any]:
     if not directory.is_dir():
         raise UsageError(f"{str(directory)!r} is not a directory: give the folder holding step-N folders")
     try:
-        return CheckpointDir(directory).list(verify=True)
+        return CheckpointDir(directory).scan(verify=True)
     except PermissionError as err:
         raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
 

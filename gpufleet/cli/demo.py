@@ -76,7 +76,11 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     store = backend.store
     low_spec, high_spec = demo_specs()
     quiet = json_out
-    say = (lambda *_: None) if quiet else console.print
+
+    def say(text: str) -> None:
+        if not quiet:
+            console.print(text)
+
     say(f"[bold]gpufleet demo[/]  state: {home}  (1 virtual GPU slot, local backend)")
     progress = make_progress(quiet)
     progress.start()

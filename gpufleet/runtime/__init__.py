@@ -1,11 +1,31 @@
-"""What runs inside a training process: checkpoints, health, the preemption guard."""
+"""What runs inside a training process: checkpoints, health, the preemption guard.
+
+Names are imported on first use, so that tools which only need the protocol (the CLI, a
+backend) do not pay for importing torch.
+"""
 
 from __future__ import annotations
 
-from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest
-from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.health import HealthMonitor
-from gpufleet.runtime.session import REQUEUE_EXIT_CODE, Preempted, TrainSession
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest
+    from gpufleet.runtime.events import EventLog
+    from gpufleet.runtime.health import HealthMonitor
+    from gpufleet.runtime.session import Preempted, TrainSession
+
+_LAZY = {
+    "CheckpointDir": "gpufleet.runtime.checkpoint",
+    "CheckpointInfo": "gpufleet.runtime.checkpoint",
+    "CheckpointManifest": "gpufleet.runtime.checkpoint",
+    "EventLog": "gpufleet.runtime.events",
+    "HealthMonitor": "gpufleet.runtime.health",
+    "Preempted": "gpufleet.runtime.session",
+    "TrainSession": "gpufleet.runtime.session",
+}
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -17,3 +37,9 @@ __all__ = [
     "Preempted",
     "TrainSession",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gpufleet.runtime' has no attribute {name!r}")

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gpufleet.errors import CheckpointError, CorruptCheckpoint
 
 SCHEMA_VERSION = 1
@@ -120,7 +118,7 @@ class CheckpointManifest:
                 created_at=float(raw["created_at"]),
                 save_seconds=float(raw.get("save_seconds", 0.0)),
                 files=files,
-                meta=raw.get("meta") if isinstance(raw.get("meta"), dict) else {},
+                meta=dict(raw["meta"]) if isinstance(raw.get("meta"), dict) else {},
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptCheckpoint(f"{where}: manifest field missing or mistyped ({err})") from None
@@ -221,6 +219,8 @@ class CheckpointDir:
         meta: Mapping[str, Any] | None = None,
     ) -> CheckpointManifest:
         """Write ``state`` (name -> picklable-with-weights_only object) as ``step-<step>``."""
+        import torch
+
         started = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / step_dirname(step)
@@ -272,7 +272,7 @@ class CheckpointDir:
         return _with_seconds(manifest, time.perf_counter() - started)
 
     # ---- reading ------------------------------------------------------------------------
-    def list(self, verify: bool = True) -> list[CheckpointInfo]:
+    def scan(self, verify: bool = True) -> list[CheckpointInfo]:
         """Every ``step-N`` folder, oldest first, with the reason it cannot be restored."""
         if not self.root.exists():
             return []
@@ -326,6 +326,8 @@ class CheckpointDir:
 
     def load(self, path: Path) -> tuple[CheckpointManifest, dict[str, Any]]:
         """Verify, then load every file with ``torch.load(weights_only=True)``."""
+        import torch
+
         manifest, blobs = self._read_verified(path, load=True)
         state: dict[str, Any] = {}
         for name, data in blobs.items():
@@ -338,7 +340,7 @@ class CheckpointDir:
     def latest(self, *, before_step: int | None = None) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
         """The newest restorable checkpoint (below ``before_step``), and the newer ones skipped."""
         skipped: list[CheckpointInfo] = []
-        for info in reversed(self.list(verify=True)):
+        for info in reversed(self.scan(verify=True)):
             if before_step is not None and info.step >= before_step:
                 continue
             if info.restorable:
@@ -349,7 +351,7 @@ class CheckpointDir:
     # ---- housekeeping -------------------------------------------------------------------
     def prune(self) -> list[Path]:
         """Keep the newest ``keep`` checkpoints and the newest healthy one; delete the rest."""
-        infos = self.list(verify=False)
+        infos = self.scan(verify=False)
         keep = {info.path for info in infos[-self.keep :]}
         healthy = [i for i in infos if i.restorable]
         if healthy:
@@ -361,7 +363,7 @@ class CheckpointDir:
 
     def drop_after(self, step: int) -> list[Path]:
         """Delete checkpoints newer than ``step`` (a discarded branch after a rollback)."""
-        removed = [info.path for info in self.list(verify=False) if info.step > step]
+        removed = [info.path for info in self.scan(verify=False) if info.step > step]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed

@@ -32,11 +32,9 @@ from gpufleet.errors import CheckpointError, HealthError
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo
 from gpufleet.runtime.events import EventLog
 from gpufleet.runtime.health import HealthMonitor
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, restore_rng
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, parse_spec
-
-REQUEUE_EXIT_CODE = 75
-"""Exit status of a preempted attempt that saved its state and asks to be requeued (EX_TEMPFAIL)."""
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 

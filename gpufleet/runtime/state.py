@@ -15,7 +15,7 @@ import torch
 
 
 def capture_rng() -> dict[str, Any]:
-    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {

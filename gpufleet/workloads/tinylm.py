@@ -80,11 +80,11 @@ def train(
             assert loss is not None
             loss = faults.apply(loss, sess.data_position)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
-            sess.report(loss, tokens=x.numel(), lr=schedule.get_last_lr()[0])
+            sess.report(loss, tokens=x.numel(), lr=float(schedule.get_last_lr()[0]))
             if on_step is not None:
                 on_step(sess)
         result = {

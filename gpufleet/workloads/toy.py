@@ -29,7 +29,7 @@ def train(steps: int = 50, step_seconds: float = 0.02, seed: int = 0, exit_code:
             loss = torch.nn.functional.mse_loss(model(x), 3 * x - 1)
             loss = faults.apply(loss, sess.data_position)
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             time.sleep(step_seconds)
             sess.report(loss)

@@ -143,7 +143,15 @@ def test_crashed_scheduler_attempts_are_requeued_and_resume(home: Path) -> None:
     survivor.shutdown()
 
 
-SMALL_LM = {"steps": 80, "batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
+SMALL_LM: dict[str, Any] = {
+    "steps": 80,
+    "batch_size": 8,
+    "context": 16,
+    "layers": 1,
+    "heads": 2,
+    "embed": 32,
+    "eval_batches": 1,
+}
 
 
 def test_real_sigterm_resume_is_bit_exact_across_processes(

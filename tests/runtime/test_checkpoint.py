@@ -69,7 +69,7 @@ def test_prune_keeps_k_and_newest_healthy(tmp_path: Path) -> None:
     for step in (2, 3, 4):
         ckpts.save(step, state(step), healthy=False)
     ckpts.prune()
-    assert [i.step for i in ckpts.list()] == [1, 3, 4]
+    assert [i.step for i in ckpts.scan()] == [1, 3, 4]
 
 
 def test_resave_same_step_replaces(tmp_path: Path) -> None:
@@ -124,4 +124,4 @@ def test_drop_after(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         ckpts.save(step, state(step))
     ckpts.drop_after(1)
-    assert [i.step for i in ckpts.list()] == [1]
+    assert [i.step for i in ckpts.scan()] == [1]

@@ -17,7 +17,15 @@ from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
 from gpufleet.runtime.events import read_events
 from gpufleet.workloads import tinylm
 
-SMALL = {"steps": 60, "batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
+SMALL: dict[str, Any] = {
+    "steps": 60,
+    "batch_size": 8,
+    "context": 16,
+    "layers": 1,
+    "heads": 2,
+    "embed": 32,
+    "eval_batches": 1,
+}
 
 
 @pytest.fixture
@@ -111,7 +119,7 @@ def test_nan_rolls_back_to_last_healthy_and_skips_the_batch(
     assert rollback["skip_from"] == 14 and rollback["skip_to"] == 18
     assert rollback["redone_steps"] == 4
     assert [e["kind"] for e in events].count("unhealthy") == 1
-    for info in CheckpointDir(tmp_path / "ckpt").list():
+    for info in CheckpointDir(tmp_path / "ckpt").scan():
         assert info.manifest is not None and info.manifest.healthy
 
 

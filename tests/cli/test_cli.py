@@ -1,0 +1,141 @@
+"""The command line as a user meets it: real processes, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpufleet.runtime import CheckpointDir
+
+GPUFLEET = [sys.executable, "-m", "gpufleet.cli"]
+
+
+def run(home: Path, *args: str, check: int | None = 0, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUFLEET_HOME": str(home), "GPUFLEET_SCHEDULER_IDLE_S": "1", "COLUMNS": "200"}
+    proc = subprocess.run([*GPUFLEET, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check is not None:
+        assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def jobs_in_db(home: Path) -> int:
+    db = home / "state.db"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+
+BAD_SPECS = {
+    "malformed.yaml": "name: a\nentrypoint: [oops\n",
+    "unknown.yaml": "name: a\nentrypoint: m:f\ngpu: 1\n",
+    "negative.yaml": "name: a\nentrypoint: m:f\nresources: {gpus: -2}\n",
+    "noentry.yaml": "name: a\nteam: x\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SPECS))
+def test_bad_spec_exits_2_with_one_line_and_writes_nothing(home: Path, tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text(BAD_SPECS[name])
+    proc = run(home, "submit", str(path), check=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert "Traceback" not in proc.stderr and str(path) in lines[0]
+    assert jobs_in_db(home) == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("show", "42"),
+        ("preempt", "42"),
+        ("cancel", "42"),
+        ("logs", "42"),
+        ("ckpt", "verify", "/nonexistent/dir"),
+        ("ckpt", "list", "/etc/hostname"),
+        ("cost", "--rates", "/nonexistent.yaml"),
+        ("demo", "--fault", "boom@3"),
+    ],
+)
+def test_bad_values_exit_2(home: Path, args: tuple[str, ...]) -> None:
+    proc = run(home, *args, check=2)
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_ckpt_list_and_verify(home: Path, tmp_path: Path) -> None:
+    ckpts = CheckpointDir(tmp_path / "ck", keep=5)
+    for step in (10, 20):
+        ckpts.save(step, {"model": {"w": torch.ones(8) * step}}, loss=1.0 / step)
+    listing = json.loads(run(home, "ckpt", "list", str(tmp_path / "ck"), "--json").stdout)
+    assert [c["step"] for c in listing["checkpoints"]] == [10, 20]
+    assert json.loads(run(home, "ckpt", "verify", str(tmp_path / "ck"), "--json").stdout)["ok"] is True
+    target = tmp_path / "ck" / "step-00000020" / "model.pt"
+    data = bytearray(target.read_bytes())
+    data[-30] ^= 0xFF
+    target.write_bytes(bytes(data))
+    result = json.loads(run(home, "ckpt", "verify", str(tmp_path / "ck"), "--json", check=1).stdout)
+    assert result["ok"] is False and result["restore_step"] == 10
+    assert result["corrupt"][0]["step"] == 20 and "sha256" in result["corrupt"][0]["problem"]
+
+
+def toy_spec(tmp_path: Path, name: str, steps: int, step_seconds: float, priority: int = 0) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nteam: vision\nentrypoint: gpufleet.workloads.toy:train\n"
+        f"args: {{steps: {steps}, step_seconds: {step_seconds}}}\npriority: {priority}\n"
+        "resources: {gpu_type: L4}\nspot: true\ncheckpoint: {every_steps: 10, grace_seconds: 10}\n"
+    )
+    return path
+
+
+def wait_for(predicate: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_submit_preempt_and_cost_through_the_daemon(home: Path, tmp_path: Path) -> None:
+    submitted = json.loads(run(home, "submit", str(toy_spec(tmp_path, "long", 300, 0.02)), "--json").stdout)
+    job = str(submitted["id"])
+
+    def show() -> dict[str, Any]:
+        return dict(json.loads(run(home, "show", job, "--json").stdout))
+
+    wait_for(lambda: show()["state"] == "running" and (show()["step"] or 0) >= 20)
+    run(home, "preempt", job, "--grace", "10")
+    wait_for(lambda: show()["state"] == "completed", timeout=90)
+    detail = show()
+    assert [a["outcome"] for a in detail["attempts"]] == ["preempted", "completed"]
+    assert any(e["kind"] == "restore" and e.get("step") for e in detail["events"])
+    assert "Traceback" not in run(home, "logs", job).stdout
+
+    jobs = json.loads(run(home, "jobs", "--json").stdout)["jobs"]
+    assert [j["state"] for j in jobs] == ["completed"]
+    report = json.loads(run(home, "cost", "--json", "--out", str(tmp_path / "note")).stdout)
+    assert report["teams"]["vision"]["preemptions"] == 1
+    assert report["total"]["money"] > 0 and report["total"]["on_demand_money"] > report["total"]["money"]
+    assert Path(report["note"]["png"]).stat().st_size > 5000
+    table = run(home, "cost").stdout
+    assert "vision" in table and "total" in table
+    wait_for(lambda: not (home / "scheduler.pid").exists(), timeout=30)  # the daemon exits when idle
+
+
+def test_submit_wait_exit_code(home: Path, tmp_path: Path) -> None:
+    ok = run(home, "submit", str(toy_spec(tmp_path, "short", 5, 0.0)), "--wait", "--json")
+    assert json.loads(ok.stdout)["state"] == "completed"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nentrypoint: gpufleet.workloads.toy:train\nargs: {steps: 2, exit_code: 4}\n")
+    failed = run(home, "submit", str(bad), "--wait", "--json", check=1)
+    assert json.loads(failed.stdout)["reason"] == "exit code 4"
