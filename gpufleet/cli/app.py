@@ -11,7 +11,7 @@ import typer
 
 from gpufleet.backends.base import get_backend
 from gpufleet.backends.local import LocalBackend
-from gpufleet.cli.render import console, duration, emit_json, err_console, hours, money, table
+from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir
@@ -208,7 +208,11 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
                     f"+{e['ts'] - t0:.1f}s",
                     e["attempt"],
                     e["kind"],
-                    " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "attempt", "kind", "path")),
+                    " ".join(
+                        f"{k}={fmt(v)}"
+                        for k, v in e.items()
+                        if k not in ("ts", "attempt", "kind", "path") and v is not None
+                    ),
                 ]
                 for e in events
             ],
@@ -277,7 +281,7 @@ def cost(
     if json_out:
         emit_json(report.to_dict())
         return
-    report.print(console)
+    print_cost(report)
 
 
 @ckpt_app.command("list")
@@ -371,4 +375,4 @@ def main() -> None:
         sys.exit(err.exit_code)
 
 
-__all__ = ["app", "hours", "main", "money"]
+__all__ = ["app", "main"]

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.cli.render import console, emit_json
+from gpufleet.cli.render import console, emit_json, print_cost
 from gpufleet.cli.watch import JobWatcher, make_progress
 from gpufleet.cost.report import cost_report
 from gpufleet.errors import UsageError
@@ -122,7 +122,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
             }
         )
         return ok
-    report.print(console)
+    print_cost(report)
     lost = report.ledger.total.gpu_hours["lost"] * 3600
     console.print(
         f"job #{low} ran {len(low_attempts)} attempts; {lost:.1f} GPU-seconds were lost to preemption and "

@@ -10,6 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cost.ledger import Cost
+from gpufleet.cost.report import CostReport
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -18,12 +21,21 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def fmt(value: Any) -> str:
+    """A cell: floats to 4 significant digits, ``None`` as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title, title_justify="left", header_style="bold underline", box=None, padding=(0, 1))
     for col in columns:
-        t.add_column(col, justify="right" if col.endswith(("s", "h", "$", "#")) and col != "state" else "left")
+        t.add_column(col, no_wrap=True)
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*(fmt(v) for v in row))
     return t
 
 
@@ -36,10 +48,11 @@ def money(value: float, currency: str) -> str:
     return f"{symbol}{value:.2g}" if abs(value) >= 0.01 else f"{symbol}{value:.3g}"
 
 
-def hours(value: float) -> str:
-    if value == 0:
-        return "0"
-    return f"{value:.3f}" if value >= 0.1 else f"{value:.3g}"
+def gpu_time(hours: float) -> str:
+    """GPU time in the unit that reads best: GPU-seconds for laptop demos, GPU-hours for fleets."""
+    if hours < 0.1:
+        return f"{hours * 3600:.3g} s"
+    return f"{hours:,.2f} h"
 
 
 def duration(seconds: float | None) -> str:
@@ -52,3 +65,29 @@ def duration(seconds: float | None) -> str:
         return f"{minutes}m{sec:02d}s"
     h, m = divmod(minutes, 60)
     return f"{h}h{m:02d}m"
+
+
+def _cost_cells(c: Cost, currency: str) -> list[object]:
+    share = c.gpu_hours["lost"] / c.total_gpu_hours if c.total_gpu_hours else 0.0
+    lost = f"{gpu_time(c.gpu_hours['lost'])} ({share:.0%})"
+    return [
+        c.preemptions,
+        gpu_time(c.total_gpu_hours),
+        lost,
+        c.steps_redone,
+        money(c.money, currency),
+        money(c.on_demand_money, currency),
+    ]
+
+
+def print_cost(report: CostReport) -> None:
+    """The per-team cost table, the unpriced warning and the note's path."""
+    cur = report.ledger.currency
+    rows = [[team, *_cost_cells(c, cur)] for team, c in report.ledger.teams.items()]
+    rows.append(["[bold]total[/]", *_cost_cells(report.ledger.total, cur)])
+    head = ["team", "preempted", "GPU time", "lost", "redone steps", "cost", "on-demand"]
+    console.print(table("cost per team", head, rows))
+    if report.ledger.total.unpriced:
+        console.print(f"[yellow]no rate for {', '.join(report.ledger.total.unpriced)}: counted in hours, not money[/]")
+    if report.note is not None:
+        console.print(f"cost note: {report.note.markdown}")

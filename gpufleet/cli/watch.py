@@ -41,6 +41,8 @@ def describe(event: Event) -> str | None:
         case "preempt_signal":
             return f"{a} saw {d.get('signal')} at step {d.get('step')}: saving"
         case "restore":
+            if d.get("cause") == "rollback":
+                return None  # the rollback line says it
             if d.get("step") is None:
                 return f"{a} found no checkpoint: starting from scratch"
             return f"[green]{a} restored step {d.get('step')} in {float(d.get('seconds', 0)):.2f}s[/]"

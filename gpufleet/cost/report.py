@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from gpufleet.cost.ledger import AttemptUsage, Ledger, build_ledger
 from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
 from gpufleet.cost.rates import load_rates
@@ -29,7 +27,7 @@ def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
             elif e.kind == "sigkill":
                 text = f"attempt {e.attempt}: SIGKILL after the grace time"
             elif e.kind == "restore":
-                if d.get("step") is None:
+                if d.get("step") is None or d.get("cause") == "rollback":
                     continue
                 text = f"attempt {e.attempt}: resumed from step {d.get('step')}"
             elif e.kind == "rollback":
@@ -60,61 +58,6 @@ class CostReport:
             if self.note is None
             else {"markdown": str(self.note.markdown), "json": str(self.note.json), "png": str(self.note.png)},
         }
-
-    def print(self, console: Console) -> None:
-        from gpufleet.cli.render import hours, money, table
-
-        cur = self.ledger.currency
-        rows = []
-        for team, c in self.ledger.teams.items():
-            rows.append(
-                [
-                    team,
-                    c.attempts,
-                    c.preemptions,
-                    hours(c.total_gpu_hours),
-                    hours(c.gpu_hours["useful"]),
-                    hours(c.gpu_hours["lost"]),
-                    c.steps_redone,
-                    money(c.money, cur),
-                    money(c.on_demand_money, cur),
-                ]
-            )
-        t = self.ledger.total
-        rows.append(
-            [
-                "[bold]total[/]",
-                t.attempts,
-                t.preemptions,
-                hours(t.total_gpu_hours),
-                hours(t.gpu_hours["useful"]),
-                hours(t.gpu_hours["lost"]),
-                t.steps_redone,
-                money(t.money, cur),
-                money(t.on_demand_money, cur),
-            ]
-        )
-        console.print(
-            table(
-                "cost per team",
-                [
-                    "team",
-                    "attempts",
-                    "preemptions",
-                    "GPU-h",
-                    "useful GPU-h",
-                    "lost GPU-h",
-                    "redone steps",
-                    "money",
-                    "on-demand",
-                ],
-                rows,
-            )
-        )
-        if t.unpriced:
-            console.print(f"[yellow]no rate for {', '.join(t.unpriced)}: counted in hours, not in money[/]")
-        if self.note is not None:
-            console.print(f"cost note: {self.note.markdown}")
 
 
 def cost_report(

@@ -21,7 +21,7 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
     end = attempt.ended_at if attempt.ended_at is not None else now
     outcome = attempt.outcome or "running"
     mine = [e for e in events if e.attempt == attempt.n and e.source == "runtime"]
-    restore = next((e for e in mine if e.kind == "restore"), None)
+    restore = next((e for e in mine if e.kind == "restore" and e.data.get("cause") != "rollback"), None)
     train_start = next((e for e in mine if e.kind == "train_start"), None)
     checkpoints = [e for e in mine if e.kind == "checkpoint"]
     rollbacks = [e for e in mine if e.kind == "rollback"]
@@ -41,8 +41,8 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
     for e in rollbacks:
         from_step, to_step = int(_num(e.data, "from_step")), int(_num(e.data, "to_step"))
-        steps_done += from_step - segment_start + 1
-        steps_redone += from_step - to_step + 1
+        steps_done += from_step - segment_start
+        steps_redone += from_step - to_step
         segment_start = to_step
     if last_step is not None:
         steps_done += max(0, last_step - segment_start)

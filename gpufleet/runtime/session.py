@@ -196,7 +196,7 @@ class TrainSession:
         if not verdict.healthy:
             self.events.emit(
                 "unhealthy",
-                step=self.step,
+                step=self.step + 1,
                 loss=value,
                 reason=verdict.reason,
                 zscore=verdict.zscore,
@@ -290,7 +290,7 @@ class TrainSession:
             self.save("preempt")
         raise Preempted(self.step)
 
-    def restore(self, before_step: int | None = None) -> CheckpointInfo | None:
+    def restore(self, before_step: int | None = None, cause: str = "start") -> CheckpointInfo | None:
         """Load the newest complete, verified, healthy checkpoint; report the ones skipped."""
         started = time.perf_counter()
         while True:
@@ -299,7 +299,7 @@ class TrainSession:
                 self.events.emit("checkpoint_skipped", step=bad.step, path=str(bad.path), reason=bad.problem)
             if info is None:
                 if before_step is None:
-                    self.events.emit("restore", step=None, seconds=time.perf_counter() - started)
+                    self.events.emit("restore", step=None, seconds=time.perf_counter() - started, cause=cause)
                 return None
             try:
                 manifest, state = self.ckpts.load(info.path)
@@ -320,11 +320,13 @@ class TrainSession:
         self.last_loss = manifest.loss
         self._last_saved_step = self.step
         self._last_save_time = time.monotonic()
-        self.events.emit("restore", step=self.step, seconds=time.perf_counter() - started, path=str(info.path))
+        self.events.emit(
+            "restore", step=self.step, seconds=time.perf_counter() - started, path=str(info.path), cause=cause
+        )
         return info
 
     def _rollback(self, bad_batch_end: int) -> None:
-        bad_step = self.step
+        bad_step = self.step + 1  # steps are counted from 1: checkpoint step-N holds the state after N
         if self.rollbacks >= self.health_policy.max_rollbacks:
             raise HealthError(
                 f"step {bad_step} is unhealthy after {self.rollbacks} rollbacks (health.max_rollbacks); "
@@ -334,7 +336,7 @@ class TrainSession:
         # Work thrown away: the steps since the last save in this attempt, and the bad one.
         redone_seconds = sum(self._step_seconds.values()) + (started - self._step_started)
         rollbacks = self.rollbacks + 1
-        info = self.restore(before_step=bad_step + 1)
+        info = self.restore(before_step=bad_step, cause="rollback")
         if info is None:
             raise HealthError(
                 f"step {bad_step} is unhealthy and no healthy checkpoint precedes it; "
@@ -349,7 +351,7 @@ class TrainSession:
             to_step=self.step,
             skip_from=self.data_position,
             skip_to=skip_to,
-            redone_steps=bad_step - self.step + 1,
+            redone_steps=bad_step - self.step,
             redone_seconds=redone_seconds,
             restore_seconds=time.monotonic() - started,
         )

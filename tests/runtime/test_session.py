@@ -115,7 +115,7 @@ def test_nan_rolls_back_to_last_healthy_and_skips_the_batch(
     assert torch.isfinite(torch.tensor(result["val_loss"]))
     events, _ = read_events(tmp_path / "events.jsonl")
     rollback = next(e for e in events if e["kind"] == "rollback")
-    assert rollback["from_step"] == 17 and rollback["to_step"] == 14
+    assert rollback["from_step"] == 18 and rollback["to_step"] == 14  # the 18th step ran on batch 17
     assert rollback["skip_from"] == 14 and rollback["skip_to"] == 18
     assert rollback["redone_steps"] == 4
     assert [e["kind"] for e in events].count("unhealthy") == 1
@@ -128,7 +128,7 @@ def test_spike_is_detected(job_env: Path, tmp_path: Path, monkeypatch: pytest.Mo
     tinylm.train(**SMALL)
     events, _ = read_events(tmp_path / "events.jsonl")
     bad = [e for e in events if e["kind"] == "unhealthy"]
-    assert len(bad) == 1 and bad[0]["reason"] == "spike" and bad[0]["step"] == 30
+    assert len(bad) == 1 and bad[0]["reason"] == "spike" and bad[0]["step"] == 31
 
 
 def test_repeated_bad_steps_stop_after_max_rollbacks(job_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
