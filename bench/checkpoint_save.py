@@ -1,6 +1,7 @@
 """Save throughput of ``CheckpointDir.save`` against ``dd conv=fsync`` on the same filesystem.
 
-    .venv/bin/python bench/checkpoint_save.py [--json] [--dir DIR] [--repeats N] [--size-mb MB] [--profile]
+    .venv/bin/python bench/checkpoint_save.py [--json] [--dir DIR] [--repeats N] [--size-mb MB]
+                                              [--prefault-mb MB] [--profile]
 
 A ~512 MB training state (a model, an AdamW-like optimizer with two moments of the same size,
 a scheduler and a small trainer entry) is saved with ``CheckpointDir.save`` (sha256 hashed in a
@@ -8,6 +9,11 @@ helper thread, fsync per file and per folder) and compared with ``dd if=/dev/zer
 conv=fsync`` writing the same number of bytes into the same folder. Runs alternate dd, save and
 (as information) a plain ``torch.save(path)`` + ``fsync`` without hashing; files are deleted
 (and ``sync`` called) between runs. Target: median save rate >= 0.8 x median dd rate.
+
+Before each run the script touches and frees ``--prefault-mb`` of memory (0 turns it off): on a
+VM whose freed memory goes back to the host (virtio-balloon free page reporting), filling the page
+cache sometimes costs several times more CPU, at random, for either writer; this tries to hand
+every writer warm pages. It does not remove the spread: read the medians, not single runs.
 
 ``--profile`` adds what the save path spends its CPU on: serialising into a null sink with
 torch's zip CRC-32 on and off, sha256 alone, and ``CheckpointDir.save`` with torch's CRC-32 off.
@@ -18,12 +24,14 @@ from __future__ import annotations
 import io
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +108,10 @@ def clear(path: Path) -> None:
 def prefault(nbytes: int) -> None:
     """Touch and free ``nbytes`` of memory just before a timed run.
 
-    On a VM with free page reporting (virtio-balloon), memory freed a few seconds ago has been
-    handed back to the host and costs a host page fault on its next use; the page cache a write
-    fills comes from those free pages. Touching a buffer and freeing it right before each run puts
-    warm pages at the head of the free lists, so every writer starts equally warm.
+    On a VM with free page reporting (virtio-balloon), memory freed a few seconds ago may have been
+    handed back to the host and cost a host page fault on its next use; the page cache a write
+    fills comes from free pages. Touching a buffer and freeing it right before each run aims to put
+    warm pages at the head of the free lists, so that every writer starts alike (a mitigation only).
     """
     if nbytes > 0:
         buf = torch.empty(nbytes, dtype=torch.uint8)
@@ -111,34 +119,52 @@ def prefault(nbytes: int) -> None:
         del buf
 
 
-def run_dd(target: Path, count: int) -> tuple[float, int, str]:
-    """Seconds dd took (its own figure, else the subprocess wall time), bytes, and which it was."""
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One timed run: wall seconds, bytes written, CPU seconds spent (all threads, user + system)."""
+
+    seconds: float
+    nbytes: int
+    cpu_s: float
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / 1e9 / self.seconds
+
+
+def run_dd(target: Path, count: int) -> tuple[Sample, str]:
+    """One dd run, timed by dd's own figure (else the subprocess wall time); and which timing it was."""
     argv = ["dd", "if=/dev/zero", f"of={target}", f"bs={DD_BLOCK}", f"count={count}", "conv=fsync"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}, check=False)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"dd failed ({proc.returncode}): {proc.stderr.strip()}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     size = target.stat().st_size
     clear(target)
     match = DD_ELAPSED_RE.search(proc.stderr)
     if match and float(match.group(1)) > 0:
-        return float(match.group(1)), size, "dd"
-    return wall, size, "wall"
+        return Sample(float(match.group(1)), size, cpu), "dd"
+    return Sample(wall, size, cpu), "wall"
 
 
-def run_save(root: Path, state: dict[str, Any], step: int) -> tuple[float, int]:
+def run_save(root: Path, state: dict[str, Any], step: int) -> Sample:
     ckpts = CheckpointDir(root, keep=1000)
+    cpu = time.process_time()
     started = time.perf_counter()
     manifest = ckpts.save(step, state, reason="bench")
-    seconds = time.perf_counter() - started
+    sample = Sample(time.perf_counter() - started, manifest.total_bytes, time.process_time() - cpu)
     clear(root)
-    return seconds, manifest.total_bytes
+    return sample
 
 
-def run_plain(folder: Path, state: dict[str, Any]) -> tuple[float, int]:
+def run_plain(folder: Path, state: dict[str, Any]) -> Sample:
     """``torch.save`` each entry to a path and fsync it: the save path without hashing."""
     folder.mkdir()
+    cpu = time.process_time()
     started = time.perf_counter()
     size = 0
     for name, obj in state.items():
@@ -150,9 +176,9 @@ def run_plain(folder: Path, state: dict[str, Any]) -> tuple[float, int]:
         finally:
             os.close(fd)
         size += path.stat().st_size
-    seconds = time.perf_counter() - started
+    sample = Sample(time.perf_counter() - started, size, time.process_time() - cpu)
     clear(folder)
-    return seconds, size
+    return sample
 
 
 class _NullSink(io.RawIOBase):
@@ -175,44 +201,44 @@ def _crc32_option(enabled: bool) -> Callable[[], None]:
     return lambda: serialization.set_crc32_options(old)
 
 
-def profile(state: dict[str, Any], root: Path, repeats: int, total: int) -> dict[str, float]:
+def profile(state: dict[str, Any], root: Path, repeats: int, total: int, warm: int) -> dict[str, float]:
     """GB/s of the pieces of the save path, each the median of ``repeats``."""
     import hashlib
 
-    def rate(fn: Callable[[], int]) -> float:
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            size = fn()
-            samples.append(size / 1e9 / (time.perf_counter() - started))
-        return common.median(samples)
+    def timed(fn: Callable[[], None]) -> Sample:
+        cpu = time.process_time()
+        started = time.perf_counter()
+        fn()
+        return Sample(time.perf_counter() - started, total, time.process_time() - cpu)
 
-    def serialize() -> int:
+    def rate(fn: Callable[[], Sample]) -> float:
+        return common.median([fn().gbps for _ in range(repeats)])
+
+    def serialize() -> None:
         for obj in state.values():
             torch.save(obj, _NullSink())  # type: ignore[arg-type]
-        return total
 
-    def sha256() -> int:
+    def sha256() -> None:
         for t in tensors(state):
             hashlib.sha256(t.numpy().data.cast("B")).digest()
-        return total
 
-    def save() -> int:
-        return run_save(root, state, 1)[1]
+    def save() -> Sample:
+        prefault(warm)
+        return run_save(root, state, 1)
 
     out: dict[str, float] = {}
     try:
         restore = _crc32_option(True)
     except RuntimeError:
-        return {"serialize_null_sink_gbps": rate(serialize), "sha256_gbps": rate(sha256)}
+        return {"serialize_null_sink_gbps": rate(lambda: timed(serialize)), "sha256_gbps": rate(lambda: timed(sha256))}
     try:
-        out["serialize_null_sink_crc_on_gbps"] = rate(serialize)
+        out["serialize_null_sink_crc_on_gbps"] = rate(lambda: timed(serialize))
         _crc32_option(False)
-        out["serialize_null_sink_crc_off_gbps"] = rate(serialize)
+        out["serialize_null_sink_crc_off_gbps"] = rate(lambda: timed(serialize))
         out["ckpt_save_crc_off_gbps"] = rate(save)
     finally:
         restore()
-    out["sha256_gbps"] = rate(sha256)
+    out["sha256_gbps"] = rate(lambda: timed(sha256))
     return out
 
 
@@ -251,65 +277,61 @@ def main(argv: list[str]) -> int:
         run_dd(work / "dd.bin", count)
         run_save(work / "ckpt", state, 0)
 
-        dd_rates: list[float] = []
-        save_rates: list[float] = []
-        plain_rates: list[float] = []
-        dd_source = "dd"
-        dd_bytes = save_bytes = plain_bytes = 0
+        runs: dict[str, list[Sample]] = {"dd": [], "save": [], "plain": []}
+        dd_timing = "dd"
         for r in range(args.repeats):
             prefault(warm)
-            seconds, dd_bytes, dd_source = run_dd(work / "dd.bin", count)
-            dd_rates.append(dd_bytes / 1e9 / seconds)
+            sample, dd_timing = run_dd(work / "dd.bin", count)
+            runs["dd"].append(sample)
             prefault(warm)
-            seconds, save_bytes = run_save(work / "ckpt", state, r + 1)
-            save_rates.append(save_bytes / 1e9 / seconds)
+            runs["save"].append(run_save(work / "ckpt", state, r + 1))
             prefault(warm)
-            seconds, plain_bytes = run_plain(work / "plain", state)
-            plain_rates.append(plain_bytes / 1e9 / seconds)
+            runs["plain"].append(run_plain(work / "plain", state))
             common.progress(
-                f"round {r + 1}/{args.repeats}: dd {dd_rates[-1]:.2f} GB/s, save {save_rates[-1]:.2f} GB/s, "
-                f"torch.save+fsync {plain_rates[-1]:.2f} GB/s"
+                f"round {r + 1}/{args.repeats}: dd {runs['dd'][-1].gbps:.2f} GB/s, "
+                f"save {runs['save'][-1].gbps:.2f} GB/s, torch.save+fsync {runs['plain'][-1].gbps:.2f} GB/s"
             )
-        prof = profile(state, work / "profile", args.repeats, total) if args.profile else {}
+        prof = profile(state, work / "profile", args.repeats, total, warm) if args.profile else {}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    dd_med, save_med, plain_med = (common.median(x) for x in (dd_rates, save_rates, plain_rates))
-    save_vs_dd = common.ratio(save_med, dd_med)
-    plain_vs_dd = common.ratio(plain_med, dd_med)
-    ok = save_vs_dd >= TARGET_RATIO
-
-    def fmt(values: list[float]) -> str:
-        return " ".join(f"{v:.2f}" for v in values)
-
+    rate = {name: common.median([x.gbps for x in samples]) for name, samples in runs.items()}
+    cpu = {name: common.median([x.cpu_s for x in samples]) for name, samples in runs.items()}
+    size = {name: samples[-1].nbytes for name, samples in runs.items()}
+    vs_dd = {name: common.ratio(rate[name], rate["dd"]) for name in runs}
+    best = {name: max(x.gbps for x in samples) for name, samples in runs.items()}
+    best_vs_dd = {name: common.ratio(best[name], best["dd"]) for name in runs}
+    ok = vs_dd["save"] >= TARGET_RATIO
+    labels = {
+        "dd": "dd bs=4M conv=fsync (baseline)",
+        "save": "CheckpointDir.save",
+        "plain": "torch.save(path)+fsync, no hash (info)",
+    }
     rows = [
-        ["dd bs=4M conv=fsync (baseline)", f"{dd_bytes / 2**20:.0f}", f"{dd_med:.2f}", fmt(dd_rates), "1.00", ""],
         [
-            "CheckpointDir.save",
-            f"{save_bytes / 2**20:.0f}",
-            f"{save_med:.2f}",
-            fmt(save_rates),
-            f"{save_vs_dd:.2f}",
-            f">= {TARGET_RATIO}",
-        ],
-        [
-            "torch.save(path)+fsync, no hash (info)",
-            f"{plain_bytes / 2**20:.0f}",
-            f"{plain_med:.2f}",
-            fmt(plain_rates),
-            f"{plain_vs_dd:.2f}",
-            "",
-        ],
+            labels[name],
+            f"{size[name] / 2**20:.0f}",
+            f"{rate[name]:.2f}",
+            " ".join(f"{x.gbps:.2f}" for x in runs[name]),
+            f"{best_vs_dd[name]:.2f}",
+            f"{cpu[name]:.2f}",
+            f"{vs_dd[name]:.2f}",
+            f">= {TARGET_RATIO}" if name == "save" else "",
+        ]
+        for name in runs
     ]
     for key, value in prof.items():
-        rows.append([f"profile: {key.removesuffix('_gbps')} (info)", "", f"{value:.2f}", "", "", ""])
-    hashing_cost = common.ratio(plain_med, save_med) - 1.0
+        rows.append([f"profile: {key.removesuffix('_gbps')} (info)", "", f"{value:.2f}", "", "", "", "", ""])
+    save_extra = common.ratio(rate["plain"], rate["save"]) - 1.0
     table = common.format_table(
         f"Checkpoint save throughput, {fs.describe()}, median of {args.repeats}",
-        ["writer", "MiB", "GB/s", "runs GB/s", "vs dd", "target"],
+        ["writer", "MiB", "GB/s", "runs GB/s", "best/dd best", "CPU s", "vs dd", "target"],
         rows,
     )
-    table += f"\nsave takes {hashing_cost:+.0%} longer than torch.save(path)+fsync without hashing"
+    table += (
+        f"\nGB/s, CPU s and vs dd are medians; best/dd best compares the fastest runs (noise only slows runs"
+        f"\ndown). save takes {save_extra:+.0%} longer than torch.save(path)+fsync without hashing (medians)."
+    )
     result: dict[str, Any] = {
         "benchmark": "checkpoint_save",
         "directory": str(work),
@@ -318,16 +340,24 @@ def main(argv: list[str]) -> int:
         "repeats": args.repeats,
         "prefault_bytes": warm,
         "state_bytes": total,
-        "dd": {"bytes": dd_bytes, "median_gbps": dd_med, "runs_gbps": dd_rates, "timing": dd_source},
-        "save": {"bytes": save_bytes, "median_gbps": save_med, "runs_gbps": save_rates},
-        "plain_torch_save_fsync": {"bytes": plain_bytes, "median_gbps": plain_med, "runs_gbps": plain_rates},
-        "ratio_save_vs_dd": common.finite_or_none(save_vs_dd),
-        "ratio_plain_vs_dd": common.finite_or_none(plain_vs_dd),
-        "save_extra_time_vs_plain": common.finite_or_none(hashing_cost),
+        "dd_timing": dd_timing,
+        **{
+            name: {
+                "bytes": size[name],
+                "median_gbps": rate[name],
+                "median_cpu_s": cpu[name],
+                "runs_gbps": [x.gbps for x in runs[name]],
+                "ratio_vs_dd": common.finite_or_none(vs_dd[name]),
+                "best_gbps": best[name],
+                "best_ratio_vs_best_dd": common.finite_or_none(best_vs_dd[name]),
+            }
+            for name in runs
+        },
+        "save_extra_time_vs_plain": common.finite_or_none(save_extra),
         "target": {"ratio_save_vs_dd_min": TARGET_RATIO},
         "profile_gbps": prof,
     }
-    verdict = f"save/dd = {save_vs_dd:.2f} (target >= {TARGET_RATIO})"
+    verdict = f"save/dd = {vs_dd['save']:.2f} (target >= {TARGET_RATIO})"
     return common.finish(json_mode=args.json, result=result, table=table, verdict=verdict, ok=ok)
 
 

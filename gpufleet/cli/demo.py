@@ -28,14 +28,14 @@ from gpufleet.runtime.faults import FaultPlan
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import latest_step
 
-LOW_STEPS, HIGH_STEPS, PREEMPT_AFTER = 300, 120, 80
+LOW_STEPS, HIGH_STEPS, PREEMPT_AFTER = 240, 100, 60
 
 
 def demo_specs() -> tuple[JobSpec, JobSpec]:
     common = {
         "entrypoint": "gpufleet.workloads.tinylm:train",
         "resources": {"gpu_type": "A100", "gpus": 1, "cpus": 2},
-        "checkpoint": {"every_steps": 25, "keep": 3, "grace_seconds": 30},
+        "checkpoint": {"every_steps": 20, "keep": 3, "grace_seconds": 30},
     }
     low = parse_spec(
         {

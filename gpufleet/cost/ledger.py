@@ -4,7 +4,8 @@ Every second an attempt held its GPUs falls in exactly one bucket::
 
     wall = startup + restore + checkpoint + lost + useful
 
-- ``startup``: process start to the first training step, restore excluded (imports, data);
+- ``startup``: process start to the first training step, restore excluded (imports, data), and
+  the shut-down after a session ended on purpose (a preempted process exiting);
 - ``restore``: reading and verifying the checkpoint it resumed from (also after a rollback);
 - ``checkpoint``: time spent saving checkpoints;
 - ``lost``: training that had to be redone: the work after the last durable checkpoint of an

@@ -48,7 +48,12 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
         steps_done += max(0, last_step - segment_start)
     if outcome not in ("completed", "running") and train_start is not None:
         durable = max([e.ts for e in checkpoints], default=train_start.ts)
-        lost_s += max(0.0, end - durable)
+        # A session that ended on purpose after its last checkpoint trained nothing after it:
+        # from there to the process exit is shut-down, not lost work.
+        ended = [e.ts for e in mine if e.kind == "session_end" and e.ts >= durable]
+        stop = ended[0] if ended else end
+        lost_s += max(0.0, stop - durable)
+        startup_s += max(0.0, end - stop)
         durable_step = int(_num(checkpoints[-1].data, "step")) if checkpoints else segment_start
         steps_redone += max(0, (last_step or 0) - durable_step)
     spec = job.spec

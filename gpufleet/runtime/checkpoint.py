@@ -16,6 +16,7 @@ checkpoint skipped, never loaded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -23,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,7 @@ class _HashingWriter(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        start = self.bytes
         if self._pending is not None:
             self._pending.result()
         # The caller may reuse its buffer once write() returns: hash a private copy of small
@@ -155,6 +157,10 @@ class _HashingWriter(io.RawIOBase):
         while written < len(view):
             written += os.write(self._fd, view[written:])
         if not small:
+            if _FADVISE is not None:
+                # Start writing this chunk back to disk while the hash finishes, so the final
+                # fsync waits only for the tail (and a save does not evict the page cache).
+                os.posix_fadvise(self._fd, start, written, _FADVISE)
             self._pending.result()
             self._pending = None
         self.bytes += written
@@ -174,6 +180,26 @@ class _HashingWriter(io.RawIOBase):
             os.close(self._fd)
             self._fd = -1
         super().close()
+
+
+_FADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
+
+
+@contextlib.contextmanager
+def _torch_crc32_off() -> Iterator[None]:
+    """torch's zip writer computes a CRC-32 on the main thread; sha256 already covers every byte."""
+    import torch.serialization as ser
+
+    get, set_ = getattr(ser, "get_crc32_options", None), getattr(ser, "set_crc32_options", None)
+    if get is None or set_ is None:
+        yield
+        return
+    previous = get()
+    set_(False)
+    try:
+        yield
+    finally:
+        set_(previous)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -229,7 +255,7 @@ class CheckpointDir:
             shutil.rmtree(tmp)
         tmp.mkdir()
         files: dict[str, dict[str, Any]] = {}
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, _torch_crc32_off():
             for name, obj in state.items():
                 filename = f"{name}.pt"
                 if not FILE_RE.match(filename):
