@@ -24,7 +24,8 @@ _ENDED = ("preempted", "lost")
 _HOW_TO_READ = """\
 Every second an attempt held its GPUs falls in exactly one bucket: \
 `wall = startup + restore + checkpoint + lost + useful`. \
-**Startup** is process start to the first training step, restore excluded (imports, data), plus the shut-down of a process that ended on purpose after saving. \
+**Startup** is process start to the first training step, restore excluded (imports, data), \
+plus the shut-down of a process that ended on purpose after saving. \
 **Restore** is reading and verifying the checkpoint it resumed from (also after a rollback). \
 **Checkpoint** is time spent saving checkpoints. \
 **Lost** is training that had to be redone: the work after the last durable checkpoint of an attempt \
