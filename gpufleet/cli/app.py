@@ -227,6 +227,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
 def logs(
     job_id: JobArg,
     attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).", min=1)] = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Print an attempt's stdout and stderr."""
     store = _store()
@@ -237,7 +238,11 @@ def logs(
     if n > len(attempts):
         raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
     path = gpufleet_home() / "jobs" / str(job_id) / "logs" / f"attempt-{n}.log"
-    sys.stdout.write(path.read_text(encoding="utf-8", errors="replace") if path.exists() else "")
+    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    if json_out:
+        emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
+    else:
+        sys.stdout.write(text)
 
 
 @app.command()

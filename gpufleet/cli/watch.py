@@ -76,16 +76,16 @@ class JobWatcher:
         self.tasks: dict[int, TaskID] = {}
         self.seen: dict[int, int] = {}
 
-    def refresh(self, job_id: int) -> bool:
-        """Update one job's bar and print its new notable events; true once the job has ended."""
+    def refresh(self, job_id: int, lines: list[tuple[float, str]]) -> bool:
+        """Update one job's bar, collect its new notable events; true once the job has ended."""
         job = self.store.job(job_id)
         if job_id not in self.tasks:
             self.tasks[job_id] = self.progress.add_task(f"#{job_id} {job.name}", total=None, state=job.state)
         events = self.store.events(job_id, kinds=(*NOTABLE, "session_start"))
         for ev in events[self.seen.get(job_id, 0) :]:
             line = describe(ev)
-            if line and not self.quiet:
-                self.progress.console.print(f"  #{job_id} {job.name}: {line}")
+            if line:
+                lines.append((ev.ts, f"  #{job_id} {job.name}: {line}"))
             if ev.kind == "session_start" and isinstance(ev.data.get("total_steps"), int):
                 self.progress.update(self.tasks[job_id], total=ev.data["total_steps"])
         self.seen[job_id] = len(events)
@@ -105,7 +105,11 @@ class JobWatcher:
         while True:
             if tick is not None:
                 tick()
-            ended = [self.refresh(j) for j in job_ids]
+            lines: list[tuple[float, str]] = []
+            ended = [self.refresh(j, lines) for j in job_ids]
+            if not self.quiet:
+                for _, line in sorted(lines):
+                    self.progress.console.print(line)
             if all(ended) or (until is not None and until()):
                 return
             time.sleep(poll_s)

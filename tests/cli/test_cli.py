@@ -120,6 +120,8 @@ def test_submit_preempt_and_cost_through_the_daemon(home: Path, tmp_path: Path) 
     assert [a["outcome"] for a in detail["attempts"]] == ["preempted", "completed"]
     assert any(e["kind"] == "restore" and e.get("step") for e in detail["events"])
     assert "Traceback" not in run(home, "logs", job).stdout
+    first = json.loads(run(home, "logs", job, "--attempt", "1", "--json").stdout)
+    assert first["attempt"] == 1 and first["path"].endswith("attempt-1.log")
 
     jobs = json.loads(run(home, "jobs", "--json").stdout)["jobs"]
     assert [j["state"] for j in jobs] == ["completed"]
