@@ -14,6 +14,8 @@ The scheduler runs inside this process (no daemon is left behind) on a fresh sta
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -128,7 +130,8 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
         f"job #{low} ran {len(low_attempts)} attempts; {lost:.1f} GPU-seconds were lost to preemption and "
         f"rollback ({report.ledger.total.steps_redone} steps redone). Demo took {time.monotonic() - started:.0f}s."
     )
-    console.print(f"explore it:  export GPUFLEET_HOME={home}; gpufleet jobs; gpufleet show {low}; gpufleet cost")
+    prog = "gpufleet" if shutil.which("gpufleet") else sys.argv[0]
+    console.print(f"explore it:  export GPUFLEET_HOME={home}; {prog} jobs; {prog} show {low}; {prog} cost")
     if not ok:
         console.print("[red]the demo did not end as expected: see `gpufleet show` for each job[/]")
     return ok

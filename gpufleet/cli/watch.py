@@ -108,7 +108,7 @@ class JobWatcher:
             lines: list[tuple[float, str]] = []
             ended = [self.refresh(j, lines) for j in job_ids]
             if not self.quiet:
-                for _, line in sorted(lines):
+                for _, line in sorted(lines, key=lambda item: item[0]):
                     self.progress.console.print(line)
             if all(ended) or (until is not None and until()):
                 return
