@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     backend TEXT NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL,
     submitted_at REAL NOT NULL, updated_at REAL NOT NULL,
     restarts INTEGER NOT NULL DEFAULT 0, reason TEXT, env TEXT NOT NULL DEFAULT '{}',
-    events_offset INTEGER NOT NULL DEFAULT 0
+    events_offset INTEGER NOT NULL DEFAULT 0,
+    backend_ref TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     job_id INTEGER NOT NULL REFERENCES jobs(id), n INTEGER NOT NULL,
@@ -65,6 +66,8 @@ class Job:
     reason: str | None
     env: dict[str, str]
     events_offset: int
+    backend_ref: str | None = None
+    """The scheduler's own id for the job (a Slurm job id), when it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,9 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+            if "backend_ref" not in columns:  # databases written before remote backends existed
+                self._db.execute("ALTER TABLE jobs ADD COLUMN backend_ref TEXT")
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -156,6 +162,7 @@ class Store:
             reason=row["reason"],
             env=json.loads(row["env"]),
             events_offset=row["events_offset"],
+            backend_ref=row["backend_ref"],
         )
 
     def job(self, job_id: int) -> Job:
@@ -181,6 +188,35 @@ class Store:
                 " WHERE id=?",
                 (state, reason, restarts, time.time(), job_id),
             )
+
+    def delete_job(self, job_id: int) -> None:
+        """Forget a job that never reached its scheduler (it was refused at submission)."""
+        with self.transaction() as db:
+            for table in ("events", "attempts", "requests"):
+                db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
+            db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def set_backend_ref(self, job_id: int, ref: str) -> None:
+        self._db.execute("UPDATE jobs SET backend_ref=? WHERE id=?", (ref, job_id))
+
+    def upsert_attempt(self, attempt: Attempt) -> None:
+        """Insert or replace an attempt as a remote scheduler reports it."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO attempts (job_id, n, state, pid, started_at, ended_at, exit_code, outcome,"
+            " sigterm_at, kill_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                attempt.job_id,
+                attempt.n,
+                attempt.state,
+                attempt.pid,
+                attempt.started_at,
+                attempt.ended_at,
+                attempt.exit_code,
+                attempt.outcome,
+                attempt.sigterm_at,
+                attempt.kill_at,
+            ),
+        )
 
     def set_events_offset(self, job_id: int, offset: int) -> None:
         self._db.execute("UPDATE jobs SET events_offset=? WHERE id=?", (offset, job_id))

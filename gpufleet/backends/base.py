@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from gpufleet.errors import UsageError
+from gpufleet.paths import job_dir
+from gpufleet.runtime.events import read_events
 from gpufleet.spec import JobSpec
+from gpufleet.store import Job, Store
 
 B = TypeVar("B", bound="type[Backend]")
 _REGISTRY: dict[str, type[Backend]] = {}
@@ -38,6 +41,13 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, job_id: int) -> None:
         """Stop the job for good."""
+
+
+def ingest_events(store: Store, home: Path, job: Job) -> None:
+    """Move new lines of the job's runtime event log into the store (from its saved offset)."""
+    events, offset = read_events(job_dir(home, job.id) / "events.jsonl", job.events_offset)
+    if offset != job.events_offset:
+        store.add_runtime_events(job.id, events, offset)
 
 
 def register(name: str) -> Callable[[B], B]:

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gpufleet.backends.base import Backend, register
+from gpufleet.backends.base import Backend, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.events import read_events
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Job, Store
 
@@ -247,9 +246,7 @@ class LocalScheduler:
 
     # ---- attempts ------------------------------------------------------------------------------
     def _ingest(self, job: Job) -> None:
-        events, offset = read_events(job_dir(self.home, job.id) / "events.jsonl", job.events_offset)
-        if offset != job.events_offset:
-            self.store.add_runtime_events(job.id, events, offset)
+        ingest_events(self.store, self.home, job)
 
     def _ingest_all(self) -> None:
         for job_id in list(self.running):
@@ -302,22 +299,11 @@ class LocalScheduler:
         (folder / "logs").mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            **spec.env,
+            **job_environment(spec, job.id, self.home, "local"),
             **job.env,
-            "GPUFLEET_HOME": str(self.home),
-            "GPUFLEET_JOB_ID": str(job.id),
-            "GPUFLEET_JOB_NAME": spec.name,
-            "GPUFLEET_TEAM": spec.team,
             "GPUFLEET_ATTEMPT": str(n),
-            "GPUFLEET_JOB_DIR": str(folder),
-            "GPUFLEET_SPEC": str(folder / "spec.json"),
-            "GPUFLEET_CKPT_DIR": str(folder / "checkpoints"),
-            "GPUFLEET_EVENTS": str(folder / "events.jsonl"),
-            "GPUFLEET_BACKEND": "local",
-            "OMP_NUM_THREADS": str(spec.resources.cpus),
         }
-        argv = [sys.executable, "-m", "gpufleet.runtime.launch"] if spec.callable_entrypoint else spec.command
-        assert argv is not None  # a spec has one entrypoint kind or the other
+        argv = entry_argv(spec)
         log = (folder / "logs" / f"attempt-{n}.log").open("ab")
         started = time.time()
         try:

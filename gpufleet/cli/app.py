@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.backends.base import get_backend
-from gpufleet.backends.local import LocalBackend
+from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
+from gpufleet.cli.slurm import slurm_app
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir
@@ -27,13 +27,21 @@ app = typer.Typer(
 )
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
+app.add_typer(slurm_app, name="slurm")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
 
 
-def _store() -> Store:
-    return Store(gpufleet_home() / "state.db")
+def _store(sync: bool = True) -> Store:
+    """The state store, refreshed first from remote schedulers (a warning if one is unreachable)."""
+    store = Store(gpufleet_home() / "state.db")
+    if sync:
+        try:
+            sync_remote(gpufleet_home(), store)
+        except GpufleetError as err:
+            err_console.print(f"[yellow]warning:[/] states may be stale: {err}", highlight=False, soft_wrap=True)
+    return store
 
 
 def job_summary(store: Store, job: Job) -> dict[str, Any]:
@@ -59,6 +67,11 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
     }
 
 
+def _backend_of(job_id: int) -> Backend:
+    home = gpufleet_home()
+    return get_backend(Store(home / "state.db").job(job_id).backend, home)
+
+
 @app.command()
 def submit(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
@@ -79,7 +92,8 @@ def submit(
         return
     from gpufleet.cli.watch import watch_jobs
 
-    watch_jobs(store, [job_id], quiet=json_out)
+    tick = (lambda: sync_remote(home, store)) if backend != "local" else None
+    watch_jobs(store, [job_id], quiet=json_out, tick=tick)
     job = store.job(job_id)
     if json_out:
         emit_json(job_summary(store, job))
@@ -254,7 +268,7 @@ def preempt(
     json_out: JsonOpt = False,
 ) -> None:
     """Preempt a running job: it saves, exits and goes back to the queue."""
-    LocalBackend(gpufleet_home()).preempt(job_id, grace)
+    _backend_of(job_id).preempt(job_id, grace)
     if json_out:
         emit_json({"id": job_id, "requested": "preempt", "grace": grace})
     else:
@@ -264,7 +278,7 @@ def preempt(
 @app.command()
 def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """Cancel a job for good."""
-    LocalBackend(gpufleet_home()).cancel(job_id)
+    _backend_of(job_id).cancel(job_id)
     if json_out:
         emit_json({"id": job_id, "requested": "cancel"})
     else:

@@ -115,11 +115,18 @@ class JobWatcher:
             time.sleep(poll_s)
 
 
-def watch_jobs(store: Store, job_ids: Sequence[int], *, quiet: bool = False, poll_s: float = 0.5) -> None:
-    """Follow jobs run by a scheduler elsewhere until they all end."""
+def watch_jobs(
+    store: Store,
+    job_ids: Sequence[int],
+    *,
+    quiet: bool = False,
+    poll_s: float = 0.5,
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """Follow jobs run by a scheduler elsewhere until they all end (``tick`` refreshes remote state)."""
     progress = make_progress(quiet)
     with progress:
-        JobWatcher(store, progress, quiet=quiet).follow(job_ids, poll_s=poll_s)
+        JobWatcher(store, progress, quiet=quiet).follow(job_ids, poll_s=poll_s, tick=tick)
 
 
 def make_progress(quiet: bool = False) -> Progress:

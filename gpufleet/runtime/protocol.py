@@ -5,6 +5,15 @@ The backend exports these variables to every attempt; ``TrainSession.from_env`` 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpufleet.paths import job_dir
+
+if TYPE_CHECKING:
+    from gpufleet.spec import JobSpec
+
 REQUEUE_EXIT_CODE = 75
 """Exit status of an attempt that saved its state and asks to be requeued (EX_TEMPFAIL)."""
 
@@ -16,3 +25,28 @@ ENV_CKPT_DIR = "GPUFLEET_CKPT_DIR"
 ENV_EVENTS = "GPUFLEET_EVENTS"
 ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
+
+
+def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dict[str, str]:
+    """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside)."""
+    folder = job_dir(home, job_id)
+    return {
+        **spec.env,
+        "GPUFLEET_HOME": str(home),
+        ENV_JOB_ID: str(job_id),
+        "GPUFLEET_JOB_NAME": spec.name,
+        "GPUFLEET_TEAM": spec.team,
+        ENV_JOB_DIR: str(folder),
+        ENV_SPEC: str(folder / "spec.json"),
+        ENV_CKPT_DIR: str(folder / "checkpoints"),
+        ENV_EVENTS: str(folder / "events.jsonl"),
+        "GPUFLEET_BACKEND": backend,
+        "OMP_NUM_THREADS": str(spec.resources.cpus),
+    }
+
+
+def entry_argv(spec: JobSpec) -> list[str]:
+    """The process an attempt runs: the launcher for ``module:function``, else the command."""
+    if spec.callable_entrypoint:
+        return [sys.executable, "-m", "gpufleet.runtime.launch"]
+    return list(spec.command or [])

@@ -1,0 +1,351 @@
+"""The Slurm backend: the same JobSpec, submitted with sbatch, followed with squeue and sacct.
+
+A job becomes one Slurm batch job whose script is a few lines of Python (no shell: values are
+embedded as Python literals). The script sets the ``GPUFLEET_*`` contract, numbers the attempt
+from ``SLURM_RESTART_COUNT`` (unset on the first run), sends its output to
+``logs/attempt-<n>.log`` and ``exec``s the entrypoint, so Slurm's SIGTERM at preemption reaches
+the training process itself, which saves and exits. Slurm requeues it (``--requeue`` with
+``PreemptMode=REQUEUE``); the next run restores the checkpoint.
+
+Mapping: ``team`` -> ``--account``; ``priority > 0`` -> the high partition, else the low,
+preemptible one (``GPUFLEET_SLURM_HIGH`` / ``GPUFLEET_SLURM_LOW``, default ``high`` / ``low``);
+``resources.cpus`` -> ``--cpus-per-task``; ``resources.gpus`` -> ``--gres=gpu:N`` on clusters
+with GPUs (``GPUFLEET_SLURM_GRES=0`` leaves it out on CPU-only clusters). The grace between
+SIGTERM and SIGKILL is the cluster's ``KillWait``/``GraceTime``.
+
+State is pulled: ``sync()`` asks ``sacct --duplicates`` for every run of every active job and
+rewrites the attempts in the store, so ``jobs``, ``show``, ``logs`` and ``cost`` work unchanged.
+``$GPUFLEET_HOME`` must be on a file system the compute nodes share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.errors import UsageError
+from gpufleet.paths import job_dir
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.spec import JobSpec
+from gpufleet.store import TERMINAL, Attempt, Job, Store
+
+START_HINT = "start the development cluster with `scripts/dev-slurm up` (or set SLURM_CONF for yours)"
+
+
+class Runner(Protocol):
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]: ...
+
+
+def slurm_env() -> dict[str, str]:
+    """The environment for Slurm client commands: ``SLURM_CONF`` from the dev cluster if unset."""
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env:
+        state = Path(env.get("GPUFLEET_SLURM_DIR", Path(__file__).resolve().parents[2] / ".dev" / "slurm"))
+        if (state / "slurm.conf").exists():
+            env["SLURM_CONF"] = str(state / "slurm.conf")
+    return env
+
+
+def run_slurm(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command (argument list, never a shell); a clear error when it fails."""
+    if shutil.which(argv[0]) is None:
+        raise UsageError(f"`{argv[0]}` not found: Slurm's client commands are not installed; {START_HINT}")
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, env=slurm_env(), timeout=60)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"`{' '.join(argv)}` timed out: is slurmctld running? {START_HINT}") from None
+    if proc.returncode != 0:
+        message = (proc.stderr or proc.stdout).strip().splitlines()
+        first = message[-1] if message else f"exit code {proc.returncode}"
+        if "Unable to contact slurm controller" in proc.stderr or "Connection refused" in proc.stderr:
+            raise UsageError(f"Slurm controller unreachable ({first}); {START_HINT}")
+        raise UsageError(f"{argv[0]} refused: {first}")
+    return proc
+
+
+def partition_for(spec: JobSpec) -> str:
+    if spec.priority > 0:
+        return os.environ.get("GPUFLEET_SLURM_HIGH", "high")
+    return os.environ.get("GPUFLEET_SLURM_LOW", "low")
+
+
+def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
+    """The batch script: Python, so nothing the user wrote ever meets a shell."""
+    folder = job_dir(home, job_id)
+    argv = entry_argv(spec)
+    env = job_environment(spec, job_id, home, "slurm")
+    payload = json.dumps({"argv": argv, "env": env, "cwd": spec.workdir, "folder": str(folder)})
+    return f"""#!{sys.executable}
+# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt.
+import json, os, time
+spec = json.loads({payload!r})
+attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
+os.environ.update(spec["env"])
+os.environ["GPUFLEET_ATTEMPT"] = str(attempt)
+folder = spec["folder"]
+os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+event = {{"ts": time.time(), "attempt": attempt, "kind": "attempt_start", "pid": os.getpid(),
+         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "node": os.uname().nodename}}
+with open(os.path.join(folder, "events.jsonl"), "a") as fh:
+    fh.write(json.dumps(event) + "\\n")
+log = os.open(os.path.join(folder, "logs", f"attempt-{{attempt}}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.dup2(log, 1)
+os.dup2(log, 2)
+if spec["cwd"]:
+    os.chdir(spec["cwd"])
+os.execvp(spec["argv"][0], spec["argv"])
+"""
+
+
+def sbatch_argv(spec: JobSpec, job_id: int, home: Path, script: Path) -> list[str]:
+    folder = job_dir(home, job_id)
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "--open-mode=append",
+        f"--job-name=gpufleet-{job_id}-{spec.name}",
+        f"--account={spec.team}",
+        f"--partition={partition_for(spec)}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={spec.resources.cpus}",
+        f"--output={folder / 'logs' / 'slurm-%j.out'}",
+        "--export=ALL",
+    ]
+    if spec.resources.gpus > 0 and os.environ.get("GPUFLEET_SLURM_GRES", "1") != "0":
+        argv.append(f"--gres=gpu:{spec.resources.gpus}")
+    return [*argv, str(script)]
+
+
+@dataclass(frozen=True, slots=True)
+class SacctRun:
+    """One run (attempt) of a Slurm job, as ``sacct --duplicates`` reports it."""
+
+    job_ref: str
+    state: str
+    start: float | None
+    end: float | None
+    exit_code: int
+    elapsed_s: int
+    alloc_tres: str
+
+
+SACCT_FIELDS = "JobIDRaw,State,Start,End,ExitCode,ElapsedRaw,AllocTRES"
+
+
+def _epoch(text: str) -> float | None:
+    if text in ("", "Unknown", "None"):
+        return None
+    return datetime.fromisoformat(text).timestamp()
+
+
+def parse_sacct(text: str) -> list[SacctRun]:
+    """Parse ``sacct -X --duplicates --parsable2 --noheader -o SACCT_FIELDS`` output."""
+    runs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7 or not parts[0].isdigit():
+            continue
+        code = parts[4].split(":")[0]
+        runs.append(
+            SacctRun(
+                job_ref=parts[0],
+                state=parts[1].split()[0],
+                start=_epoch(parts[2]),
+                end=_epoch(parts[3]),
+                exit_code=int(code) if code.isdigit() else 0,
+                elapsed_s=int(parts[5] or 0),
+                alloc_tres=parts[6],
+            )
+        )
+    return runs
+
+
+OUTCOME = {
+    "COMPLETED": "completed",
+    "PREEMPTED": "preempted",
+    "REQUEUED": "requeued",
+    "NODE_FAIL": "lost",
+    "FAILED": "failed",
+    "TIMEOUT": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "CANCELLED": "cancelled",
+    "BOOT_FAIL": "lost",
+    "DEADLINE": "failed",
+}
+JOB_STATE = {"completed": "completed", "failed": "failed", "cancelled": "cancelled"}
+
+
+@register("slurm")
+class SlurmBackend(Backend):
+    """Submit to a real Slurm; attempts and states come back through ``sync``."""
+
+    def __init__(self, home: Path, runner: Runner = run_slurm) -> None:
+        super().__init__(home)
+        self.store = Store(home / "state.db")
+        self.run = runner
+
+    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+        if spec.env or env:
+            spec = spec.copy_with(env={**spec.env, **(env or {})})
+        job_id = self.store.add_job(spec, self.name, env)
+        folder = job_dir(self.home, job_id)
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        script = folder / "job.sbatch"
+        script.write_text(batch_script(spec, job_id, self.home), encoding="utf-8")
+        script.chmod(0o755)
+        try:
+            out = self.run(sbatch_argv(spec, job_id, self.home, script))
+        except UsageError:
+            self.store.delete_job(job_id)  # refused: nothing of it stays behind
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        ref = out.stdout.strip().split(";")[0]
+        self.store.set_backend_ref(job_id, ref)
+        self.store.add_event(job_id, "submitted", slurm_job_id=ref, partition=partition_for(spec))
+        return job_id
+
+    def _ref(self, job_id: int) -> str:
+        job = self.store.job(job_id)
+        if job.backend != self.name or not job.backend_ref:
+            raise UsageError(f"job {job_id} is not a Slurm job (backend {job.backend})")
+        if job.state in TERMINAL:
+            raise UsageError(f"job {job_id} is already {job.state}")
+        return job.backend_ref
+
+    def preempt(self, job_id: int, grace: float | None = None) -> None:
+        """``scontrol requeue``: Slurm sends SIGTERM, then SIGKILL after KillWait, and requeues."""
+        self.run(["scontrol", "requeue", self._ref(job_id)])
+        self.store.add_event(job_id, "sigterm", reason="preempted", via="scontrol requeue")
+
+    def cancel(self, job_id: int) -> None:
+        self.run(["scancel", self._ref(job_id)])
+
+    # ---- following ---------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Pull states and runs from Slurm for every active Slurm job; ingest runtime events."""
+        jobs = [j for j in self.store.jobs() if j.backend == self.name and j.backend_ref and j.state not in TERMINAL]
+        if not jobs:
+            return
+        refs = ",".join(j.backend_ref or "" for j in jobs)
+        out = self.run(["sacct", "-X", "--duplicates", "--parsable2", "--noheader", "-j", refs, "-o", SACCT_FIELDS])
+        runs = parse_sacct(out.stdout)
+        for job in jobs:
+            ingest_events(self.store, self.home, job)
+            self._apply(job, sorted((r for r in runs if r.job_ref == job.backend_ref), key=lambda r: r.start or 0))
+
+    def _apply(self, job: Job, runs: list[SacctRun]) -> None:
+        starts = {e.attempt: e.ts for e in self.store.events(job.id, kinds=("attempt_start",)) if e.attempt}
+        ends = {e.attempt: e.ts for e in self.store.events(job.id, kinds=("session_end",)) if e.attempt}
+        started = [r for r in runs if r.start is not None and r.state != "PENDING"]
+        for n, run in enumerate(started, start=1):
+            outcome = OUTCOME.get(run.state)
+            if run.exit_code == REQUEUE_EXIT_CODE and outcome == "failed":
+                outcome = "requeued"
+            start = starts.get(n, run.start or 0.0)
+            end = None if outcome is None else (ends.get(n) or run.end)
+            self.store.upsert_attempt(
+                Attempt(
+                    job_id=job.id,
+                    n=n,
+                    state="ended" if outcome else "running",
+                    pid=None,
+                    started_at=start,
+                    ended_at=max(end, start) if end is not None else None,
+                    exit_code=run.exit_code if outcome else None,
+                    outcome=outcome,
+                    sigterm_at=None,
+                    kill_at=None,
+                )
+            )
+        final = started[-1] if started else None
+        restarts = max(0, len(started) - 1)
+        if final is None:
+            state = "queued"
+        else:
+            outcome = OUTCOME.get(final.state)
+            state = JOB_STATE.get(outcome or "", "running" if outcome is None else "queued")
+        if state != job.state or restarts != job.restarts:
+            self.store.set_job_state(
+                job.id, state, restarts=restarts, reason=f"slurm state {final.state}" if final else None
+            )
+            if state in TERMINAL:
+                self.store.add_event(job.id, state, attempt=len(started))
+
+
+def _tres_units(tres: str) -> tuple[str, int]:
+    """``("gpu", N)`` when the run held GPUs, else ``("cpu", N)``, from sacct's AllocTRES."""
+    fields = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+    gpus = fields.get("gres/gpu")
+    if gpus and gpus.isdigit() and int(gpus) > 0:
+        return "gpu", int(gpus)
+    cpus = fields.get("cpu", "0")
+    return "cpu", int(cpus) if cpus.isdigit() else 0
+
+
+def slurm_usage(store: Store, tolerance_s: float = 3.0) -> dict[str, Any]:
+    """Resource-hours per account from sacct (every run), beside the same from gpufleet's ledger.
+
+    Slurm counts from its job start to its end; gpufleet from the batch script's first line to the
+    runtime's last event. Each attempt may differ by ``tolerance_s`` (sacct has one-second
+    resolution, plus interpreter start-up); a larger difference is reported, never hidden.
+    """
+    from gpufleet.cost.usage import store_usages
+
+    jobs = {j.backend_ref: j for j in store.jobs() if j.backend == "slurm" and j.backend_ref}
+    if not jobs:
+        return {"accounts": [], "ok": True}
+    out = run_slurm(
+        [
+            "sacct",
+            "-X",
+            "--duplicates",
+            "--parsable2",
+            "--noheader",
+            "-j",
+            ",".join(jobs),
+            "-o",
+            "JobIDRaw,Account,State,ElapsedRaw,AllocTRES",
+        ]
+    )
+    sacct: dict[tuple[str, str], float] = {}
+    attempts: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 5 or parts[0] not in jobs or parts[2].startswith("PENDING"):
+            continue
+        resource, units = _tres_units(parts[4])
+        key = (parts[1], resource)
+        sacct[key] = sacct.get(key, 0.0) + int(parts[3] or 0) * units / 3600.0
+        attempts[parts[1]] = attempts.get(parts[1], 0) + 1
+    ledger: dict[str, float] = {}
+    for usage in store_usages(store, job_ids=[j.id for j in jobs.values()]):
+        job = store.job(usage.job_id)
+        units = job.spec.resources.gpus if any(k == (job.team, "gpu") for k in sacct) else job.spec.resources.cpus
+        ledger[job.team] = ledger.get(job.team, 0.0) + usage.wall_s * units / 3600.0
+    rows = []
+    for (account, resource), hours in sorted(sacct.items()):
+        mine = ledger.get(account, 0.0)
+        allowed = tolerance_s * attempts.get(account, 1) * 2 / 3600.0
+        rows.append(
+            {
+                "account": account,
+                "resource": resource,
+                "sacct_hours": round(hours, 6),
+                "ledger_hours": round(mine, 6),
+                "difference_hours": round(mine - hours, 6),
+                "ok": abs(mine - hours) <= allowed + 0.02 * hours,
+            }
+        )
+    return {"accounts": rows, "ok": all(r["ok"] for r in rows)}

@@ -1,0 +1,142 @@
+"""``gpufleet slurm ...``: the operator's gestures, each printing the native command it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.backends.slurm import run_slurm, slurm_usage
+from gpufleet.cli.render import console, emit_json, fmt, table
+from gpufleet.errors import UsageError
+from gpufleet.paths import check_name, gpufleet_home
+from gpufleet.store import Store
+
+slurm_app = typer.Typer(
+    help="Operate a Slurm cluster: accounts, holds, drains, requeues, topology.", no_args_is_help=True
+)
+account_app = typer.Typer(help="Slurm accounts (one per team).", no_args_is_help=True)
+slurm_app.add_typer(account_app, name="account")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def _native(argv: list[str], json_out: bool) -> None:
+    if not json_out:
+        console.print(f"[dim]$ {' '.join(argv)}[/]", highlight=False)
+    out = run_slurm(argv)
+    if json_out:
+        emit_json({"command": argv, "stdout": out.stdout.strip()})
+    elif out.stdout.strip():
+        console.print(out.stdout.strip(), highlight=False)
+
+
+def _slurm_ref(job: str) -> str:
+    """A gpufleet job id of a Slurm job becomes its Slurm id; ``slurm:ID`` passes through."""
+    if job.startswith("slurm:") and job[6:].isdigit():
+        return job[6:]
+    if not job.isdigit():
+        raise UsageError(f"invalid job {job!r}: give a gpufleet job id or slurm:<slurm job id>")
+    record = Store(gpufleet_home() / "state.db").job(int(job))
+    if record.backend != "slurm" or not record.backend_ref:
+        raise UsageError(f"job {job} runs on {record.backend}, not Slurm")
+    return record.backend_ref
+
+
+@account_app.command("add")
+def account_add(
+    team: Annotated[str, typer.Argument(help="Team name; becomes the Slurm account.")],
+    fairshare: Annotated[int | None, typer.Option(help="Fairshare shares.", min=1)] = None,
+    user: Annotated[str, typer.Option(help="User to associate with the account.")] = "root",
+    json_out: JsonOpt = False,
+) -> None:
+    """Open an account for a team (sacctmgr add account, then add the user to it)."""
+    check_name(team, "team")
+    check_name(user, "user")
+    argv = ["sacctmgr", "-i", "add", "account", team, f"Description=gpufleet team {team}"]
+    if fairshare is not None:
+        argv.append(f"Fairshare={fairshare}")
+    _native(argv, json_out)
+    _native(["sacctmgr", "-i", "add", "user", user, f"Account={team}"], json_out)
+
+
+@account_app.command("list")
+def account_list(json_out: JsonOpt = False) -> None:
+    """Accounts and their fairshare (sacctmgr show account)."""
+    out = run_slurm(["sacctmgr", "-n", "-P", "show", "assoc", "format=Account,User,Fairshare,QOS"])
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.strip()]
+    if json_out:
+        emit_json({"associations": [dict(zip(("account", "user", "fairshare", "qos"), r, strict=False)) for r in rows]})
+    else:
+        console.print(table(None, ["account", "user", "fairshare", "qos"], rows))
+
+
+@slurm_app.command()
+def hold(job: Annotated[str, typer.Argument(help="Job id.")], json_out: JsonOpt = False) -> None:
+    """Keep a pending job from starting (scontrol hold)."""
+    _native(["scontrol", "hold", _slurm_ref(job)], json_out)
+
+
+@slurm_app.command()
+def release(job: Annotated[str, typer.Argument(help="Job id.")], json_out: JsonOpt = False) -> None:
+    """Let a held job start (scontrol release)."""
+    _native(["scontrol", "release", _slurm_ref(job)], json_out)
+
+
+@slurm_app.command()
+def preempt(job: Annotated[str, typer.Argument(help="Job id.")], json_out: JsonOpt = False) -> None:
+    """Requeue a running job: SIGTERM, SIGKILL after KillWait, back to the queue (scontrol requeue)."""
+    _native(["scontrol", "requeue", _slurm_ref(job)], json_out)
+
+
+@slurm_app.command()
+def drain(
+    node: Annotated[str, typer.Argument(help="Node name or hostlist.")],
+    reason: Annotated[str, typer.Option(help="Why (shown by sinfo -R).")] = "maintenance by gpufleet",
+    json_out: JsonOpt = False,
+) -> None:
+    """Stop scheduling on a node; running jobs finish (scontrol update State=DRAIN)."""
+    _native(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], json_out)
+
+
+@slurm_app.command()
+def resume(node: Annotated[str, typer.Argument(help="Node name or hostlist.")], json_out: JsonOpt = False) -> None:
+    """Return a drained node to service (scontrol update State=RESUME)."""
+    _native(["scontrol", "update", f"NodeName={node}", "State=RESUME"], json_out)
+
+
+@slurm_app.command()
+def usage(json_out: JsonOpt = False) -> None:
+    """GPU-/CPU-hours per account from sacct, reconciled with gpufleet's own ledger; exit 1 on a mismatch."""
+    report = slurm_usage(Store(gpufleet_home() / "state.db"))
+    if json_out:
+        emit_json(report)
+    else:
+        console.print(
+            table(
+                "Slurm accounting vs gpufleet ledger (resource-hours, every attempt)",
+                ["account", "resource", "sacct h", "gpufleet h", "difference h", "ok"],
+                [
+                    [
+                        a["account"],
+                        a["resource"],
+                        fmt(a["sacct_hours"]),
+                        fmt(a["ledger_hours"]),
+                        fmt(a["difference_hours"]),
+                        a["ok"],
+                    ]
+                    for a in report["accounts"]
+                ],
+            )
+        )
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+@slurm_app.command()
+def topology(fleet: Annotated[Path, typer.Argument(help="Fleet topology YAML.")]) -> None:
+    """Print a topology.conf (topology/tree) for the fleet's switches."""
+    from gpufleet.topology import load_fleet, render_topology_conf
+
+    typer.echo(render_topology_conf(load_fleet(fleet)), nl=False)

@@ -1,0 +1,538 @@
+"""Fleet topology: which nodes hang off which switch, and Slurm's ``topology.conf`` for it.
+
+A fleet file describes the switch tree of a GPU fleet. It is loaded from YAML, validated by
+pydantic (unknown fields are errors), and frozen::
+
+    name: example
+    switches:
+      - name: spine1
+        level: spine                                   # leaf | spine | core
+        link: {fabric: infiniband, gbps: 400, generation: NDR}
+        children: leaf[1-2]                            # switch names: a hostlist or a list
+      - name: leaf1
+        level: leaf
+        link: {fabric: infiniband, gbps: 400, generation: NDR}
+        nodes: gpu[01-04]                              # node names: a hostlist or a list
+      - name: leaf2
+        level: leaf
+        link: {fabric: infiniband, gbps: 400, generation: NDR}
+        nodes: [gpu05, gpu06, gpu07, gpu08]
+
+Leaf switches hold nodes and no switches; spine and core switches hold switches and no nodes.
+Every switch has at most one parent, so the switches form one tree or several separate trees
+(one per fabric, say). Slurm accepts separate trees but never places one job across two of them;
+:meth:`Fleet.warnings` says so, and :func:`render_topology_conf` repeats it in the file.
+
+:func:`render_topology_conf` writes the file for ``TopologyPlugin=topology/tree``;
+:func:`switch_hops` and :func:`placement_switches` answer the two questions a placement asks:
+how far apart two nodes are, and how many leaf switches a set of nodes spans (what
+``sbatch --switches=N`` bounds).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpufleet.errors import UsageError
+from gpufleet.paths import NAME_HINT, NAME_RE
+
+Fabric = Literal["infiniband", "roce", "ethernet"]
+Level = Literal["leaf", "spine", "core"]
+
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SLURM_NAME_HINT = "use 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"
+GENERATION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._/+-]{0,31}$")
+MAX_HOSTLIST_NAMES = 65536
+"""Most names one hostlist expression may expand to (a typo like ``gpu[1-99999999]`` is an error)."""
+
+_LEVEL_RANK: dict[str, int] = {"leaf": 0, "spine": 1, "core": 2}
+_FABRIC_LABEL: dict[str, str] = {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}
+_BRACKET_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9._-]*)\[(?P<ranges>[^\[\]]*)\](?P<suffix>[A-Za-z0-9._-]*)$")
+_RANGE_RE = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
+_TRAILING_NUMBER_RE = re.compile(r"^(?P<prefix>.*?)(?P<digits>\d+)(?P<suffix>\D*)$")
+
+
+# --------------------------------------------------------------------------------------------
+# Slurm hostlists
+# --------------------------------------------------------------------------------------------
+
+
+def _split_top_level(expr: str) -> list[str]:
+    """Split on the commas outside brackets; reject unbalanced or nested brackets."""
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in expr:
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"malformed hostlist {expr!r}: nested '['")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"malformed hostlist {expr!r}: ']' without '['")
+        if char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise ValueError(f"malformed hostlist {expr!r}: '[' is never closed")
+    items.append("".join(current))
+    return items
+
+
+def _check_name(name: str, expr: str) -> str:
+    if not SLURM_NAME_RE.match(name):
+        raise ValueError(f"malformed hostlist {expr!r}: {name!r} is not a valid name: {SLURM_NAME_HINT}")
+    return name
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist expression into names, in the order written.
+
+    ``"gpu[01-04,07],cpu1"`` gives ``gpu01 gpu02 gpu03 gpu04 gpu07 cpu1``. A range is zero-padded
+    to the width of its first number, as Slurm does (``[08-10]`` gives ``08 09 10``, ``[8-10]``
+    gives ``8 9 10``). One bracket group per name, optionally followed by a suffix
+    (``rack[1-2]-ib``). Duplicates are kept. Raises ``ValueError`` naming the problem.
+    """
+    expr = expr.strip()
+    if not expr:
+        return []
+    names: list[str] = []
+    for raw in _split_top_level(expr):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"malformed hostlist {expr!r}: empty name (a leading, trailing or doubled ',')")
+        if "[" not in item:
+            names.append(_check_name(item, expr))
+            continue
+        match = _BRACKET_RE.match(item)
+        if match is None:
+            if item.count("[") > 1:
+                raise ValueError(f"malformed hostlist {expr!r}: {item!r} has more than one bracket group")
+            raise ValueError(f"malformed hostlist {expr!r}: {item!r} is not name[ranges] or name[ranges]suffix")
+        prefix, suffix = match["prefix"], match["suffix"]
+        for part in match["ranges"].split(","):
+            part = part.strip()
+            found = _RANGE_RE.match(part)
+            if found is None:
+                raise ValueError(f"malformed hostlist {expr!r}: range {part!r} is not N or N-M (digits only)")
+            lo_text, hi_text = found["lo"], found["hi"] or found["lo"]
+            lo, hi = int(lo_text), int(hi_text)
+            if hi < lo:
+                raise ValueError(f"malformed hostlist {expr!r}: range {part!r} runs backwards")
+            if len(names) + hi - lo + 1 > MAX_HOSTLIST_NAMES:
+                raise ValueError(f"malformed hostlist {expr!r}: expands to more than {MAX_HOSTLIST_NAMES} names")
+            width = len(lo_text)
+            names.extend(_check_name(f"{prefix}{n:0{width}d}{suffix}", expr) for n in range(lo, hi + 1))
+    return names
+
+
+def _widths(number: int, digits: str) -> tuple[int, int]:
+    """The zero-padding widths (an inclusive interval) that print ``number`` as ``digits``."""
+    if digits == str(number):
+        return 1, len(digits)
+    return len(digits), len(digits)
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """The shortest-form Slurm hostlist for a set of names (sorted, duplicates dropped).
+
+    Names are grouped by what surrounds their last run of digits; consecutive numbers that share
+    a zero-padding width become one range: ``gpu01..gpu16`` gives ``gpu[01-16]``, and
+    ``expand_hostlist`` of the result gives the names back. Groups are sorted by prefix, then
+    suffix. Raises ``ValueError`` for a name Slurm would not accept.
+    """
+    plain: set[str] = set()
+    groups: dict[tuple[str, str], set[tuple[int, str]]] = {}
+    for name in names:
+        if not isinstance(name, str) or not SLURM_NAME_RE.match(name):
+            raise ValueError(f"cannot compress {name!r}: not a valid name: {SLURM_NAME_HINT}")
+        match = _TRAILING_NUMBER_RE.match(name)
+        if match is None:
+            plain.add(name)
+        else:
+            key = (match["prefix"], match["suffix"])
+            groups.setdefault(key, set()).add((int(match["digits"]), match["digits"]))
+
+    entries: list[tuple[tuple[str, str, int], str]] = [((name, "", -1), name) for name in plain]
+    for (prefix, suffix), members in groups.items():
+        ordered = sorted(members, key=lambda member: (member[0], len(member[1])))
+        runs: list[tuple[str, str]] = []
+        first_n, first_d = ordered[0]
+        last_n, last_d = first_n, first_d
+        low, high = _widths(first_n, first_d)
+        for number, digits in ordered[1:]:
+            lo_w, hi_w = _widths(number, digits)
+            if number == last_n + 1 and max(low, lo_w) <= min(high, hi_w):
+                last_n, last_d = number, digits
+                low, high = max(low, lo_w), min(high, hi_w)
+                continue
+            runs.append((first_d, last_d))
+            first_n, first_d = last_n, last_d = number, digits
+            low, high = lo_w, hi_w
+        runs.append((first_d, last_d))
+        if len(runs) == 1 and runs[0][0] == runs[0][1]:
+            text = f"{prefix}{runs[0][0]}{suffix}"
+        else:
+            inside = ",".join(lo if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+            text = f"{prefix}[{inside}]{suffix}"
+        entries.append(((prefix, suffix, ordered[0][0]), text))
+    return ",".join(text for _, text in sorted(entries))
+
+
+# --------------------------------------------------------------------------------------------
+# The fleet file
+# --------------------------------------------------------------------------------------------
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Link(_Frozen):
+    """The ports of one switch: fabric and per-port speed (informational; Slurm ignores speeds)."""
+
+    fabric: Fabric
+    gbps: float = Field(gt=0, le=100_000, allow_inf_nan=False)
+    """Speed of one port in Gb/s (NDR InfiniBand: 400; HDR: 200; 400GbE: 400)."""
+    generation: str | None = None
+    """Free-form label such as ``NDR``, ``HDR`` or ``400GbE``."""
+
+    @field_validator("generation")
+    @classmethod
+    def _generation(cls, value: str | None) -> str | None:
+        if value is not None and not GENERATION_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid generation: 1-32 letters, digits, spaces or '._/+-' (e.g. NDR, 400GbE)"
+            )
+        return value
+
+
+class Switch(_Frozen):
+    """One switch: a leaf holds nodes, a spine or core switch holds other switches."""
+
+    name: str
+    level: Level
+    link: Link
+    children: list[str] = Field(default_factory=list)
+    """Switch names (spine and core only), as a list or a hostlist such as ``leaf[1-4]``."""
+    nodes: list[str] = Field(default_factory=list)
+    """Node names (leaves only), as a list or a hostlist such as ``gpu[01-04]``; stored expanded."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not SLURM_NAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid switch name: {SLURM_NAME_HINT}")
+        return value
+
+    @field_validator("children", "nodes", mode="before")
+    @classmethod
+    def _expand(cls, value: Any) -> list[str]:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            items = [value]
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = value
+        else:
+            raise ValueError("give a hostlist string such as 'gpu[01-04]' or a list of names")
+        names: list[str] = []
+        for item in items:
+            names.extend(expand_hostlist(item))
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"{name!r} is listed twice")
+            seen.add(name)
+        return names
+
+    @model_validator(mode="after")
+    def _shape(self) -> Switch:
+        if self.level == "leaf":
+            if self.children:
+                raise ValueError(
+                    f"leaf switch {self.name!r} cannot have children: only spine and core switches connect switches"
+                )
+            if not self.nodes:
+                raise ValueError(f"leaf switch {self.name!r} needs nodes (a hostlist such as 'gpu[01-04]')")
+        else:
+            if self.nodes:
+                raise ValueError(f"{self.level} switch {self.name!r} cannot have nodes: attach nodes to leaf switches")
+            if not self.children:
+                raise ValueError(f"{self.level} switch {self.name!r} needs children (the switches below it)")
+        return self
+
+
+class Fleet(_Frozen):
+    """A fleet's switch tree (or several separate trees, e.g. one per fabric)."""
+
+    name: str
+    switches: list[Switch] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid name: {NAME_HINT}")
+        return value
+
+    @model_validator(mode="after")
+    def _tree(self) -> Fleet:
+        index: dict[str, int] = {}
+        for i, switch in enumerate(self.switches):
+            if switch.name in index:
+                raise ValueError(
+                    f"switches.{i}.name: switch {switch.name!r} is defined twice (also switches.{index[switch.name]})"
+                )
+            index[switch.name] = i
+
+        parent: dict[str, str] = {}
+        for i, switch in enumerate(self.switches):
+            for child in switch.children:
+                if child not in index:
+                    raise ValueError(f"switches.{i}.children: {switch.name!r} lists {child!r}, which is not defined")
+                if child in parent:
+                    raise ValueError(
+                        f"switches.{i}.children: {child!r} is already under {parent[child]!r}; "
+                        "topology/tree needs one parent per switch (model redundant spines as one switch)"
+                    )
+                below = self.switches[index[child]]
+                if _LEVEL_RANK[below.level] > _LEVEL_RANK[switch.level]:
+                    raise ValueError(
+                        f"switches.{i}.children: {switch.level} switch {switch.name!r} cannot hold "
+                        f"{below.level} switch {child!r}, which is a higher level"
+                    )
+                parent[child] = switch.name
+
+        for switch in self.switches:
+            path = [switch.name]
+            while path[-1] in parent:
+                path.append(parent[path[-1]])
+                if path[-1] in path[:-1]:
+                    loop = path[path.index(path[-1]) :]
+                    raise ValueError(f"switches: cycle {' -> '.join(reversed(loop))}; switches must form a tree")
+
+        leaf_of: dict[str, str] = {}
+        for i, switch in enumerate(self.switches):
+            for node in switch.nodes:
+                if node in leaf_of:
+                    raise ValueError(
+                        f"switches.{i}.nodes: node {node!r} is under both {leaf_of[node]!r} and {switch.name!r}; "
+                        "a node hangs off exactly one leaf switch"
+                    )
+                leaf_of[node] = switch.name
+        return self
+
+    def switch(self, name: str) -> Switch:
+        """The switch called ``name``; ``UsageError`` if there is none."""
+        for switch in self.switches:
+            if switch.name == name:
+                return switch
+        raise UsageError(f"unknown switch {name!r} in fleet {self.name!r}")
+
+    def parents(self) -> dict[str, str]:
+        """Each switch that has a parent, mapped to that parent's name."""
+        return {child: switch.name for switch in self.switches for child in switch.children}
+
+    def roots(self) -> list[str]:
+        """Switches without a parent, in file order: one per separate tree."""
+        parents = self.parents()
+        return [switch.name for switch in self.switches if switch.name not in parents]
+
+    def node_leaves(self) -> dict[str, str]:
+        """Each node, mapped to the leaf switch it hangs off (file order)."""
+        return {node: switch.name for switch in self.switches for node in switch.nodes}
+
+    def nodes(self) -> list[str]:
+        """Every node of the fleet, in file order."""
+        return list(self.node_leaves())
+
+    def path_to_root(self, switch: str) -> list[str]:
+        """``switch``, its parent, and so on up to the root of its tree."""
+        parents = self.parents()
+        self.switch(switch)
+        path = [switch]
+        while path[-1] in parents:
+            path.append(parents[path[-1]])
+        return path
+
+    def warnings(self) -> list[str]:
+        """Legal but probably unintended things, one line each (separate trees, mixed fabrics)."""
+        notes: list[str] = []
+        roots = self.roots()
+        if len(roots) > 1:
+            notes.append(
+                f"{len(roots)} separate switch trees (roots: {', '.join(roots)}): Slurm never places one job "
+                "across trees, and RouteTree message routing needs a single tree"
+            )
+        by_name = {switch.name: switch for switch in self.switches}
+        for child, parent in self.parents().items():
+            below, above = by_name[child].link.fabric, by_name[parent].link.fabric
+            if below != above:
+                notes.append(
+                    f"{child!r} ({_FABRIC_LABEL[below]}) is under {parent!r} ({_FABRIC_LABEL[above]}): "
+                    "one tree should be one fabric"
+                )
+        return notes
+
+    def ordered_switches(self) -> list[Switch]:
+        """Leaves first, then each switch after all switches below it (file order within a height)."""
+        by_name = {switch.name: switch for switch in self.switches}
+        height: dict[str, int] = {}
+
+        def height_of(name: str) -> int:
+            if name not in height:
+                height[name] = 1 + max((height_of(child) for child in by_name[name].children), default=-1)
+            return height[name]
+
+        order = {switch.name: i for i, switch in enumerate(self.switches)}
+        return sorted(self.switches, key=lambda switch: (height_of(switch.name), order[switch.name]))
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field (check its spelling against docs/topology.md)"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {where}: {msg}{more}" if where else f"{source}: {msg}{more}"
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
+    """Validate a mapping as a Fleet; raise ``UsageError`` naming the first bad field."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: a fleet file must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Fleet.model_validate(data)
+    except ValidationError as err:
+        raise UsageError(_describe(err, source)) from None
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Read and validate a fleet YAML file (untrusted input: ``yaml.safe_load`` only)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read fleet file {str(path)!r}: {err.__class__.__name__}: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UsageError(f"{path}: malformed YAML{where}: {problem}") from None
+    return parse_fleet(data, source=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# topology.conf and placement questions
+# --------------------------------------------------------------------------------------------
+
+
+def _speed(gbps: float) -> str:
+    return f"{gbps:g} Gb/s"
+
+
+def render_topology_conf(fleet: Fleet) -> str:
+    """Slurm's ``topology.conf`` for ``TopologyPlugin=topology/tree``.
+
+    A header comment (source fleet, one row per switch with its fabric, port speed and parent, and
+    any :meth:`Fleet.warnings`), then one ``SwitchName=`` line per switch: leaves first, each with
+    ``Nodes=``, then upward, each with ``Switches=``. Port speeds stay in comments: ``LinkSpeed=``
+    is unused by Slurm. The output is deterministic (no timestamp), so it can be diffed.
+    """
+    ordered = fleet.ordered_switches()
+    parents = fleet.parents()
+    leaves = [switch for switch in ordered if switch.level == "leaf"]
+    roots = fleet.roots()
+    node_count = sum(len(switch.nodes) for switch in leaves)
+    trees = "1 switch tree" if len(roots) == 1 else f"{len(roots)} switch trees"
+    rows = [("switch", "level", "fabric", "port speed", "generation", "parent")]
+    rows += [
+        (
+            switch.name,
+            switch.level,
+            _FABRIC_LABEL[switch.link.fabric],
+            _speed(switch.link.gbps),
+            switch.link.generation or "-",
+            parents.get(switch.name, "-"),
+        )
+        for switch in ordered
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    lines = [
+        "# Slurm topology.conf for TopologyPlugin=topology/tree (set in slurm.conf).",
+        f'# Generated by gpufleet from fleet "{fleet.name}": edit the fleet file and regenerate, not this file.',
+        f"# {node_count} nodes on {len(leaves)} leaf switches; {trees}.",
+        "# Port speeds are for people: Slurm does not use them (LinkSpeed= is unused).",
+        "#",
+    ]
+    lines += [("# " + "  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row))).rstrip() for row in rows]
+    warnings = fleet.warnings()
+    if warnings:
+        lines.append("#")
+        lines += [f"# warning: {note}" for note in warnings]
+    lines.append("")
+    for switch in ordered:
+        if switch.level == "leaf":
+            lines.append(f"SwitchName={switch.name} Nodes={compress_hostlist(switch.nodes)}")
+        else:
+            lines.append(f"SwitchName={switch.name} Switches={compress_hostlist(switch.children)}")
+    return "\n".join(lines) + "\n"
+
+
+def _leaf_of(fleet: Fleet, node: str, leaves: dict[str, str]) -> str:
+    if node not in leaves:
+        raise UsageError(f"unknown node {node!r}: it is under no leaf switch of fleet {fleet.name!r}")
+    return leaves[node]
+
+
+def switch_hops(fleet: Fleet, a: str, b: str) -> int:
+    """Switch-to-switch links between two nodes: 0 on one leaf, 2 via a spine, 4 via a core.
+
+    In general, the links from each node's leaf up to the lowest switch above both. Raises
+    ``UsageError`` for an unknown node, or for nodes in separate trees (no switch joins them).
+    """
+    leaves = fleet.node_leaves()
+    leaf_a, leaf_b = _leaf_of(fleet, a, leaves), _leaf_of(fleet, b, leaves)
+    up_a, up_b = fleet.path_to_root(leaf_a), fleet.path_to_root(leaf_b)
+    for hops_a, switch in enumerate(up_a):
+        if switch in up_b:
+            return hops_a + up_b.index(switch)
+    raise UsageError(
+        f"nodes {a!r} and {b!r} are in separate switch trees (roots {up_a[-1]!r} and {up_b[-1]!r}): "
+        "no switch joins them, and Slurm never places one job on both"
+    )
+
+
+def placement_switches(fleet: Fleet, nodes: str | Iterable[str]) -> int:
+    """How many leaf switches ``nodes`` (names, or a hostlist string) span: the N of ``--switches=N``.
+
+    Raises ``UsageError`` for a malformed hostlist or an unknown node; an empty set spans 0.
+    """
+    if isinstance(nodes, str):
+        try:
+            names = expand_hostlist(nodes)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    else:
+        names = list(nodes)
+    leaves = fleet.node_leaves()
+    unknown = sorted({name for name in names if name not in leaves})
+    if unknown:
+        shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise UsageError(f"unknown nodes {shown}: under no leaf switch of fleet {fleet.name!r}")
+    return len({leaves[name] for name in names})
