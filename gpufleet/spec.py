@@ -21,9 +21,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpufleet.config import read_yaml, validate
 from gpufleet.errors import SpecError
 from gpufleet.paths import NAME_HINT, NAME_RE
 
@@ -162,42 +162,22 @@ class JobSpec(_Frozen):
         return parse_spec({**self.model_dump(), **changes}, source="<copy>")
 
 
-def _describe(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field (check its spelling against the JobSpec reference in the README)"
-    elif first["type"] == "missing":
-        msg = "required field is missing"
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
-
-
 def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
     """Validate a mapping as a JobSpec; raise ``SpecError`` naming the first bad field."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: a JobSpec must be a YAML mapping, got {type(data).__name__}")
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as err:
-        raise SpecError(_describe(err, source)) from None
+    return validate(
+        JobSpec,
+        data,
+        source=source,
+        what="a JobSpec",
+        reference="the JobSpec reference in the README",
+        error=SpecError,
+    )
 
 
 def load_spec(path: str | Path) -> JobSpec:
     """Read and validate a JobSpec YAML file (untrusted input: ``yaml.safe_load`` only)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"cannot read spec {str(path)!r}: {err.__class__.__name__}: {err}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(f"{path}: malformed YAML{where}: {problem}") from None
+    data = read_yaml(path, what="spec", error=SpecError)
     spec = parse_spec(data, source=str(path))
     if spec.workdir is not None and not Path(spec.workdir).is_absolute():
         spec = spec.copy_with(workdir=str((path.parent / spec.workdir).resolve()))

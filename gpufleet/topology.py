@@ -36,9 +36,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
 
@@ -398,42 +398,15 @@ class Fleet(_Frozen):
         return sorted(self.switches, key=lambda switch: (height_of(switch.name), order[switch.name]))
 
 
-def _describe(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field (check its spelling against docs/topology.md)"
-    elif first["type"] == "missing":
-        msg = "required field is missing"
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: {where}: {msg}{more}" if where else f"{source}: {msg}{more}"
-
-
 def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
     """Validate a mapping as a Fleet; raise ``UsageError`` naming the first bad field."""
-    if not isinstance(data, dict):
-        raise UsageError(f"{source}: a fleet file must be a YAML mapping, got {type(data).__name__}")
-    try:
-        return Fleet.model_validate(data)
-    except ValidationError as err:
-        raise UsageError(_describe(err, source)) from None
+    return validate(Fleet, data, source=source, what="a fleet file", reference="docs/topology.md", error=UsageError)
 
 
 def load_fleet(path: str | Path) -> Fleet:
     """Read and validate a fleet YAML file (untrusted input: ``yaml.safe_load`` only)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read fleet file {str(path)!r}: {err.__class__.__name__}: {err}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UsageError(f"{path}: malformed YAML{where}: {problem}") from None
+    data = read_yaml(path, what="fleet file", error=UsageError)
     return parse_fleet(data, source=str(path))
 
 

@@ -19,8 +19,9 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
 
 
@@ -59,20 +60,15 @@ class RateCard(BaseModel):
 def load_rates(path: str | Path | None = None) -> RateCard:
     """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None``."""
     if path is None:
-        text = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
-        source = "<default rate card>"
+        shipped = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
+        data, source = yaml.safe_load(shipped), "<default rate card>"
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise UsageError(f"cannot read rate card {str(path)!r}: {err}") from None
-        source = str(path)
-    try:
-        data = yaml.safe_load(text)
-        return RateCard.model_validate(data)
-    except yaml.YAMLError as err:
-        raise UsageError(f"{source}: malformed YAML: {str(err).splitlines()[0]}") from None
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise UsageError(f"{source}: {where}: {first['msg']} (see the rate card format in the README)") from None
+        data, source = read_yaml(Path(path), what="rate card", error=UsageError), str(path)
+    return validate(
+        RateCard,
+        data,
+        source=source,
+        what="a rate card",
+        reference="the rate card format in the README",
+        error=UsageError,
+    )
