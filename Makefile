@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch: installed first so no requirement pulls a CUDA wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install dev lint typecheck unit soak bench clean
+.PHONY: demo test install dev lint typecheck services services-down unit soak bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,14 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-unit: dev
+# Real services the integration tests need (a single-node Slurm); they stay up for the next run.
+services:
+	scripts/dev-slurm up
+
+services-down:
+	scripts/dev-slurm down
+
+unit: dev services
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -122,16 +122,17 @@ def ensure_scheduler(home: Path) -> None:
     if scheduler_pid(home) is not None:
         return
     home.mkdir(parents=True, exist_ok=True)
-    log = (home / "scheduler.log").open("ab")
-    subprocess.Popen(
-        [sys.executable, "-m", "gpufleet.backends.local", str(home)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "GPUFLEET_HOME": str(home)},
-    )
-    log.close()
+    with (home / "scheduler.log").open("ab") as log:
+        # The launcher forks the scheduler off and exits at once: we reap it here, and the
+        # scheduler, in a session of its own, outlives this process.
+        subprocess.run(
+            [sys.executable, "-m", "gpufleet.backends.local", "--detach", str(home)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "GPUFLEET_HOME": str(home)},
+            check=True,
+        )
     deadline = time.monotonic() + 10
     while scheduler_pid(home) is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -355,8 +356,13 @@ class LocalScheduler:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--detach"]:
+        argv = argv[1:]
+        if os.fork() != 0:
+            return 0
+        os.setsid()
     if len(argv) != 1:
-        print("usage: python -m gpufleet.backends.local GPUFLEET_HOME", file=sys.stderr)
+        print("usage: python -m gpufleet.backends.local [--detach] GPUFLEET_HOME", file=sys.stderr)
         return 2
     idle = float(os.environ.get("GPUFLEET_SCHEDULER_IDLE_S", "10"))
     LocalScheduler(Path(argv[0]), idle_exit_s=idle).run()

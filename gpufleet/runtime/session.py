@@ -130,7 +130,8 @@ class TrainSession:
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
         events_path = env.get("GPUFLEET_EVENTS")
-        attempt = int(env.get("GPUFLEET_ATTEMPT", "1"))
+        # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
+        attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
         return cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,

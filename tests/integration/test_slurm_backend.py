@@ -1,0 +1,136 @@
+"""The spine's scenario on a real Slurm: preempted by a higher tier, requeued, resumed, bit-exact, priced."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpufleet.backends import get_backend, sync_remote
+from gpufleet.backends.slurm import SlurmBackend, slurm_usage
+from gpufleet.cost.ledger import build_ledger
+from gpufleet.cost.rates import load_rates
+from gpufleet.cost.usage import store_usages
+from gpufleet.errors import UsageError
+from gpufleet.runtime import CheckpointDir
+from gpufleet.spec import parse_spec
+from gpufleet.store import Store, latest_step
+
+LM: dict[str, Any] = {
+    "steps": 400,
+    "batch_size": 8,
+    "context": 16,
+    "layers": 1,
+    "heads": 2,
+    "embed": 32,
+    "eval_batches": 1,
+}
+
+
+def wait(store_home: Path, until: Callable[[], bool], timeout: float = 180) -> None:
+    store = Store(store_home / "state.db")
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        sync_remote(store_home, store)
+        time.sleep(0.5)
+
+
+def lm_spec(name: str, team: str, priority: int, args: dict[str, Any]) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "team": team,
+            "priority": priority,
+            "entrypoint": "gpufleet.workloads.tinylm:train",
+            "args": args,
+            "resources": {"cpus": 2, "gpus": 0, "gpu_type": "cpu"},
+            "checkpoint": {"every_steps": 13},
+        }
+    )
+
+
+@pytest.mark.timeout(400)
+def test_preempted_by_high_tier_requeued_resumed_bit_exact(
+    slurm: dict[str, str], home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    backend = SlurmBackend(home)
+    store = backend.store
+    low = backend.submit(lm_spec("lm-low", "perception", 0, LM))
+    wait(home, lambda: (latest_step(store, low) or 0) >= 15)
+    high = backend.submit(lm_spec("lm-high", "planning", 10, {**LM, "steps": 20}))
+    wait(home, lambda: all(store.job(j).state == "completed" for j in (low, high)), timeout=300)
+    attempts = store.attempts(low)
+    assert [a.outcome for a in attempts][-1] == "completed" and len(attempts) == 2, attempts
+    assert attempts[0].outcome in ("preempted", "requeued")
+    signalled = [e for e in store.events(low, kinds=("preempt_signal",))]
+    restored = [e for e in store.events(low, kinds=("restore",)) if e.attempt == 2]
+    assert signalled and restored and restored[0].data["step"] == signalled[0].data["step"]
+
+    ckpt = home / "jobs" / str(low) / "checkpoints"
+    _, resumed = CheckpointDir(ckpt).load(ckpt / f"step-{LM['steps']:08d}")
+    from gpufleet.workloads import tinylm
+
+    monkeypatch.delenv("GPUFLEET_SPEC", raising=False)
+    torch.set_num_threads(2)
+    tinylm.train(**LM, ckpt_dir=str(tmp_path / "reference"))
+    _, reference = CheckpointDir(tmp_path / "reference").load(tmp_path / "reference" / f"step-{LM['steps']:08d}")
+    for key, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+
+    ledger = build_ledger(store_usages(store), load_rates())
+    assert ledger.jobs[low].attempts == 2 and ledger.jobs[low].preemptions == 1
+    report = slurm_usage(store)
+    assert report["ok"], report
+    assert {a["account"] for a in report["accounts"]} == {"perception", "planning"}
+
+
+def test_unknown_account_is_a_clear_error(slurm: dict[str, str], home: Path) -> None:
+    backend = SlurmBackend(home)
+    spec = lm_spec("lm", "nosuchteam", 0, LM)
+    with pytest.raises(UsageError, match="sbatch refused"):
+        backend.submit(spec)
+    assert backend.store.jobs() == []
+
+
+CONTRACT_BACKENDS = ["local", "slurm"]
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+@pytest.mark.timeout(300)
+def test_backend_contract_submit_preempt_resume_finish_account(
+    name: str, home: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """One scenario, every backend: the same spec is preempted, resumes where it stopped, and is priced."""
+    if name == "slurm":
+        request.getfixturevalue("slurm")
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    monkeypatch.setenv("GPUFLEET_SCHEDULER_IDLE_S", "2")
+    backend = get_backend(name, home)
+    spec = parse_spec(
+        {
+            "name": "toy",
+            "team": "perception",
+            "entrypoint": "gpufleet.workloads.toy:train",
+            "args": {"steps": 120, "step_seconds": 0.05},
+            "resources": {"cpus": 1, "gpus": 0},
+            "checkpoint": {"every_steps": 10, "grace_seconds": 10},
+        }
+    )
+    job = backend.submit(spec)
+    store = Store(home / "state.db")
+    wait(home, lambda: store.job(job).state == "running" and (latest_step(store, job) or 0) >= 20)
+    backend.preempt(job)
+    wait(home, lambda: store.job(job).state == "completed", timeout=200)
+    attempts = store.attempts(job)
+    assert len(attempts) == 2 and attempts[0].outcome in ("preempted", "requeued")
+    signalled = store.events(job, kinds=("preempt_signal",))
+    restored = [e for e in store.events(job, kinds=("restore",)) if e.attempt == 2]
+    assert signalled and restored and restored[0].data["step"] == signalled[0].data["step"]
+    ledger = build_ledger(store_usages(store), load_rates())
+    assert ledger.teams["perception"].attempts == 2 and ledger.teams["perception"].preemptions == 1
