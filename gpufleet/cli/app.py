@@ -10,6 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.backends import Backend, get_backend, sync_remote
+from gpufleet.cli.debug import debug_app, profile_command
+from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.errors import GpufleetError, UsageError
@@ -28,6 +30,8 @@ app = typer.Typer(
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(slurm_app, name="slurm")
+app.add_typer(debug_app, name="debug")
+app.add_typer(estimate_app, name="estimate")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
@@ -384,6 +388,9 @@ def demo(
     ok = run_demo(fault=fault, json_out=json_out)
     if not ok:
         raise typer.Exit(1)
+
+
+app.command("profile")(profile_command)
 
 
 def main() -> None:

@@ -28,7 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
-from gpufleet.errors import CheckpointError, HealthError
+from gpufleet.errors import CheckpointError, GpufleetError, HealthError
+from gpufleet.estimate.mfu import utilization
+from gpufleet.estimate.peak import gpu_peak
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo
 from gpufleet.runtime.events import EventLog
 from gpufleet.runtime.health import HealthMonitor
@@ -37,6 +39,14 @@ from gpufleet.runtime.state import capture_rng, restore_rng
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, parse_spec
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _job_peak_flops(gpu_type: str, gpus: int) -> float | None:
+    """Dense BF16 peak of the job's GPUs from the datasheet table, or ``None`` (CPU, unknown GPU)."""
+    try:
+        return gpu_peak(gpu_type).peak_flops("bf16") * gpus if gpus > 0 else None
+    except GpufleetError:
+        return None
 
 
 class Stateful(Protocol):
@@ -69,6 +79,8 @@ class TrainSession:
         events: EventLog | None = None,
         log_every_s: float = 1.0,
         handle_signals: bool = True,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
     ) -> None:
         self.ckpts = CheckpointDir(Path(ckpt_dir), keep=(policy or CheckpointPolicy()).keep)
         self.policy = policy or CheckpointPolicy()
@@ -76,6 +88,9 @@ class TrainSession:
         self.events = events or EventLog(None)
         self.total_steps = total_steps
         self.log_every_s = log_every_s
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        """Dense peak FLOP/s of all the job's GPUs; with ``flops_per_token``, step events carry MFU."""
         self._objects: dict[str, Stateful] = {"model": model}
         if optimizer is not None:
             self._objects["optimizer"] = optimizer
@@ -117,6 +132,7 @@ class TrainSession:
         extra: Mapping[str, Stateful] | None = None,
         total_steps: int | None = None,
         ckpt_dir: str | Path = "checkpoints",
+        flops_per_token: float | None = None,
     ) -> TrainSession:
         """Build a session from what the backend exported (``GPUFLEET_*``), or local defaults.
 
@@ -124,11 +140,12 @@ class TrainSession:
         spec and events to the job's event log; run by hand, checkpoints go to ``ckpt_dir``.
         """
         env = os.environ
-        policy, health = CheckpointPolicy(), HealthPolicy()
+        policy, health, peak = CheckpointPolicy(), HealthPolicy(), None
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
+            peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
         events_path = env.get("GPUFLEET_EVENTS")
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
         attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
@@ -143,6 +160,8 @@ class TrainSession:
             health=health,
             events=EventLog(Path(events_path) if events_path else None, attempt=attempt),
             log_every_s=float(env.get("GPUFLEET_LOG_EVERY_S", "1.0")),
+            flops_per_token=flops_per_token,
+            peak_flops=peak,
         )
 
     # ---- context manager: restore on entry, handlers in, handlers out ----------------------
@@ -216,11 +235,14 @@ class TrainSession:
         self._window_tokens += tokens
         if now - self._last_log >= self.log_every_s or self.step == self.total_steps:
             elapsed = max(now - self._window_start, 1e-9)
+            tokens_per_s = self._window_tokens / elapsed
+            if self.flops_per_token and self.peak_flops and "mfu" not in metrics:
+                metrics["mfu"] = utilization(tokens_per_s, self.flops_per_token, self.peak_flops)
             self.events.emit(
                 "step",
                 step=self.step,
                 loss=value,
-                tokens_per_s=self._window_tokens / elapsed,
+                tokens_per_s=tokens_per_s,
                 data_position=self.data_position,
                 **metrics,
             )

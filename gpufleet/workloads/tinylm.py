@@ -70,7 +70,12 @@ def train(
     )
     faults = FaultPlan.parse(os.environ.get("GPUFLEET_FAULT", ""))
     sess = TrainSession.from_env(
-        model=model, optimizer=optimizer, scheduler=schedule, total_steps=steps, ckpt_dir=ckpt_dir
+        model=model,
+        optimizer=optimizer,
+        scheduler=schedule,
+        total_steps=steps,
+        ckpt_dir=ckpt_dir,
+        flops_per_token=model.flops_per_token(),
     )
     with sess:
         model.train()

@@ -163,3 +163,24 @@ def test_steps_outside_context_manager_is_an_error(tmp_path: Path) -> None:
     sess = TrainSession(ckpt_dir=tmp_path, model=torch.nn.Linear(1, 1), total_steps=1)
     with pytest.raises(RuntimeError, match="context manager"):
         next(sess.steps())
+
+
+def test_step_events_carry_live_mfu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a known GPU type, the runtime's step events report MFU through the estimator's formula."""
+    spec = {"name": "t", "entrypoint": "gpufleet.workloads.tinylm:train", "resources": {"gpu_type": "A100", "gpus": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
+    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "events.jsonl"))
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    monkeypatch.delenv("GPUFLEET_FAULT", raising=False)
+    tinylm.train(**{**SMALL, "steps": 5})
+    from gpufleet.estimate.peak import gpu_peak
+    from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, load_text
+
+    config = CharLMConfig(vocab_size=CharCorpus(load_text()).vocab_size, context=16, layers=1, heads=2, embed=32)
+    fpt = CharLM(config).flops_per_token()
+    steps = [e for e in read_events(tmp_path / "events.jsonl")[0] if e["kind"] == "step"]
+    assert steps and all(e["mfu"] > 0 for e in steps)
+    peak = gpu_peak("A100").peak_flops("bf16") * 2
+    assert steps[-1]["mfu"] == pytest.approx(steps[-1]["tokens_per_s"] * fpt / peak)

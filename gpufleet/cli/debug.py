@@ -1,0 +1,199 @@
+"""``gpufleet profile`` and ``gpufleet debug ...``: where step time goes, determinism, loss spikes.
+
+The owner of ``app.py`` registers them with::
+
+    app.command("profile")(profile_command)
+    app.add_typer(debug_app, name="debug")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.render import console, emit_json, fmt, table
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.paths import gpufleet_home, job_dir
+from gpufleet.spec import HealthPolicy, load_spec, parse_spec
+
+debug_app = typer.Typer(
+    help="Numerical debugging: determinism across runs and seeds, loss spikes.", no_args_is_help=True
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+SpecArg = Annotated[Path, typer.Argument(help="JobSpec YAML with a `module:function` entrypoint.")]
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise UsageError(f"{name} {value} must be at least 1")
+
+
+def profile_command(
+    spec: SpecArg,
+    steps: Annotated[int, typer.Option("--steps", help="Steps recorded.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Steps run first and not recorded.")] = 2,
+    top: Annotated[int, typer.Option("--top", help="Operators listed.")] = 10,
+    json_out: JsonOpt = False,
+) -> None:
+    """Profile a few steps of a job in-process: time shares, top operators, and what to try next."""
+    from gpufleet.profiling import profile_job
+
+    _positive("--steps", steps)
+    _positive("--top", top)
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup} must be 0 or more")
+    summary = profile_job(load_spec(spec), steps=steps, warmup=warmup, top=top)
+    if json_out:
+        emit_json(summary.to_dict())
+        return
+    console.print(
+        f"[bold]{summary.job}[/]: {summary.steps} steps on {summary.device} ({summary.scope}), "
+        f"{summary.wall_s * 1e3:.1f} ms wall",
+        highlight=False,
+    )
+    rows = [[k.replace("_", " "), summary.seconds[k] * 1e3, f"{v:.1%}"] for k, v in summary.shares.items()]
+    console.print(table("Where the time goes", ["bucket", "ms", "share"], rows))
+    console.print(f"  of which unattributed host time: {summary.unattributed_host_s * 1e3:.1f} ms", highlight=False)
+    console.print(
+        table(
+            "Top operators by self time",
+            ["operator", "calls", "self ms", "share"],
+            [[o.name[:60], o.calls, o.self_ms, f"{o.share:.1%}"] for o in summary.top_ops],
+        )
+    )
+    for note in summary.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    console.print("[bold]Next steps[/]")
+    for i, item in enumerate(summary.checklist, 1):
+        console.print(f"  {i}. {item}", highlight=False, soft_wrap=True)
+
+
+def _seeds(raw: str | None, spec_args: dict[str, Any]) -> tuple[int, int]:
+    if raw is None:
+        first = spec_args.get("seed", 0)
+        first = first if isinstance(first, int) and first >= 0 else 0
+        return first, first + 1
+    parts = raw.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UsageError(f"--seeds {raw!r}: give two non-negative integers separated by a comma, e.g. --seeds 0,1")
+    return int(parts[0]), int(parts[1])
+
+
+@debug_app.command("determinism")
+def determinism(
+    spec: SpecArg,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 10,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="A,B: A is run twice, B once [spec seed, +1].")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the loss curves and seed band as a PNG.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the loop twice with one seed (bitwise comparison) and once with another (spread); exit 1 if they differ."""
+    from gpufleet.debug import check_determinism, plot_losses
+
+    _positive("--steps", steps)
+    job = load_spec(spec)
+    report = check_determinism(job, steps=steps, seeds=_seeds(seeds, job.args))
+    if plot is not None:
+        plot_losses(report, plot)
+    if json_out:
+        emit_json({**report.to_dict(), "plot": str(plot) if plot else None})
+    else:
+        a, b = report.seeds
+        if report.identical:
+            console.print(
+                f"[green]identical[/]: seed {a} twice, {report.steps} steps: losses and all "
+                f"{report.tensors_compared} checkpoint tensors are bitwise equal",
+                highlight=False,
+                soft_wrap=True,
+            )
+        else:
+            console.print(
+                f"[red]differ[/]: seed {a} twice: first loss difference at step {report.first_loss_step}; "
+                f"first differing tensor {report.first_tensor} (max |diff| {fmt(report.first_tensor_max_abs_diff)}), "
+                f"{report.tensors_differing} of {report.tensors_compared} tensors and "
+                f"{report.other_entries_differing} other entries differ",
+                highlight=False,
+                soft_wrap=True,
+            )
+        final = report.seed_spread[-1] if report.seed_spread else 0.0
+        console.print(
+            f"seed {a} vs seed {b}: loss spread max {report.max_seed_spread:.4g}, at the last step {final:.4g}",
+            highlight=False,
+        )
+        if plot is not None:
+            console.print(f"plot: {plot}", highlight=False)
+    if not report.identical:
+        raise typer.Exit(1)
+
+
+def _resolve_run(run: str) -> tuple[Path, Path | None]:
+    """The losses' source and, when there is one, the job's spec.json (for its health policy)."""
+    if run.isdigit():
+        folder = job_dir(gpufleet_home(), int(run))
+        if not (folder / "events.jsonl").is_file():
+            raise UsageError(f"job {run} has no events under {folder}: check the id with `gpufleet jobs`")
+        return folder / "events.jsonl", folder / "spec.json"
+    path = Path(run)
+    if not path.exists():
+        raise UsageError(f"{run!r} is neither a job id nor an existing job folder, events.jsonl or CSV")
+    spec = (path if path.is_dir() else path.parent) / "spec.json"
+    return path, spec
+
+
+def _policy(spec_path: Path | None, zscore: float | None, window: int | None) -> HealthPolicy:
+    base = HealthPolicy()
+    if spec_path is not None and spec_path.is_file():
+        with contextlib.suppress(ValueError, GpufleetError):  # an unreadable spec next to the log: use defaults
+            base = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path)).health
+    if zscore is not None and not (zscore > 0 and math.isfinite(zscore)):
+        raise UsageError(f"--zscore {zscore} must be a positive number (the runtime's default is 8)")
+    if window is not None and window < 5:
+        raise UsageError(f"--window {window} must be at least 5 losses")
+    window = window or base.window
+    return HealthPolicy(
+        spike_zscore=zscore or base.spike_zscore or 8.0, window=window, min_history=min(base.min_history, window)
+    )
+
+
+@debug_app.command("spikes")
+def spikes(
+    run: Annotated[str, typer.Argument(help="Job id, job folder, events.jsonl, or a CSV with step,loss columns.")],
+    zscore: Annotated[
+        float | None, typer.Option("--zscore", help="Robust z-score threshold [the job's, or 8].")
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option("--window", help="Healthy losses in the window [the job's, or 50].")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Find loss spikes and NaN/inf losses in a logged run with the runtime's own detector."""
+    from gpufleet.debug import detect_spikes, read_losses
+
+    source, spec_path = _resolve_run(run)
+    policy = _policy(spec_path, zscore, window)
+    losses = read_losses(source)
+    found = detect_spikes(losses, policy)
+    if json_out:
+        rows = [{**asdict(s), "loss": s.loss if math.isfinite(s.loss) else str(s.loss)} for s in found]
+        emit_json({"source": str(source), "policy": policy.model_dump(), "losses": len(losses), "spikes": rows})
+        return
+    if found:
+        console.print(
+            table(None, ["step", "loss", "z-score", "reason"], [[s.step, s.loss, s.zscore, s.reason] for s in found])
+        )
+    console.print(
+        f"{len(found)} unhealthy of {len(losses)} logged losses (z > {policy.spike_zscore:g} against up to "
+        f"{policy.window} healthy losses, judged after {policy.min_history}) in {source}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+__all__ = ["debug_app", "profile_command"]

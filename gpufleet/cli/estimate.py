@@ -1,0 +1,300 @@
+"""``gpufleet estimate ...``: MFU from a throughput, memory per GPU, and the layouts that fit. Parse, call, render."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli.render import console, emit_json, table
+from gpufleet.errors import UsageError
+from gpufleet.estimate.flops import TransformerShape, require_recompute
+from gpufleet.estimate.layout import GIB, LayoutOption, advise_layout, usable_bytes
+from gpufleet.estimate.memory import (
+    OFFLOADS,
+    ActivationShape,
+    MemoryEstimate,
+    estimate_memory,
+    parse_offload,
+    parse_precision,
+    parse_strategy,
+)
+from gpufleet.estimate.mfu import mfu as compute_mfu
+from gpufleet.estimate.mfu import tokens_per_second as throughput
+from gpufleet.estimate.peak import DTYPES, gpu_peak, parse_dtype
+
+estimate_app = typer.Typer(
+    help="Estimate MFU, memory per GPU and the parallel layouts that fit (PaLM, ZeRO, Korthikanti et al.).",
+    no_args_is_help=True,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+Count = Annotated[str, typer.Option(help="A count: 6.74e9, 7B, 350M, 125k.")]
+OptCount = Annotated[str | None, typer.Option(help="A count: 6.74e9, 7B, 350M, 125k.")]
+Int = Annotated[int | None, typer.Option()]
+Recompute = Annotated[str, typer.Option(help="Activation recomputation: none, selective or full.")]
+Tp = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]
+Pp = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")]
+Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (divides only --expert-params).")]
+SeqPar = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
+Precision = Annotated[str, typer.Option(help="mixed (Adam, 2+2+12 B/param) or fp32 (4+4+8 B/param).")]
+PerNode = Annotated[int, typer.Option(help="GPUs per node (bounds --tp and fsdp_hybrid's shard group).")]
+Gpu = Annotated[str, typer.Option(help="GPU name, e.g. h100, a100-40gb, l4 (see the datasheet table).")]
+Layers = Annotated[int | None, typer.Option(help="Transformer layers (activations need all five shape options).")]
+Hidden = Annotated[int | None, typer.Option(help="Hidden size h.")]
+Heads = Annotated[int | None, typer.Option(help="Attention heads a.")]
+Seq = Annotated[int | None, typer.Option(help="Sequence length s.")]
+MicroBatch = Annotated[int | None, typer.Option(help="Micro-batch size b (sequences).")]
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str, flag: str) -> int:
+    """``"6.74e9"``, ``"7B"``, ``"350M"`` -> an int; anything else is a :class:`UsageError` naming ``flag``."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text.lower())
+    if match is None:
+        raise UsageError(f"--{flag} {text!r} is not a count: write e.g. 6.74e9, 7B or 350M")
+    return round(float(match.group(1)) * _SUFFIX[match.group(2)])
+
+
+def _shape(
+    layers: int | None, hidden: int | None, heads: int | None, seq: int | None, micro_batch: int | None
+) -> ActivationShape | None:
+    given = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro-batch": micro_batch}
+    if all(v is None for v in given.values()):
+        return None
+    if layers is None or hidden is None or heads is None or seq is None or micro_batch is None:
+        missing = ", ".join(f"--{k}" for k, v in given.items() if v is None)
+        raise UsageError(f"activations need {missing} too: give all of --layers --hidden --heads --seq --micro-batch")
+    return ActivationShape(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch)
+
+
+def _gib(n: int | float | None) -> str:
+    return "" if n is None else f"{n / GIB:.2f}"
+
+
+@estimate_app.command()
+def mfu(
+    params: Count,
+    layers: Annotated[int, typer.Option(help="Transformer layers L.")],
+    heads: Annotated[int, typer.Option(help="Attention heads H.")],
+    head_dim: Annotated[int, typer.Option(help="Head size Q (hidden / heads).")],
+    seq: Annotated[int, typer.Option(help="Sequence length T.")],
+    gpu: Gpu,
+    num_gpus: Annotated[int, typer.Option(help="GPUs the run holds.")] = 1,
+    tokens_per_second: Annotated[float | None, typer.Option(help="Throughput of the whole run.")] = None,
+    step_time: Annotated[float | None, typer.Option(help="Seconds per optimizer step.")] = None,
+    tokens_per_step: OptCount = None,
+    embedding_params: Annotated[str, typer.Option(help="Embedding parameters to leave out of N.")] = "0",
+    recompute: Recompute = "none",
+    dtype: Annotated[str, typer.Option(help=f"Peak to divide by: {', '.join(DTYPES)}.")] = "bf16",
+    json_out: JsonOpt = False,
+) -> None:
+    """Model and hardware FLOPs utilization: 6N + 12*L*H*Q*T per token (PaLM appendix B) over the datasheet peak."""
+    if tokens_per_second is not None and (step_time is not None or tokens_per_step is not None):
+        raise UsageError("give either --tokens-per-second or --step-time with --tokens-per-step, not both")
+    if tokens_per_second is None:
+        if step_time is None or tokens_per_step is None:
+            raise UsageError("give --tokens-per-second, or --step-time and --tokens-per-step")
+        tokens_per_second = throughput(
+            step_time=step_time, tokens_per_step=parse_count(tokens_per_step, "tokens-per-step")
+        )
+    shape = TransformerShape(
+        params=parse_count(params, "params"),
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        seq=seq,
+        embedding_params=parse_count(embedding_params, "embedding-params"),
+    )
+    row, peak_dtype = gpu_peak(gpu), parse_dtype(dtype)
+    est = compute_mfu(
+        shape,
+        tokens_per_second=tokens_per_second,
+        peak_flops_per_gpu=row.peak_flops(peak_dtype),
+        num_gpus=num_gpus,
+        recompute=require_recompute(recompute),
+    )
+    if json_out:
+        emit_json({**est.as_dict(), "gpu": row.name, "dtype": dtype, "recompute": recompute})
+        return
+    rows = [
+        ["model FLOPs / token", f"{est.flops_per_token:.4g}", "6N + 12*L*H*Q*T"],
+        ["hardware FLOPs / token", f"{est.hardware_flops_per_token:.4g}", f"recompute: {recompute}"],
+        ["tokens / s", f"{est.tokens_per_second:.4g}", "whole run"],
+        ["achieved", f"{est.achieved_flops / 1e12:.4g} TFLOP/s", "tokens/s * model FLOPs/token"],
+        [
+            "peak",
+            f"{est.peak_flops / 1e12:.4g} TFLOP/s",
+            f"{num_gpus} x {row.name} {dtype} dense {row.tflops(peak_dtype):g}",
+        ],
+        ["MFU", f"{est.mfu:.1%}", "achieved / peak"],
+        ["HFU", f"{est.hfu:.1%}", "with recomputation"],
+    ]
+    console.print(table("utilization", ["", "value", "how"], rows))
+
+
+@estimate_app.command()
+def memory(
+    params: Count,
+    gpus: Annotated[int, typer.Option(help="GPUs of the job.")],
+    strategy: Annotated[
+        str, typer.Option(help="ddp, zero1, zero2, zero3, fsdp (= fsdp_full), fsdp_grad_op, fsdp_hybrid.")
+    ] = "ddp",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    ep: Ep = 1,
+    expert_params: Annotated[str, typer.Option(help="Parameters in experts (divided by --ep).")] = "0",
+    layers: Layers = None,
+    hidden: Hidden = None,
+    heads: Heads = None,
+    seq: Seq = None,
+    micro_batch: MicroBatch = None,
+    micro_batches: Annotated[int | None, typer.Option(help="Micro-batches per step (default --pp).")] = None,
+    virtual_stages: Annotated[int, typer.Option(help="Model chunks per pipeline stage (interleaved 1F1B).")] = 1,
+    sequence_parallel: SeqPar = False,
+    recompute: Recompute = "none",
+    offload: Annotated[str, typer.Option(help=f"CPU offload: {', '.join(OFFLOADS)}.")] = "none",
+    gpus_per_node: PerNode = 8,
+    largest_layer_params: Annotated[
+        str | None, typer.Option(help="Unit zero3/FSDP gathers (default params/layers).")
+    ] = None,
+    precision: Precision = "mixed",
+    gpu: Annotated[str | None, typer.Option(help="Also say whether it fits this GPU (10% + 1 GiB kept free).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Bytes per GPU: model states (ZeRO paper), activations (Korthikanti et al. 2022), with every parallelism."""
+    est = estimate_memory(
+        parse_count(params, "params"),
+        gpus,
+        parse_strategy(strategy),
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        expert_params=parse_count(expert_params, "expert-params"),
+        shape=_shape(layers, hidden, heads, seq, micro_batch),
+        recompute=require_recompute(recompute),
+        sequence_parallel=sequence_parallel,
+        micro_batches=micro_batches,
+        virtual_stages=virtual_stages,
+        offload=parse_offload(offload),
+        gpus_per_node=gpus_per_node,
+        largest_layer_params=None
+        if largest_layer_params is None
+        else parse_count(largest_layer_params, "largest-layer-params"),
+        precision=parse_precision(precision),
+    )
+    usable = None if gpu is None else usable_bytes(gpu_peak(gpu))
+    if json_out:
+        extra = (
+            {}
+            if usable is None
+            else {"gpu": gpu_peak(str(gpu)).name, "usable_bytes": usable, "fits": est.total_bytes <= usable}
+        )
+        emit_json({**est.as_dict(), **extra})
+        return
+    _print_memory(est, usable)
+
+
+def _print_memory(est: MemoryEstimate, usable: int | None) -> None:
+    title = (
+        f"memory per GPU: {est.strategy}, tp={est.tp} pp={est.pp} ep={est.ep} dp={est.dp}, shard={est.shard}, "
+        f"offload={est.offload}, {est.precision}"
+    )
+    rows: list[list[object]] = [[i.name, i.device, _gib(i.bytes), i.formula] for i in est.breakdown]
+    rows.append(["[bold]total on GPU[/]", "gpu", f"[bold]{_gib(est.total_bytes)}[/]", ""])
+    if est.cpu_bytes:
+        rows.append(["offloaded to host", "cpu", _gib(est.cpu_bytes), "per GPU"])
+    console.print(table(title, ["component", "where", "GiB", "formula"], rows))
+    if usable is not None:
+        verdict = "[green]fits[/]" if est.total_bytes <= usable else "[red]does not fit[/]"
+        console.print(f"{verdict}: {_gib(est.total_bytes)} GiB of {_gib(usable)} GiB usable")
+
+
+@estimate_app.command()
+def layout(
+    params: Count,
+    gpus: Annotated[int, typer.Option(help="GPUs of the job.")],
+    gpu: Gpu,
+    gpus_per_node: PerNode = 8,
+    layers: Layers = None,
+    hidden: Hidden = None,
+    heads: Heads = None,
+    seq: Seq = None,
+    micro_batch: MicroBatch = None,
+    expert_params: Annotated[str, typer.Option(help="Parameters in experts (divided by --ep).")] = "0",
+    ep: Ep = 1,
+    recompute: Recompute = "none",
+    sequence_parallel: SeqPar = False,
+    precision: Precision = "mixed",
+    headroom: Annotated[float, typer.Option(help="Fraction of the GPU's memory kept free.")] = 0.10,
+    reserve_gib: Annotated[float, typer.Option(help="GiB kept for the CUDA context.")] = 1.0,
+    top: Annotated[int, typer.Option(help="Fitting layouts to show (0: all); --json lists all.")] = 12,
+    json_out: JsonOpt = False,
+) -> None:
+    """Layouts (strategy x tp x pp) that fit the GPU, least communication first, and why the others do not."""
+    options = advise_layout(
+        parse_count(params, "params"),
+        gpus,
+        gpu,
+        gpus_per_node=gpus_per_node,
+        shape=_shape(layers, hidden, heads, seq, micro_batch),
+        expert_params=parse_count(expert_params, "expert-params"),
+        ep=ep,
+        recompute=require_recompute(recompute),
+        sequence_parallel=sequence_parallel,
+        precision=parse_precision(precision),
+        headroom=headroom,
+        reserve_gib=reserve_gib,
+    )
+    fitting = [o for o in options if o.fits]
+    rejected = [o for o in options if not o.fits]
+    if json_out:
+        emit_json(
+            {
+                "gpu": gpu_peak(gpu).name,
+                "usable_bytes": options[0].usable_bytes if options else None,
+                "fits": [o.as_dict() for o in fitting],
+                "rejected": [o.as_dict() for o in rejected],
+            }
+        )
+        return
+    _print_layout(fitting, rejected, top)
+
+
+def _print_layout(fitting: list[LayoutOption], rejected: list[LayoutOption], top: int) -> None:
+    shown = fitting if top <= 0 else fitting[:top]
+    head = ["#", "strategy", "tp", "pp", "dp", "GiB/GPU", "params", "grads", "optim", "activ"]
+    rows = []
+    for n, o in enumerate(shown, 1):
+        e = o.estimate
+        if e is None:
+            continue
+        rows.append(
+            [
+                n,
+                o.label,
+                o.tp,
+                o.pp,
+                o.dp,
+                _gib(e.total_bytes),
+                _gib(e.params_bytes),
+                _gib(e.grads_bytes),
+                _gib(e.optimizer_bytes),
+                _gib(e.activations_bytes),
+            ]
+        )
+    usable = _gib(fitting[0].usable_bytes if fitting else rejected[0].usable_bytes if rejected else 0)
+    console.print(
+        table(f"layouts that fit ({len(fitting)}, {usable} GiB usable), least communication first", head, rows)
+    )
+    if len(shown) < len(fitting):
+        console.print(f"[dim]... and {len(fitting) - len(shown)} more (--top 0 shows all)[/]")
+    if rejected:
+        console.print(
+            table("rejected", ["strategy", "tp", "pp", "reason"], [[o.label, o.tp, o.pp, o.reason] for o in rejected])
+        )
+
+
+__all__ = ["estimate_app", "parse_count"]

@@ -1,0 +1,188 @@
+"""Which parallel layouts of a model fit on a GPU, least communication first.
+
+The advisor enumerates data-parallel strategies (with their CPU-offload variants) times tensor degrees t (divisors
+of the GPU count, at most one node's GPUs, because tensor parallelism all-reduces activations in every layer and
+needs NVLink) times pipeline degrees p (divisors of what is left), estimates each with
+:func:`gpufleet.estimate.memory.estimate_memory`, and keeps those whose per-GPU total fits in the usable memory::
+
+    usable = datasheet memory * (1 - headroom) - reserve        (defaults: 10% and 1 GiB)
+
+The headroom covers the allocator's fragmentation and the buffers the formulas leave out (communication buckets,
+temporary tensors); the reserve covers the CUDA context and the kernels it loads.
+
+Order, cheapest communication first: no offload before offload (PCIe is slower than any collective here), then
+smaller t (a collective per layer), then smaller p (bubbles and point-to-point sends), then the strategy: ddp
+(one all-reduce of the gradients, 2Ψ per step) < zero1 (same volume) < zero2 (same volume, reduce-scatter) <
+fsdp_hybrid (zero3 inside a node) < zero3 / fsdp_full (1.5x: the weights are gathered again for the backward pass),
+as in the ZeRO paper's section 7.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufleet.errors import UsageError
+from gpufleet.estimate.flops import Recompute, require_positive
+from gpufleet.estimate.memory import ActivationShape, MemoryEstimate, Offload, Precision, Strategy, estimate_memory
+from gpufleet.estimate.peak import GpuPeak, gpu_peak
+
+GIB = 2**30
+CANDIDATES: tuple[tuple[Strategy, Offload], ...] = (
+    ("ddp", "none"),
+    ("zero1", "none"),
+    ("zero2", "none"),
+    ("fsdp_hybrid", "none"),
+    ("zero3", "none"),
+    ("zero2", "optimizer"),
+    ("zero3", "optimizer"),
+    ("zero3", "params"),
+)
+"""(strategy, offload) pairs in order of communication; fsdp_full and fsdp_grad_op are zero3 and zero2 in memory."""
+LABELS: dict[Strategy, str] = {"zero2": "zero2 / fsdp_grad_op", "zero3": "zero3 / fsdp_full"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutOption:
+    """One candidate layout and whether it fits."""
+
+    strategy: Strategy
+    offload: Offload
+    tp: int
+    pp: int
+    dp: int
+    fits: bool
+    needed_bytes: int | None
+    """Per-GPU total, or ``None`` when the degrees do not divide the model."""
+    usable_bytes: int
+    reason: str
+    estimate: MemoryEstimate | None
+
+    @property
+    def label(self) -> str:
+        name = LABELS.get(self.strategy, self.strategy)
+        return name if self.offload == "none" else f"{name} + offload {self.offload}"
+
+    @property
+    def rank(self) -> tuple[int, int, int, int]:
+        """Sort key: offload, tensor degree, pipeline degree, strategy (see the module docstring)."""
+        offload = ("none", "optimizer", "params").index(self.offload)
+        return offload, self.tp, self.pp, [s for s, _ in CANDIDATES].index(self.strategy)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "strategy": self.strategy,
+            "offload": self.offload,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "fits": self.fits,
+            "needed_bytes": self.needed_bytes,
+            "usable_bytes": self.usable_bytes,
+            "reason": self.reason,
+            "memory": None if self.estimate is None else self.estimate.as_dict(),
+        }
+
+
+def usable_bytes(gpu: GpuPeak, *, headroom: float = 0.10, reserve_gib: float = 1.0) -> int:
+    """Memory a training process can plan on: the datasheet figure less a fraction and a fixed reserve."""
+    if not 0 <= headroom < 1:
+        raise UsageError(f"--headroom {headroom} must be in [0, 1): a fraction of the GPU's memory to keep free")
+    if reserve_gib < 0:
+        raise UsageError(f"--reserve-gib {reserve_gib} must be >= 0: the GiB kept for the CUDA context")
+    usable = int(gpu.memory_bytes * (1 - headroom) - reserve_gib * GIB)
+    if usable <= 0:
+        raise UsageError(f"--headroom {headroom} and --reserve-gib {reserve_gib} leave nothing of {gpu.name}'s memory")
+    return usable
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def advise_layout(
+    params: int,
+    gpus: int,
+    gpu: str | GpuPeak,
+    *,
+    gpus_per_node: int = 8,
+    shape: ActivationShape | None = None,
+    expert_params: int = 0,
+    ep: int = 1,
+    recompute: Recompute = "none",
+    sequence_parallel: bool = False,
+    precision: Precision = "mixed",
+    headroom: float = 0.10,
+    reserve_gib: float = 1.0,
+) -> list[LayoutOption]:
+    """Every candidate layout, those that fit first, each group least communication first.
+
+    A candidate whose degrees do not divide the model (heads by t, layers by p, data-parallel ranks by ep) is
+    rejected with that reason rather than estimated.
+    """
+    require_positive(params=params, gpus=gpus, gpus_per_node=gpus_per_node)
+    row = gpu if isinstance(gpu, GpuPeak) else gpu_peak(gpu)
+    usable = usable_bytes(row, headroom=headroom, reserve_gib=reserve_gib)
+
+    def estimate(strategy: Strategy, offload: Offload, tp: int, pp: int) -> MemoryEstimate:
+        return estimate_memory(
+            params,
+            gpus,
+            strategy,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            expert_params=expert_params,
+            shape=shape,
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            offload=offload,
+            gpus_per_node=gpus_per_node,
+            precision=precision,
+        )
+
+    options: list[LayoutOption] = []
+    for tp in (d for d in _divisors(gpus) if d <= gpus_per_node):
+        for pp in _divisors(gpus // tp):
+            for strategy, offload in CANDIDATES:
+                if strategy == "fsdp_hybrid" and gpus // (tp * pp) <= gpus_per_node // tp:
+                    continue  # all data-parallel ranks within one node: the same as zero3
+                options.append(_option(strategy, offload, tp, pp, gpus // (tp * pp), usable, row, estimate))
+    return sorted(options, key=lambda o: (not o.fits, o.rank))
+
+
+def _option(
+    strategy: Strategy,
+    offload: Offload,
+    tp: int,
+    pp: int,
+    dp: int,
+    usable: int,
+    gpu: GpuPeak,
+    estimate: Callable[[Strategy, Offload, int, int], MemoryEstimate],
+) -> LayoutOption:
+    est: MemoryEstimate | None
+    try:
+        est = estimate(strategy, offload, tp, pp)
+    except UsageError as err:
+        est, reason = None, str(err).split(":")[0]
+    need = None if est is None else est.total_bytes
+    fits = need is not None and need <= usable
+    if need is not None:
+        of = f"{usable / GIB:.1f} GiB usable of {gpu.name}'s {gpu.memory_gib:g} GiB"
+        reason = f"uses {need / GIB:.1f} GiB of {of}" if fits else f"needs {need / GIB:.1f} GiB, more than the {of}"
+    return LayoutOption(
+        strategy=strategy,
+        offload=offload,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        fits=fits,
+        needed_bytes=need,
+        usable_bytes=usable,
+        reason=reason,
+        estimate=est,
+    )
+
+
+__all__ = ["CANDIDATES", "LayoutOption", "advise_layout", "usable_bytes"]
