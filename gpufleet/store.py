@@ -181,6 +181,12 @@ class Store:
             args.append(team)
         return [self._job(r) for r in self._db.execute(sql + " ORDER BY id", args)]
 
+    def has_active(self, backend: str) -> bool:
+        """Whether any job of ``backend`` has not ended (one indexed query, no spec parsing)."""
+        marks = ",".join("?" * len(TERMINAL))
+        sql = f"SELECT 1 FROM jobs WHERE backend=? AND state NOT IN ({marks}) LIMIT 1"
+        return self._db.execute(sql, (backend, *TERMINAL)).fetchone() is not None
+
     def set_job_state(self, job_id: int, state: str, reason: str | None = None, restarts: int | None = None) -> None:
         with self.transaction() as db:
             db.execute(

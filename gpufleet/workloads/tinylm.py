@@ -20,6 +20,9 @@ from gpufleet.runtime import TrainSession
 from gpufleet.runtime.faults import FaultPlan
 from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
 
+TINY: dict[str, Any] = {"batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
+"""A one-layer configuration that trains a step in milliseconds: smoke runs and tests."""
+
 
 def build(
     *, seed: int, context: int, layers: int, heads: int, embed: int, dropout: float, lr: float, steps: int

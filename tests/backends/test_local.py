@@ -17,6 +17,7 @@ from gpufleet.errors import UsageError
 from gpufleet.runtime import CheckpointDir
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import latest_step
+from gpufleet.workloads.tinylm import TINY
 
 
 def toy(name: str, priority: int = 0, **overrides: Any) -> JobSpec:
@@ -143,15 +144,7 @@ def test_crashed_scheduler_attempts_are_requeued_and_resume(home: Path) -> None:
     survivor.shutdown()
 
 
-SMALL_LM: dict[str, Any] = {
-    "steps": 80,
-    "batch_size": 8,
-    "context": 16,
-    "layers": 1,
-    "heads": 2,
-    "embed": 32,
-    "eval_batches": 1,
-}
+SMALL_LM: dict[str, Any] = {**TINY, "steps": 80}
 
 
 def test_real_sigterm_resume_is_bit_exact_across_processes(

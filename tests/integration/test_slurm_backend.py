@@ -19,16 +19,9 @@ from gpufleet.errors import UsageError
 from gpufleet.runtime import CheckpointDir
 from gpufleet.spec import parse_spec
 from gpufleet.store import Store, latest_step
+from gpufleet.workloads.tinylm import TINY
 
-LM: dict[str, Any] = {
-    "steps": 400,
-    "batch_size": 8,
-    "context": 16,
-    "layers": 1,
-    "heads": 2,
-    "embed": 32,
-    "eval_batches": 1,
-}
+LM: dict[str, Any] = {**TINY, "steps": 400}
 
 
 def wait(store_home: Path, until: Callable[[], bool], timeout: float = 180) -> None:

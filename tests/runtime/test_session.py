@@ -16,16 +16,9 @@ from gpufleet.errors import HealthError
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
 from gpufleet.runtime.events import read_events
 from gpufleet.workloads import tinylm
+from gpufleet.workloads.tinylm import TINY
 
-SMALL: dict[str, Any] = {
-    "steps": 60,
-    "batch_size": 8,
-    "context": 16,
-    "layers": 1,
-    "heads": 2,
-    "embed": 32,
-    "eval_batches": 1,
-}
+SMALL: dict[str, Any] = {**TINY, "steps": 60}
 
 
 @pytest.fixture
