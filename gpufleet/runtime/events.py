@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +33,8 @@ class EventLog:
         self.path = path
         self.attempt = attempt
         self.memory: list[dict[str, Any]] = []
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        """Called with every event after it is written (metrics exporters)."""
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,6 +47,8 @@ class EventLog:
         else:
             self._fh.write(json.dumps(event, separators=(",", ":")) + "\n")
             self._fh.flush()
+        for listener in self.listeners:
+            listener(event)
         return event
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from gpufleet.runtime.health import HealthMonitor
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, restore_rng
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, parse_spec
+from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -140,15 +141,19 @@ class TrainSession:
         spec and events to the job's event log; run by hand, checkpoints go to ``ckpt_dir``.
         """
         env = os.environ
-        policy, health, peak = CheckpointPolicy(), HealthPolicy(), None
+        policy, health, peak, gpu_type, provider = CheckpointPolicy(), HealthPolicy(), None, "", ""
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
             peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
+            gpu_type, provider = spec.resources.gpu_type, spec.provider
         events_path = env.get("GPUFLEET_EVENTS")
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
         attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
+        events = EventLog(Path(events_path) if events_path else None, attempt=attempt)
+        labels = {**labels_from_env(env, gpu_type, provider), "attempt": str(attempt)}
+        events.listeners.extend(exporter_from_env(env, labels))
         return cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,
@@ -158,7 +163,7 @@ class TrainSession:
             total_steps=total_steps,
             policy=policy,
             health=health,
-            events=EventLog(Path(events_path) if events_path else None, attempt=attempt),
+            events=events,
             log_every_s=float(env.get("GPUFLEET_LOG_EVERY_S", "1.0")),
             flops_per_token=flops_per_token,
             peak_flops=peak,

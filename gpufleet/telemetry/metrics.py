@@ -1,0 +1,149 @@
+"""Job metrics for Prometheus, fed by the runtime's events.
+
+The exporter listens to the session's event log, so metrics and the event history can never
+disagree. Exposed (prometheus-client), per attempt::
+
+    gpufleet_job_step                       gauge    optimizer steps completed
+    gpufleet_job_loss                       gauge    last reported training loss
+    gpufleet_job_tokens_per_second          gauge
+    gpufleet_job_mfu                        gauge    when FLOPs per token and the GPU peak are known
+    gpufleet_job_restarts                   gauge    attempts before this one
+    gpufleet_checkpoint_save_seconds        histogram
+    gpufleet_checkpoint_bytes               gauge    size of the last checkpoint
+    gpufleet_job_restores_total             counter
+    gpufleet_job_preemptions_total          counter  SIGTERM/SIGUSR1 seen at a step boundary
+    gpufleet_job_rollbacks_total            counter
+
+Labels: ``job_id``, ``job_name``, ``team``, ``attempt``, ``backend``, ``backend_job_id``,
+``gpu_type``, ``provider``. (Not ``job``: Prometheus sets that label itself on every scrape and
+would rename ours ``exported_job``.)
+
+Two modes: ``GPUFLEET_METRICS_PORT`` serves ``/metrics`` on 127.0.0.1 (``0`` picks a free port,
+written to ``<job dir>/metrics.port``); ``GPUFLEET_METRICS_TEXTFILE`` rewrites a file for the
+node exporter's textfile collector (batch nodes without an open port).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+LABELS = ("job_id", "job_name", "team", "attempt", "backend", "backend_job_id", "gpu_type", "provider")
+
+
+class JobMetrics:
+    """A private registry of one attempt's metrics, updated from runtime events."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.labels = {name: str(labels.get(name, "")) for name in LABELS}
+        self.registry = CollectorRegistry()
+        names = list(LABELS)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=self.registry).labels(**self.labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=self.registry).labels(**self.labels)
+
+        self.step = gauge("gpufleet_job_step", "Optimizer steps completed.")
+        self.loss = gauge("gpufleet_job_loss", "Last reported training loss.")
+        self.tokens = gauge("gpufleet_job_tokens_per_second", "Training throughput in tokens per second.")
+        self.mfu = gauge("gpufleet_job_mfu", "Model FLOPs utilization (PaLM appendix B), 0..1.")
+        self.restarts = gauge("gpufleet_job_restarts", "Attempts of this job before the current one.")
+        self.ckpt_bytes = gauge("gpufleet_checkpoint_bytes", "Size of the last checkpoint in bytes.")
+        self.ckpt_seconds = Histogram(
+            "gpufleet_checkpoint_save_seconds",
+            "Checkpoint save time.",
+            names,
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        ).labels(**self.labels)
+        self.restores = counter("gpufleet_job_restores", "Checkpoints restored (start or rollback).")
+        self.preemptions = counter("gpufleet_job_preemptions", "Preemption signals handled at a step boundary.")
+        self.rollbacks = counter("gpufleet_job_rollbacks", "Rollbacks to the last healthy checkpoint.")
+        self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
+
+    def __call__(self, event: Mapping[str, Any]) -> None:
+        """Update from one runtime event (an ``EventLog`` listener)."""
+        kind = event.get("kind")
+        if kind == "step":
+            self.step.set(float(event.get("step", 0)))
+            loss = event.get("loss")
+            if isinstance(loss, (int, float)):
+                self.loss.set(float(loss))
+            self.tokens.set(float(event.get("tokens_per_s", 0.0)))
+            if isinstance(event.get("mfu"), (int, float)):
+                self.mfu.set(float(event["mfu"]))
+        elif kind == "checkpoint":
+            self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
+            self.ckpt_bytes.set(float(event.get("bytes", 0)))
+            self.step.set(float(event.get("step", 0)))
+        elif kind == "restore" and event.get("step") is not None:
+            self.restores.inc()
+            self.step.set(float(event["step"]))
+        elif kind == "preempt_signal":
+            self.preemptions.inc()
+        elif kind == "rollback":
+            self.rollbacks.inc()
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class TextfileWriter:
+    """Rewrites a textfile-collector file atomically after each event that changes a metric."""
+
+    def __init__(self, metrics: JobMetrics, path: Path) -> None:
+        self.metrics = metrics
+        self.path = path
+
+    def __call__(self, event: Mapping[str, Any]) -> None:
+        if event.get("kind") in ("step", "checkpoint", "restore", "preempt_signal", "rollback", "session_end"):
+            from prometheus_client import write_to_textfile
+
+            write_to_textfile(str(self.path), self.metrics.registry)
+
+
+def serve(metrics: JobMetrics, port: int, port_file: Path | None = None) -> int:
+    """Serve ``/metrics`` on 127.0.0.1 in a daemon thread; return the bound port."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
+    bound = int(server.server_address[1])
+    if port_file is not None:
+        port_file.write_text(str(bound), encoding="utf-8")
+    return bound
+
+
+def exporter_from_env(env: Mapping[str, str], labels: Mapping[str, str]) -> list[Any]:
+    """The listeners the environment asks for (none unless a metrics variable is set)."""
+    port, textfile = env.get("GPUFLEET_METRICS_PORT"), env.get("GPUFLEET_METRICS_TEXTFILE")
+    if port is None and textfile is None:
+        return []
+    metrics = JobMetrics(labels)
+    listeners: list[Any] = [metrics]
+    if port is not None:
+        job_dir = env.get("GPUFLEET_JOB_DIR")
+        serve(metrics, int(port), Path(job_dir) / "metrics.port" if job_dir else None)
+    if textfile is not None:
+        listeners.append(TextfileWriter(metrics, Path(textfile)))
+    return listeners
+
+
+def labels_from_env(env: Mapping[str, str] = os.environ, gpu_type: str = "", provider: str = "") -> dict[str, str]:
+    return {
+        "job_id": env.get("GPUFLEET_JOB_ID", ""),
+        "job_name": env.get("GPUFLEET_JOB_NAME", ""),
+        "team": env.get("GPUFLEET_TEAM", ""),
+        "attempt": env.get("GPUFLEET_ATTEMPT", "1"),
+        "backend": env.get("GPUFLEET_BACKEND", ""),
+        "backend_job_id": env.get("SLURM_JOB_ID", ""),
+        "gpu_type": gpu_type,
+        "provider": provider,
+    }
