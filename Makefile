@@ -53,6 +53,7 @@ bench: install
 	$(BIN)/python bench/checkpoint_save.py
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/preemption_loss.py
+	$(BIN)/python bench/metrics_overhead.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
