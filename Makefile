@@ -28,17 +28,19 @@ demo: install
 	$(BIN)/gpufleet demo
 
 lint: dev
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check . scripts/dev-slurm scripts/dev-prometheus
+	$(BIN)/ruff format --check . scripts/dev-slurm scripts/dev-prometheus
 
 typecheck: dev
 	$(BIN)/mypy
 
-# Real services the integration tests need (a single-node Slurm); they stay up for the next run.
+# Real services the integration tests need (a single-node Slurm, Prometheus); they stay up for the next run.
 services:
 	scripts/dev-slurm up
+	scripts/dev-prometheus up
 
 services-down:
+	scripts/dev-prometheus down
 	scripts/dev-slurm down
 
 unit: dev services

@@ -12,8 +12,10 @@ import typer
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.cli.debug import debug_app, profile_command
 from gpufleet.cli.estimate import estimate_app
+from gpufleet.cli.observe import observe_app
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.cli.slurm import slurm_app
+from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir
@@ -32,6 +34,7 @@ app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(slurm_app, name="slurm")
 app.add_typer(debug_app, name="debug")
 app.add_typer(estimate_app, name="estimate")
+app.add_typer(observe_app, name="observe")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
@@ -391,6 +394,7 @@ def demo(
 
 
 app.command("profile")(profile_command)
+app.command("trace")(trace_command)
 
 
 def main() -> None:

@@ -25,7 +25,17 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 def _native(argv: list[str], json_out: bool) -> None:
     if not json_out:
         console.print(f"[dim]$ {' '.join(argv)}[/]", highlight=False)
-    out = run_slurm(argv)
+    try:
+        out = run_slurm(argv)
+    except UsageError as err:
+        if argv[0] != "sacctmgr" or "Nothing new added" not in str(err):
+            raise
+        # sacctmgr exits 1 when the account or association exists already: that is not a failure.
+        if json_out:
+            emit_json({"command": argv, "stdout": "already exists"})
+        else:
+            console.print("already exists: nothing to add", highlight=False)
+        return
     if json_out:
         emit_json({"command": argv, "stdout": out.stdout.strip()})
     elif out.stdout.strip():

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,11 @@ def test_hold_release_and_requeue_a_job(slurm: dict[str, str], home: Path) -> No
             "team": "perception",
             "entrypoint": "gpufleet.workloads.toy:train",
             "args": {"steps": 5, "step_seconds": 0.01},
-            "resources": {"cpus": 1, "gpus": 0},
+            "resources": {"cpus": 2, "gpus": 0},
         }
     )
-    job = backend.submit(spec)
+    blocker = backend.submit(spec.copy_with(name="blocker", args={"steps": 10_000, "step_seconds": 0.01}))
+    job = backend.submit(spec)  # waits behind the blocker, which holds both CPUs
     ref = backend.store.job(job).backend_ref
     assert ref
     held = gpufleet(home, "slurm", "hold", str(job))
@@ -49,13 +51,18 @@ def test_hold_release_and_requeue_a_job(slurm: dict[str, str], home: Path) -> No
     assert out["command"] == ["scontrol", "release", ref]
     gpufleet(home, "submit", "--help")  # the CLI stays importable with a Slurm job in the store
     gpufleet(home, "slurm", "hold", "nosuch", check=2)
+    backend.cancel(blocker)
+    backend.cancel(job)
 
 
 def test_account_add_and_list(slurm: dict[str, str], home: Path) -> None:
-    added = gpufleet(home, "slurm", "account", "add", "robotics", "--fairshare", "7")
-    assert "sacctmgr -i add account robotics" in added.stdout
+    team = f"robotics{uuid.uuid4().hex[:6]}"
+    added = gpufleet(home, "slurm", "account", "add", team, "--fairshare", "7")
+    assert f"sacctmgr -i add account {team}" in added.stdout
     listing = json.loads(gpufleet(home, "slurm", "account", "list", "--json").stdout)
-    assert any(a["account"] == "robotics" and a["fairshare"] == "7" for a in listing["associations"])
+    assert any(a["account"] == team and a["fairshare"] == "7" for a in listing["associations"])
+    again = gpufleet(home, "slurm", "account", "add", team)  # adding it twice is not an error
+    assert "already exists" in again.stdout
 
 
 def test_drain_and_resume_the_node(slurm: dict[str, str], home: Path) -> None:
