@@ -20,11 +20,14 @@ would rename ours ``exported_job``.)
 
 Two modes: ``GPUFLEET_METRICS_PORT`` serves ``/metrics`` on 127.0.0.1 (``0`` picks a free port,
 written to ``<job dir>/metrics.port``); ``GPUFLEET_METRICS_TEXTFILE`` rewrites a file for the
-node exporter's textfile collector (batch nodes without an open port).
+node exporter's textfile collector (batch nodes without an open port). With
+``GPUFLEET_PROMETHEUS_TARGETS`` naming a Prometheus ``file_sd`` directory, a served attempt
+registers itself there and removes its file when its session ends.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,6 +124,22 @@ def serve(metrics: JobMetrics, port: int, port_file: Path | None = None) -> int:
     return bound
 
 
+class TargetRegistration:
+    """A ``file_sd`` entry for one attempt's endpoint, removed when the session ends."""
+
+    def __init__(self, directory: Path, port: int, labels: Mapping[str, str]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"gpufleet-job-{labels['job_id'] or 'adhoc'}-{labels['attempt']}-{os.getpid()}.json"
+        entry = [{"targets": [f"127.0.0.1:{port}"], "labels": {k: v for k, v in labels.items() if v}}]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry), encoding="utf-8")
+        tmp.rename(self.path)  # Prometheus never reads a half-written file
+
+    def __call__(self, event: Mapping[str, Any]) -> None:
+        if event.get("kind") == "session_end":
+            self.path.unlink(missing_ok=True)
+
+
 def exporter_from_env(env: Mapping[str, str], labels: Mapping[str, str]) -> list[Any]:
     """The listeners the environment asks for (none unless a metrics variable is set)."""
     port, textfile = env.get("GPUFLEET_METRICS_PORT"), env.get("GPUFLEET_METRICS_TEXTFILE")
@@ -130,7 +149,9 @@ def exporter_from_env(env: Mapping[str, str], labels: Mapping[str, str]) -> list
     listeners: list[Any] = [metrics]
     if port is not None:
         job_dir = env.get("GPUFLEET_JOB_DIR")
-        serve(metrics, int(port), Path(job_dir) / "metrics.port" if job_dir else None)
+        bound = serve(metrics, int(port), Path(job_dir) / "metrics.port" if job_dir else None)
+        if env.get("GPUFLEET_PROMETHEUS_TARGETS"):
+            listeners.append(TargetRegistration(Path(env["GPUFLEET_PROMETHEUS_TARGETS"]), bound, metrics.labels))
     if textfile is not None:
         listeners.append(TextfileWriter(metrics, Path(textfile)))
     return listeners
