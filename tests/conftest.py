@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-from collections.abc import Iterator
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
 from gpufleet.backends.slurm import slurm_env
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -33,13 +39,67 @@ def slurm_is_up() -> str | None:
     return None
 
 
+def service_missing(message: str) -> NoReturn:
+    """A real service a test needs is not there: fail under CI (it must run there), skip elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def slurm() -> dict[str, str]:
     """The environment of a running Slurm cluster; fails under CI, skips elsewhere, when there is none."""
     problem = slurm_is_up()
     if problem is not None:
-        message = f"Slurm is not running ({problem}); start it with `scripts/dev-slurm up`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        service_missing(f"Slurm is not running ({problem}); start it with `scripts/dev-slurm up`")
     return slurm_env()
+
+
+def prometheus_dir() -> Path:
+    return Path(os.environ.get("GPUFLEET_PROMETHEUS_DIR") or REPO / ".dev" / "prometheus")
+
+
+@pytest.fixture(scope="session")
+def prometheus() -> str:
+    """Base URL of the dev Prometheus once it answers /-/ready (``$GPUFLEET_PROMETHEUS_URL``, else its url file)."""
+    url = os.environ.get("GPUFLEET_PROMETHEUS_URL", "").strip().rstrip("/")
+    if not url:
+        try:
+            url = (prometheus_dir() / "url").read_text().strip().rstrip("/")
+        except OSError:
+            url = ""
+    problem = "" if url else f"no $GPUFLEET_PROMETHEUS_URL and no {prometheus_dir() / 'url'}"
+    if url:
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as resp:
+                if resp.status != 200:
+                    problem = f"{url}/-/ready answered {resp.status}"
+        except (OSError, ValueError) as exc:
+            problem = f"{url}/-/ready failed: {exc}"
+    if problem:
+        service_missing(f"dev Prometheus is not up ({problem}); start it with `scripts/dev-prometheus up`")
+    return url
+
+
+@pytest.fixture(scope="session")
+def prometheus_targets(prometheus: str) -> Path:
+    """The file_sd directory the dev Prometheus watches."""
+    targets = prometheus_dir() / "targets"
+    if not targets.is_dir():
+        pytest.fail(f"{targets} does not exist: was Prometheus started by `scripts/dev-prometheus up`?")
+    return targets
+
+
+@pytest.fixture(scope="session")
+def promql(prometheus: str) -> Callable[[str], list[dict[str, Any]]]:
+    """Run an instant PromQL query against the dev Prometheus; the result vector."""
+
+    def query(expr: str) -> list[dict[str, Any]]:
+        url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    return query

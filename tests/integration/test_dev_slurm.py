@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import service_missing
 
 REPO = Path(__file__).resolve().parents[2]
 START_CMD = "scripts/dev-slurm up"
@@ -72,10 +73,7 @@ def slurm() -> Env:
             if res.returncode != 0 or "UP" not in res.stdout:
                 problem = f"slurmctld does not answer: {(res.stdout + res.stderr).strip()}"
     if problem:
-        message = f"dev Slurm is not up ({problem}); start it with `{START_CMD}`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        service_missing(f"dev Slurm is not up ({problem}); start it with `{START_CMD}`")
     return env
 
 

@@ -1,9 +1,7 @@
 """The real Prometheus that `scripts/dev-prometheus up` starts scrapes an exporter registered by a targets file.
 
-This test does not start Prometheus itself: the Makefile runs `scripts/dev-prometheus up` first. It finds the
-server through `$GPUFLEET_PROMETHEUS_URL`, else `$GPUFLEET_PROMETHEUS_DIR/url` (default `.dev/prometheus/url`).
-When it is not up the test fails under CI (the env var CI is set) and is skipped otherwise, with the command
-that starts it.
+This test does not start Prometheus itself: the Makefile runs `scripts/dev-prometheus up` first, and the
+`prometheus` fixture (tests/conftest.py) finds it, failing under CI and skipping elsewhere when it is not up.
 """
 
 from __future__ import annotations
@@ -15,29 +13,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-REPO = Path(__file__).resolve().parents[2]
-START_CMD = "scripts/dev-prometheus up"
 SCRAPE_TIMEOUT_S = 30.0
-
-
-def _state_dir() -> Path:
-    return Path(os.environ.get("GPUFLEET_PROMETHEUS_DIR") or REPO / ".dev" / "prometheus")
-
-
-def _url() -> str | None:
-    url = os.environ.get("GPUFLEET_PROMETHEUS_URL", "").strip()
-    if url:
-        return url.rstrip("/")
-    try:
-        return (_state_dir() / "url").read_text().strip().rstrip("/") or None
-    except OSError:
-        return None
 
 
 def _get_json(url: str, timeout: float = 5.0) -> Any:
@@ -45,40 +28,10 @@ def _get_json(url: str, timeout: float = 5.0) -> Any:
         return json.load(resp)
 
 
-@pytest.fixture(scope="module")
-def prometheus() -> str:
-    """The base URL of the dev Prometheus, once it answers /-/ready; skip or fail when it does not."""
-    url = _url()
-    problem = ""
-    if url is None:
-        problem = f"no $GPUFLEET_PROMETHEUS_URL and no {_state_dir() / 'url'}"
-    else:
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as resp:
-                if resp.status != 200:
-                    problem = f"{url}/-/ready answered {resp.status}"
-        except (OSError, ValueError) as exc:
-            problem = f"{url}/-/ready failed: {exc}"
-    if problem:
-        message = f"dev Prometheus is not up ({problem}); start it with `{START_CMD}`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    assert url is not None
-    return url
-
-
-def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    body = _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
-    assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
-
-
-def test_scrapes_exporter_registered_by_targets_file(prometheus: str) -> None:
-    targets = _state_dir() / "targets"
-    if not targets.is_dir():
-        pytest.fail(f"{targets} does not exist: was Prometheus started by `{START_CMD}` with this state dir?")
+def test_scrapes_exporter_registered_by_targets_file(
+    prometheus: str, prometheus_targets: Path, promql: Callable[[str], list[dict[str, Any]]]
+) -> None:
+    targets = prometheus_targets
     run_id = uuid.uuid4().hex
     registry = CollectorRegistry()
     gauge = Gauge("gpufleet_test_gauge", "set by tests/integration/test_prometheus.py", ["team"], registry=registry)
@@ -98,7 +51,7 @@ def test_scrapes_exporter_registered_by_targets_file(prometheus: str) -> None:
         last: object = None
         while sample is None:
             try:
-                results = _query(prometheus, "gpufleet_test_gauge")
+                results = promql("gpufleet_test_gauge")
             except (OSError, ValueError) as exc:
                 results, last = [], exc
             else:

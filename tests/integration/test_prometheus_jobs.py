@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.parse
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,44 +15,18 @@ from gpufleet.runtime import TrainSession
 from gpufleet.workloads import tinylm
 from gpufleet.workloads.tinylm import TINY
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def prometheus_dir() -> Path:
-    return Path(os.environ.get("GPUFLEET_PROMETHEUS_DIR") or REPO / ".dev" / "prometheus")
-
-
-@pytest.fixture
-def prometheus_url() -> str:
-    url_file = prometheus_dir() / "url"
-    try:
-        url = url_file.read_text().strip().rstrip("/")
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as response:
-            assert response.status == 200
-    except (OSError, AssertionError, ValueError) as err:
-        message = f"dev Prometheus is not up ({err}); start it with `scripts/dev-prometheus up`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return url
-
-
-def query(url: str, promql: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=5) as r:
-        body = json.load(r)
-    assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
-
 
 @pytest.mark.timeout(120)
 def test_training_job_is_scraped_and_deregistered(
-    prometheus_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prometheus_targets: Path,
+    promql: Callable[[str], list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name = f"promjob{os.getpid()}"
     spec = {"name": name, "team": "vision", "entrypoint": "gpufleet.workloads.tinylm:train"}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    targets = prometheus_dir() / "targets"
+    targets = prometheus_targets
     for key, value in {
         "GPUFLEET_SPEC": str(tmp_path / "spec.json"),
         "GPUFLEET_CKPT_DIR": str(tmp_path / "ckpt"),
@@ -74,7 +47,7 @@ def test_training_job_is_scraped_and_deregistered(
         assert list(targets.glob(f"gpufleet-job-1-1-{os.getpid()}.json"))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # training waits here while Prometheus scrapes it
-            found = query(prometheus_url, f'gpufleet_job_step{{job_name="{name}"}}')
+            found = promql(f'gpufleet_job_step{{job_name="{name}"}}')
             if found and float(found[0]["value"][1]) >= 10:
                 seen["series"] = found[0]
                 return

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from conftest import service_missing
 
 from gpufleet.telemetry.rules import CLOCK_BITS, dashboard_json, rules_yaml
 
@@ -36,10 +35,7 @@ def test_dashboard_panels_use_recorded_series() -> None:
 def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        message = "promtool is missing: `scripts/dev-prometheus up` installs Prometheus"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        service_missing("promtool is missing: `scripts/dev-prometheus up` installs Prometheus")
     path = tmp_path / "rules.yml"
     path.write_text(rules_yaml())
     proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
