@@ -86,6 +86,73 @@ class HealthPolicy(_Frozen):
         return self
 
 
+GPU_SOURCE_HINT = "auto, none, nvml, synthetic:<pattern> or scrape:<http(s) URL of a dcgm-exporter>"
+
+
+class Telemetry(_Frozen):
+    """Where the job's GPU series come from, and what the diagnosis needs to know."""
+
+    gpu_source: str = "auto"
+    """``auto`` (NVML when a GPU is visible, else none), ``none``, ``nvml``, ``synthetic:<pattern>``
+    (DCGM-shaped series with a chosen bottleneck, for laptops and demos) or ``scrape:<url>``
+    (a node's dcgm-exporter, filtered to this job's ``hpc_job``)."""
+    sample_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Seconds between two GPU samples."""
+    precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] | None = None
+    """Training dtype; the tensor-core rule only judges low-precision jobs."""
+
+    @field_validator("gpu_source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        kind, _, arg = value.partition(":")
+        if value in ("auto", "none", "nvml"):
+            return value
+        if kind == "synthetic":
+            from gpufleet.telemetry.synthetic import PATTERNS
+
+            if arg not in PATTERNS:
+                raise ValueError(f"unknown synthetic GPU pattern {arg!r}; choose one of {', '.join(PATTERNS)}")
+            return value
+        if kind == "scrape" and re.match(r"^https?://[^\s/]+", arg):
+            return value
+        raise ValueError(f"gpu_source {value!r} is not one of {GPU_SOURCE_HINT}")
+
+
+class OfferChoice(_Frozen):
+    """One acceptable (GPU type, provider, region); an unset field accepts anything."""
+
+    gpu_type: str | None = None
+    provider: str | None = None
+    region: str | None = None
+
+
+class Placement(_Frozen):
+    """What ``gpufleet place`` needs to choose an offer for the job."""
+
+    workload: str = "training"
+    """Workload class: a GPU type's relative throughput is looked up per class."""
+    gpu_hours: float | None = Field(default=None, gt=0)
+    """Expected work in GPU-hours on a GPU of relative throughput 1.0 for this workload."""
+    deadline_hours: float | None = Field(default=None, gt=0)
+    """The job must finish within this many hours of being placed."""
+    any_of: list[OfferChoice] = Field(default_factory=list)
+    """Acceptable choices, unordered (the cheapest wins), as SkyPilot's ``any_of``."""
+    ordered: list[OfferChoice] = Field(default_factory=list)
+    """Choices in order of preference, as SkyPilot's ``ordered``."""
+    checkpoint_gb: float = Field(default=0.0, ge=0)
+    """Checkpoint size, for the egress cost when the job moves between providers."""
+    save_seconds: float | None = Field(default=None, gt=0)
+    """Measured checkpoint save time; the interval advisor needs it."""
+    restore_seconds: float = Field(default=60.0, ge=0)
+    """Time to restart and restore after a preemption."""
+
+    @model_validator(mode="after")
+    def _one_preference_kind(self) -> Placement:
+        if self.any_of and self.ordered:
+            raise ValueError("placement: give any_of or ordered, not both")
+        return self
+
+
 class JobSpec(_Frozen):
     """One training job, as a user writes it."""
 
@@ -105,6 +172,8 @@ class JobSpec(_Frozen):
     health: HealthPolicy = Field(default_factory=HealthPolicy)
     max_restarts: int = Field(default=10, ge=0, le=1000)
     env: dict[str, str] = Field(default_factory=dict)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
+    placement: Placement = Field(default_factory=Placement)
 
     @field_validator("name", "team", "provider")
     @classmethod
