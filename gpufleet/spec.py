@@ -119,7 +119,10 @@ class Telemetry(_Frozen):
 
 
 class OfferChoice(_Frozen):
-    """One acceptable (GPU type, provider, region); an unset field accepts anything."""
+    """One acceptable (GPU type, provider, region), as SkyPilot's ``any_of``/``ordered`` entries.
+
+    An unset ``gpu_type`` inherits ``resources.gpu_type``; an unset provider or region accepts any.
+    """
 
     gpu_type: str | None = None
     provider: str | None = None
@@ -145,6 +148,10 @@ class Placement(_Frozen):
     """Measured checkpoint save time; the interval advisor needs it."""
     restore_seconds: float = Field(default=60.0, ge=0)
     """Time to restart and restore after a preemption."""
+    step_seconds: float | None = Field(default=None, gt=0)
+    """Measured seconds per step on the reference GPU; turns intervals into steps."""
+    memory_gib: float | None = Field(default=None, gt=0)
+    """GPU memory one worker needs; GPU types with less are rejected."""
 
     @model_validator(mode="after")
     def _one_preference_kind(self) -> Placement:

@@ -1,0 +1,828 @@
+"""The placement planner: for each job, the offer and market with the lowest expected cost that fits.
+
+``plan(jobs, catalog)`` is a pure function: it reads frozen values and returns a :class:`Plan`
+(the quota book and capacity counters it mutates are its own locals). The CLI renders the plan.
+
+**Candidates.** For each job, every (offer, market) pair of the catalogue: on-demand always, spot
+when ``spec.spot`` is true and the offer has a spot market. A pair is a candidate when its GPU type
+matches ``resources.gpu_type`` (or a ``placement.any_of`` / ``placement.ordered`` choice, whose unset
+fields inherit the job's type and accept any provider or region, as in SkyPilot).
+
+**Expected cost** of a candidate, in the catalogue's currency, with ``W`` = ``placement.gpu_hours``
+(GPU-hours on a GPU of relative throughput 1.0 for the workload class; one hour per requested GPU
+when unset), ``g`` = ``resources.gpus``, ``r`` = the type's relative throughput, and
+``n`` = ``g`` rounded up to whole nodes of ``gpus_per_node`` (what is rented, counted against
+capacity and quota, and paid):
+
+- compute hours ``H = W / (r * g)`` (wall-clock; the GPUs idle on a partly used node do not help);
+- spot only: preemption loss ``f = lambda * (tau / 2 + R) / 3600`` of each hour (advisor.py), with
+  ``tau`` the Young/Daly interval when ``placement.save_seconds`` is known, else the configured
+  ``checkpoint.every_seconds``, else ``every_steps * step_seconds / r``, else 30 minutes;
+  expected hours ``T = H / (1 - f)`` (``T = H`` on demand);
+- cost = ``price * n * H`` (compute) + ``price * n * (T - H)`` (preemption loss) + checkpoint egress
+  ``checkpoint_gb * egress_per_gb`` of the job's current provider (``spec.provider``) when the offer
+  is at another provider (the highest egress price of that provider's offers).
+
+**Choice.** Static filters first (blocked, throughput, memory, quota row, progress, deadline
+``T <= deadline_hours``); then, jobs in priority order (then submission order), the best candidate
+that still has capacity and quota wins: with ``ordered`` the first choice that has any feasible
+candidate, cost breaking ties inside it; otherwise the cheapest. Capacity and quota are consumed as
+jobs are placed. Every loser keeps the reason it lost, and infeasible jobs stay in the plan with
+their reasons. The arithmetic runs on numpy arrays over all jobs and candidates at once; per-job
+explanations are materialised only when read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpufleet.errors import UsageError
+from gpufleet.paths import NAME_HINT, NAME_RE
+from gpufleet.placement.advisor import SECONDS_PER_HOUR, CheckpointAdvice, advise
+from gpufleet.placement.catalog import GPU_TYPE_HINT, GPU_TYPE_RE, Catalog, Offer
+from gpufleet.placement.quota import NO_QUOTA, Admission, QuotaBook
+from gpufleet.spec import JobSpec, OfferChoice
+
+DEFAULT_INTERVAL_SECONDS = 1800.0
+F8 = npt.NDArray[np.float64]
+I8 = npt.NDArray[np.int64]
+B = npt.NDArray[np.bool_]
+
+
+class Reason(IntEnum):
+    """Why a candidate lost (or that it won), in the order the planner tests them."""
+
+    CANDIDATE = 0
+    EXCLUDED = 1
+    BLOCKED = 2
+    NO_THROUGHPUT = 3
+    MEMORY = 4
+    QUOTA = 5
+    NO_PROGRESS = 6
+    DEADLINE = 7
+    CAPACITY = 8
+    PREFERENCE = 9
+    COSTLIER = 10
+    CHOSEN = 11
+
+
+REASON_SLUG: dict[Reason, str] = {
+    Reason.BLOCKED: "blocked",
+    Reason.NO_THROUGHPUT: "no_throughput",
+    Reason.MEMORY: "memory",
+    Reason.QUOTA: "quota_exhausted",
+    Reason.NO_PROGRESS: "no_progress",
+    Reason.DEADLINE: "deadline",
+    Reason.CAPACITY: "over_capacity",
+    Reason.PREFERENCE: "preference_order",
+    Reason.COSTLIER: "costlier",
+    Reason.CHOSEN: "chosen",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """GPUs already held by a running job: they count against capacity and the team's quota."""
+
+    team: str
+    offer: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    compute: float
+    preemption_loss: float
+    egress: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.preemption_loss + self.egress
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "compute": self.compute,
+            "preemption_loss": self.preemption_loss,
+            "egress": self.egress,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The offer a job goes to, and what it is expected to cost."""
+
+    offer: str
+    provider: str
+    region: str
+    gpu_type: str
+    spot: bool
+    nodes: int
+    allocated_gpus: int
+    price_per_gpu_hour: float
+    compute_hours: float
+    expected_hours: float
+    finish_at_hours: float
+    cost: CostBreakdown
+    admission: Admission | None
+    interval_seconds: float | None
+    """Checkpoint interval the preemption loss assumes (spot only)."""
+    interval_source: str | None
+    """``young-daly``, ``configured`` or ``assumed``."""
+    advice: CheckpointAdvice | None
+    """Young/Daly optimum at this offer's preemption rate (spot with a known save time)."""
+    preference: int | None
+    """Index of the ``ordered`` choice that won, else ``None``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "offer": self.offer,
+            "provider": self.provider,
+            "region": self.region,
+            "gpu_type": self.gpu_type,
+            "spot": self.spot,
+            "nodes": self.nodes,
+            "allocated_gpus": self.allocated_gpus,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "compute_hours": self.compute_hours,
+            "expected_hours": self.expected_hours,
+            "finish_at_hours": self.finish_at_hours,
+            "cost": self.cost.to_dict(),
+            "admission": None if self.admission is None else self.admission.to_dict(),
+            "interval_seconds": self.interval_seconds,
+            "interval_source": self.interval_source,
+            "young_daly": None if self.advice is None else self.advice.to_dict(),
+            "preference": self.preference,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One (offer, market) the job could have gone to, and why it did not."""
+
+    offer: str
+    spot: bool
+    reason: str
+    detail: str
+    expected_hours: float | None
+    expected_cost: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "offer": self.offer,
+            "spot": self.spot,
+            "reason": self.reason,
+            "detail": self.detail,
+            "expected_hours": self.expected_hours,
+            "expected_cost": self.expected_cost,
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def parse_target(text: str) -> str:
+    """Validate a block target: ``provider``, ``provider/region`` or ``provider/region/gpu_type``."""
+    parts = text.split("/")
+    ok = 1 <= len(parts) <= 3 and all(NAME_RE.match(p) for p in parts[:2])
+    if ok and len(parts) == 3:
+        ok = bool(GPU_TYPE_RE.match(parts[2]))
+    if not ok:
+        raise UsageError(
+            f"block target {text!r} is not provider, provider/region or provider/region/gpu_type "
+            f"(names: {NAME_HINT}; GPU types: {GPU_TYPE_HINT})"
+        )
+    return text
+
+
+def blocked_by(offer: Offer, blocked: Collection[str]) -> str | None:
+    """The block target that covers ``offer``, or ``None``."""
+    for target in (offer.provider, f"{offer.provider}/{offer.region}", offer.key):
+        if target in blocked:
+            return target
+    return None
+
+
+def job_gpu_types(job: JobSpec) -> list[str]:
+    """The GPU types a job accepts: its choices' types, or ``resources.gpu_type``."""
+    choices = job.placement.ordered or job.placement.any_of
+    if not choices:
+        return [job.resources.gpu_type]
+    return list(dict.fromkeys(c.gpu_type or job.resources.gpu_type for c in choices))
+
+
+def check_jobs(jobs: Sequence[JobSpec], catalog: Catalog) -> None:
+    """Raise ``UsageError`` naming the job for what no plan can fix: unknown GPU types and the like."""
+    seen: set[str] = set()
+    known = ", ".join(catalog.gpu_types)
+    for job in jobs:
+        if job.name in seen:
+            raise UsageError(f"job name {job.name!r} appears twice in the batch: give each job its own name")
+        seen.add(job.name)
+        for gpu_type in job_gpu_types(job):
+            if gpu_type not in catalog.gpu_types:
+                raise UsageError(f"job {job.name!r}: unknown gpu_type {gpu_type!r}; the catalogue has {known}")
+        if job.resources.gpus < 1:
+            raise UsageError(f"job {job.name!r}: resources.gpus is 0, nothing to place: ask for at least 1 GPU")
+        if job.placement.deadline_hours is not None and job.placement.gpu_hours is None:
+            raise UsageError(f"job {job.name!r}: placement.deadline_hours needs placement.gpu_hours to be judged")
+
+
+def _tiers(job: JobSpec, cols: _OfferColumns, home: int | None) -> I8:
+    """Per offer: its rank among the job's preferences (lower wins), -1 when it is no candidate.
+
+    With ``ordered`` the rank is the index of the first choice the offer matches, otherwise 0.
+    With a failover ``home`` provider index, ranks become ``2 * rank + (offer not at home)``.
+    """
+    p = job.placement
+    choices = p.ordered or p.any_of or [OfferChoice()]
+    tier = np.full(len(cols.provider), -1, dtype=np.int64)
+    for i, choice in enumerate(choices):
+        mask = (cols.type_name == (choice.gpu_type or job.resources.gpu_type)) & (tier < 0)
+        if choice.provider is not None:
+            mask &= cols.provider_name == choice.provider
+        if choice.region is not None:
+            mask &= cols.region_name == choice.region
+        tier[mask] = i if p.ordered else 0
+    if home is not None:
+        tier = np.where(tier >= 0, tier * 2 + (cols.provider != home), tier)
+    return tier
+
+
+@dataclass(eq=False)
+class _OfferColumns:
+    """The catalogue's offers as columns (index ``o``); candidate ``c`` is offer ``c // 2``, spot if odd."""
+
+    type_name: npt.NDArray[np.str_]
+    provider_name: npt.NDArray[np.str_]
+    region_name: npt.NDArray[np.str_]
+    provider: I8
+    gpus_per_node: I8
+    on_demand: F8
+    spot: F8
+    rate: F8
+    memory: F8
+    blocked: B
+
+    @classmethod
+    def of(cls, catalog: Catalog, blocked: Collection[str]) -> _OfferColumns:
+        offers, providers = catalog.offers, catalog.providers
+        return cls(
+            type_name=np.array([o.gpu_type for o in offers], dtype=str),
+            provider_name=np.array([o.provider for o in offers], dtype=str),
+            region_name=np.array([o.region for o in offers], dtype=str),
+            provider=np.array([providers.index(o.provider) for o in offers], dtype=np.int64),
+            gpus_per_node=np.array([o.gpus_per_node for o in offers], dtype=np.int64),
+            on_demand=np.array([o.on_demand_per_gpu_hour for o in offers], dtype=float),
+            spot=np.array([np.nan if o.spot_per_gpu_hour is None else o.spot_per_gpu_hour for o in offers]),
+            rate=np.array([o.spot_preemptions_per_hour for o in offers], dtype=float),
+            memory=np.array([catalog.gpu_types[o.gpu_type].memory_gib for o in offers], dtype=float),
+            blocked=np.array([blocked_by(o, blocked) is not None for o in offers], dtype=bool),
+        )
+
+
+def _pair(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Interleave on-demand and spot columns: ``(..., O)`` twice -> ``(..., 2 * O)``."""
+    return np.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
+
+
+def _column(values: Sequence[float]) -> F8:
+    return np.array(values, dtype=float).reshape(-1, 1)
+
+
+def _index(keys: Sequence[Any]) -> tuple[list[Any], I8]:
+    """Distinct keys in first-seen order, and each item's position among them."""
+    seen: dict[Any, int] = {}
+    rows = np.array([seen.setdefault(k, len(seen)) for k in keys], dtype=np.int64)
+    return list(seen), rows
+
+
+def _class_key(job: JobSpec) -> tuple[Any, ...]:
+    """What the per-offer unit numbers of a job depend on (not its amount of work, deadline or team)."""
+    p, ck = job.placement, job.checkpoint
+    stepped = None if ck.every_steps is None or p.step_seconds is None else ck.every_steps * p.step_seconds
+    return (
+        job.resources.gpus,
+        p.workload,
+        p.save_seconds,
+        ck.every_seconds,
+        stepped,
+        p.restore_seconds,
+        job.spot,
+        p.memory_gib,
+    )
+
+
+def _interval_source(job: JobSpec) -> str:
+    p, ck = job.placement, job.checkpoint
+    if p.save_seconds is not None:
+        return "young-daly"
+    if ck.every_seconds is not None or (ck.every_steps is not None and p.step_seconds is not None):
+        return "configured"
+    return "assumed"
+
+
+@dataclass(eq=False)
+class _Tables:
+    """Every number the planner compares. Jobs sharing a class (GPU count, workload, checkpoint
+    settings, spot, memory) share per-offer *unit* rows ``(K, O)``; a job's numbers are its class
+    row times its work ``W``, plus its egress. Candidate ``c`` is offer ``c // 2``, spot when odd."""
+
+    jobs: Sequence[JobSpec]
+    catalog: Catalog
+    blocked: frozenset[str]
+    now_hours: float
+    stay: Mapping[str, str]
+    """Job name -> provider ranked first (failover)."""
+    cols: _OfferColumns
+    work: F8  # (J,) W
+    klass: I8  # (J,) class row
+    throughput: F8  # (K, O) relative throughput, NaN where the type lacks the workload
+    unit_hours: F8  # (K, O) compute hours per unit of work: 1 / (r * g)
+    interval: F8  # (K, O) checkpoint interval on spot, seconds
+    loss: F8  # (K, O) preemption loss fraction on spot
+    stretch: F8  # (K, O) 1 / (1 - loss), inf when no progress
+    spot_ok: B  # (K, O) spot allowed and sold
+    alloc: I8  # (K, C) GPUs rented
+    leaving: F8  # (P + 1, O) egress price per GB from each provider (last row: from outside)
+    source: I8  # (J,) row of ``leaving``
+    tier_row: I8  # (J,) row of ``tiers``
+    tiers: I8  # (S, C) candidate ranks (lower wins), -1 not a candidate
+    ranked: B  # (J,) more than one rank among the job's candidates
+    resources: I8  # (T, C) quota row per team, UNGOVERNED or NO_QUOTA
+    team_row: I8  # (J,) row of ``resources``
+    key: F8  # (J, C) expected cost; inf when statically out
+    interval_source: list[str]
+
+    def hours(self, j: int) -> F8:
+        hours: F8 = self.unit_hours[self.klass[j]] * self.work[j]
+        return hours
+
+    def spot_hours(self, j: int) -> F8:
+        hours: F8 = self.hours(j) * self.stretch[self.klass[j]]
+        return hours
+
+    def egress(self, j: int) -> F8:
+        cost: F8 = self.leaving[self.source[j]] * self.jobs[j].placement.checkpoint_gb
+        return cost
+
+    def expected(self, j: int) -> F8:
+        return _pair(self.hours(j), self.spot_hours(j))
+
+    def total(self, j: int) -> F8:
+        """Expected cost of every candidate of job ``j``."""
+        cols, a, eg = self.cols, self.alloc[self.klass[j], ::2], self.egress(j)
+        with np.errstate(invalid="ignore"):
+            return _pair(cols.on_demand * a * self.hours(j) + eg, cols.spot * a * self.spot_hours(j) + eg)
+
+    def static_codes(self, j: int) -> npt.NDArray[np.int8]:
+        """The reason each candidate of job ``j`` is out before capacity and quota are looked at."""
+        job, cols, k = self.jobs[j], self.cols, self.klass[j]
+        tier = self.tiers[self.tier_row[j], ::2]
+        r = self.throughput[k]
+        memory = job.placement.memory_gib or 0.0
+        deadline = job.placement.deadline_hours or np.inf
+        conditions = [
+            _pair(tier < 0, (tier < 0) | ~self.spot_ok[k]),
+            _pair(cols.blocked, cols.blocked),
+            _pair(np.isnan(r), np.isnan(r)),
+            _pair(memory > cols.memory, memory > cols.memory),
+            self.resources[self.team_row[j]] == NO_QUOTA,
+            _pair(np.zeros(len(tier), dtype=bool), np.isinf(self.stretch[k])),
+            self.expected(j) > deadline,
+        ]
+        return np.select(conditions, [int(r) for r in _STATIC], default=int(Reason.CANDIDATE)).astype(np.int8)
+
+    def codes(self, j: int, chosen: int, left: I8, failed: Sequence[tuple[int, int, str]]) -> npt.NDArray[np.int8]:
+        """Every candidate's reason, replaying the choice: capacity, quota, then rank."""
+        codes = self.static_codes(j)
+        ok = codes == Reason.CANDIDATE
+        alloc, rows = self.alloc[self.klass[j]], self.resources[self.team_row[j]]
+        short = ok & (left < alloc)
+        codes[short] = Reason.CAPACITY
+        ok &= ~short
+        for row, need, _ in failed:
+            over = ok & (rows == row) & (alloc >= need)
+            codes[over] = Reason.QUOTA
+            ok &= ~over
+        if chosen >= 0:
+            tiers = self.tiers[self.tier_row[j]]
+            codes[ok & (tiers == tiers[chosen])] = Reason.COSTLIER
+            codes[ok & (tiers > tiers[chosen])] = Reason.PREFERENCE
+            codes[chosen] = Reason.CHOSEN
+        return codes
+
+    def preference(self, j: int, c: int) -> int:
+        """Index of the ``ordered`` choice candidate ``c`` matched (0 without ``ordered``)."""
+        rank = int(self.tiers[self.tier_row[j], c])
+        return rank // 2 if self.jobs[j].name in self.stay else rank
+
+    def choice(self, j: int, c: int, admission: Admission | None) -> Choice:
+        o, spot = divmod(c, 2)
+        offer, job, k = self.catalog.offers[o], self.jobs[j], self.klass[j]
+        n = int(self.alloc[k, c])
+        price = offer.price(spot=bool(spot)) or 0.0
+        h, t = float(self.hours(j)[o]), float(self.expected(j)[c])
+        advice = None
+        if spot and job.placement.save_seconds is not None:
+            step = job.placement.step_seconds
+            step = None if step is None else step / float(self.throughput[k, o])
+            advice = advise(job.placement.save_seconds, offer.spot_preemptions_per_hour, step)
+        return Choice(
+            offer=offer.key,
+            provider=offer.provider,
+            region=offer.region,
+            gpu_type=offer.gpu_type,
+            spot=bool(spot),
+            nodes=n // offer.gpus_per_node,
+            allocated_gpus=n,
+            price_per_gpu_hour=price,
+            compute_hours=h,
+            expected_hours=t,
+            finish_at_hours=self.now_hours + t,
+            cost=CostBreakdown(price * n * h, price * n * (t - h), float(self.egress(j)[o])),
+            admission=admission,
+            interval_seconds=_finite(float(self.interval[k, o])) if spot else None,
+            interval_source=self.interval_source[j] if spot else None,
+            advice=advice,
+            preference=self.preference(j, c) if job.placement.ordered else None,
+        )
+
+    def detail(self, j: int, c: int, code: Reason, chosen: int, left: I8, notes: Mapping[int, str], total: F8) -> str:
+        """One line on why candidate ``c`` lost; ``total`` is :meth:`total` of the job."""
+        o = c // 2
+        offer, job = self.catalog.offers[o], self.jobs[j]
+        if code is Reason.BLOCKED:
+            return f"{blocked_by(offer, self.blocked)} is blocked"
+        if code is Reason.NO_THROUGHPUT:
+            return f"{offer.gpu_type} has no throughput for workload {job.placement.workload!r}"
+        if code is Reason.MEMORY:
+            has = self.catalog.gpu_types[offer.gpu_type].memory_gib
+            return f"needs {job.placement.memory_gib:g} GiB per GPU, {offer.gpu_type} has {has:g}"
+        if code is Reason.QUOTA:
+            row = int(self.resources[self.team_row[j], c])
+            if row == NO_QUOTA:
+                return f"team {job.team} has no quota for {offer.gpu_type} at {offer.provider}"
+            return notes.get(row, "quota exhausted")
+        if code is Reason.NO_PROGRESS:
+            return (
+                f"{offer.spot_preemptions_per_hour:g} preemptions/h lose {self.loss[self.klass[j], o]:.0%} of each hour"
+            )
+        if code is Reason.DEADLINE:
+            return f"expected {self.expected(j)[c]:.1f} h > deadline {job.placement.deadline_hours:g} h"
+        if code is Reason.CAPACITY:
+            return f"needs {self.alloc[self.klass[j], c]} GPUs, {left[c]} left"
+        if code is Reason.PREFERENCE:
+            mine, won = self.preference(j, c), self.preference(j, chosen)
+            if mine > won:
+                return f"ordered choice {mine + 1}; choice {won + 1} was feasible"
+            return f"failover tries {self.stay[job.name]}'s other regions before other providers"
+        if code is Reason.COSTLIER:
+            return f"+{total[c] - total[chosen]:,.2f} {self.catalog.currency} over the chosen"
+        return ""
+
+
+_STATIC = (
+    Reason.EXCLUDED,
+    Reason.BLOCKED,
+    Reason.NO_THROUGHPUT,
+    Reason.MEMORY,
+    Reason.QUOTA,
+    Reason.NO_PROGRESS,
+    Reason.DEADLINE,
+)
+
+
+def _build(
+    jobs: Sequence[JobSpec],
+    catalog: Catalog,
+    blocked: frozenset[str],
+    now_hours: float,
+    stay: Mapping[str, str],
+    book: QuotaBook,
+) -> _Tables:
+    """All the arithmetic of the module docstring: per class ``(K, O)``, then per job ``(J, O)``."""
+    offers, providers, cols = catalog.offers, catalog.providers, _OfferColumns.of(catalog, blocked)
+    n_offers = len(offers)
+    classes, klass = _index([_class_key(j) for j in jobs])
+
+    # Per class: throughput, hours per unit of work, nodes, checkpoint interval, preemption loss.
+    gpus, workload, save, every, stepped, restore, spot, memory = (list(x) for x in zip(*classes, strict=True))
+    types = list(catalog.gpu_types)
+    offer_type = np.array([types.index(o.gpu_type) for o in offers], dtype=np.int64)
+    table = np.array([[catalog.gpu_types[t].throughput.get(w, np.nan) for t in types] for w in workload])
+    throughput = table.reshape(len(classes), len(types))[:, offer_type]
+    g = _column(gpus)
+    unit_hours = 1.0 / (throughput * g)
+    alloc = (np.ceil(g / cols.gpus_per_node) * cols.gpus_per_node).astype(np.int64)
+
+    def known(values: list[float | None]) -> F8:
+        return _column([np.nan if v is None else v for v in values])
+
+    s, e, st = known(save), known(every), known(stepped)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        configured = np.where(np.isnan(e), np.where(np.isnan(st), DEFAULT_INTERVAL_SECONDS, st / throughput), e)
+        interval = np.where(np.isnan(s), configured, np.sqrt(2.0 * s * SECONDS_PER_HOUR / cols.rate))
+        loss = np.where(cols.rate > 0, cols.rate * (interval / 2.0 + _column(restore)) / SECONDS_PER_HOUR, 0.0)
+        stretch = np.where(loss < 1.0, 1.0 / (1.0 - loss), np.inf)
+        spot_ok = np.array(spot, dtype=bool).reshape(-1, 1) & ~np.isnan(cols.spot)
+        out = np.isnan(throughput) | (_column([m or 0.0 for m in memory]) > cols.memory)
+        od_unit = np.where(out, np.inf, cols.on_demand * alloc * unit_hours)
+        spot_unit = np.where(out | ~spot_ok | np.isinf(stretch), np.inf, cols.spot * alloc * unit_hours * stretch)
+
+    # Per preference shape and per team: candidate ranks, quota rows.
+    homes = [stay.get(j.name) for j in jobs]
+    shapes, tier_row = _index(
+        [(j.resources.gpu_type, bool(j.placement.ordered), tuple(j.placement.ordered or j.placement.any_of), h)
+         for j, h in zip(jobs, homes, strict=True)]
+    )  # fmt: skip
+    first: dict[int, int] = {}
+    for i, shape_row in enumerate(tier_row.tolist()):
+        first.setdefault(shape_row, i)
+    tier_rows = [
+        _tiers(jobs[first[i]], cols, providers.index(home) if (home := shape[3]) in providers else None)
+        for i, shape in enumerate(shapes)
+    ]
+    tiers = np.array(tier_rows, dtype=np.int64).reshape(len(shapes), n_offers)
+    ranked = np.array([len(set(t[t >= 0].tolist())) > 1 for t in tiers])[tier_row]
+    teams, team_row = _index([j.team for j in jobs])
+    quota_rows = np.array([[book.resource(t, o.gpu_type, o.provider) for o in offers] for t in teams], dtype=np.int64)
+    quota_rows = quota_rows.reshape(len(teams), n_offers)
+    shut = (tiers < 0)[tier_row] | (quota_rows == NO_QUOTA)[team_row] | cols.blocked
+
+    # Per job: work times the class's unit cost, plus egress; deadlines only where there are some.
+    work = np.array([j.placement.gpu_hours or j.resources.gpus for j in jobs], dtype=float)
+    w = work.reshape(-1, 1)
+    on_demand = np.where(shut, np.inf, w * od_unit[klass])
+    spot_cost = np.where(shut, np.inf, w * spot_unit[klass])
+    rate_of = [max(o.egress_per_gb for o in catalog.offers_for(provider=p)) for p in providers]
+    leaving = np.array([[rate_of[p] if p != q else 0.0 for q in cols.provider] for p in range(len(providers))])
+    leaving = np.vstack([leaving.reshape(len(providers), n_offers), np.zeros((1, n_offers))])
+    source = np.array([providers.index(j.provider) if j.provider in providers else -1 for j in jobs], dtype=np.int64)
+    gb = np.array([j.placement.checkpoint_gb for j in jobs], dtype=float)
+    moving = np.flatnonzero((gb > 0) & (source >= 0))
+    if len(moving):
+        cost = leaving[source[moving]] * gb[moving].reshape(-1, 1)
+        on_demand[moving] += cost
+        spot_cost[moving] += cost
+    deadline = np.array([j.placement.deadline_hours or np.inf for j in jobs], dtype=float)
+    due = np.flatnonzero(np.isfinite(deadline))
+    if len(due):
+        hours = w[due] * unit_hours[klass[due]]
+        limit = deadline[due].reshape(-1, 1)
+        on_demand[due] = np.where(hours > limit, np.inf, on_demand[due])
+        with np.errstate(invalid="ignore"):
+            spot_cost[due] = np.where(~(hours * stretch[klass[due]] <= limit), np.inf, spot_cost[due])
+    return _Tables(
+        jobs=jobs,
+        catalog=catalog,
+        blocked=blocked,
+        now_hours=now_hours,
+        stay=dict(stay),
+        cols=cols,
+        work=work,
+        klass=klass,
+        throughput=throughput,
+        unit_hours=unit_hours,
+        interval=interval,
+        loss=loss,
+        stretch=stretch,
+        spot_ok=spot_ok,
+        alloc=np.repeat(alloc, 2, axis=1),
+        leaving=leaving,
+        source=source,
+        tier_row=tier_row,
+        tiers=np.repeat(tiers, 2, axis=1),
+        ranked=ranked,
+        resources=np.repeat(quota_rows, 2, axis=1),
+        team_row=team_row,
+        key=_pair(on_demand, spot_cost),
+        interval_source=[_interval_source(j) for j in jobs],
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """Where one job goes, or why it goes nowhere; the losing candidates are worked out when read."""
+
+    job: str
+    team: str
+    priority: int
+    gpus: int
+    workload: str
+    order: int
+    """Position in the placement order (priority, then submission)."""
+    chosen: int = field(repr=False)
+    """Candidate index that won, -1 when infeasible."""
+    admission: Admission | None = field(repr=False)
+    work_assumed: bool
+    """``placement.gpu_hours`` was unset: one hour per requested GPU was assumed."""
+    _tables: _Tables = field(repr=False)
+    _row: int = field(repr=False)
+    _left: I8 = field(repr=False)
+    """Capacity left per candidate when the job was placed."""
+    _failed: tuple[tuple[int, int, str], ...] = field(repr=False)
+    """(quota row, GPUs asked, why) of every quota check that failed."""
+
+    @property
+    def placed(self) -> bool:
+        return self.chosen >= 0
+
+    @property
+    def expected_cost(self) -> float | None:
+        return float(self._tables.total(self._row)[self.chosen]) if self.placed else None
+
+    @cached_property
+    def choice(self) -> Choice | None:
+        return self._tables.choice(self._row, self.chosen, self.admission) if self.placed else None
+
+    @cached_property
+    def rejected(self) -> tuple[Candidate, ...]:
+        """Every candidate that lost, in catalogue order, with its reason."""
+        t, j = self._tables, self._row
+        codes = t.codes(j, self.chosen, self._left, self._failed)
+        notes = {row: why for row, _, why in self._failed}
+        hours, total = t.expected(j), t.total(j)
+        out = []
+        for c in np.flatnonzero((codes != Reason.EXCLUDED) & (codes != Reason.CHOSEN)).tolist():
+            code = Reason(int(codes[c]))
+            o, spot = divmod(c, 2)
+            out.append(
+                Candidate(
+                    offer=t.catalog.offers[o].key,
+                    spot=bool(spot),
+                    reason=REASON_SLUG[code],
+                    detail=t.detail(j, c, code, self.chosen, self._left, notes, total),
+                    expected_hours=_finite(float(hours[c])),
+                    expected_cost=_finite(float(total[c])),
+                )
+            )
+        return tuple(out)
+
+    @cached_property
+    def reasons(self) -> tuple[str, ...]:
+        """Why an infeasible job was not placed, one line per reason with its count; empty when placed."""
+        if self.placed:
+            return ()
+        if not self.rejected:
+            types = ", ".join(job_gpu_types(self._tables.jobs[self._row]))
+            return (f"no offer of {types} matches the job's choices",)
+        counts = Counter(c.reason for c in self.rejected)
+        first = {c.reason: c.detail for c in reversed(self.rejected)}
+        return tuple(f"{reason} x{n} (e.g. {first[reason]})" for reason, n in counts.most_common())
+
+    def to_dict(self, explain: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job": self.job,
+            "team": self.team,
+            "priority": self.priority,
+            "gpus": self.gpus,
+            "workload": self.workload,
+            "order": self.order,
+            "placed": self.placed,
+            "work_assumed": self.work_assumed,
+            "choice": None if self.choice is None else self.choice.to_dict(),
+            "reasons": list(self.reasons),
+        }
+        if explain:
+            out["rejected"] = [c.to_dict() for c in self.rejected]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Every job's decision, in submission order."""
+
+    as_of: str
+    currency: str
+    now_hours: float
+    blocked: tuple[str, ...]
+    decisions: tuple[Decision, ...]
+
+    @property
+    def placed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.placed]
+
+    @property
+    def infeasible(self) -> list[Decision]:
+        return [d for d in self.decisions if not d.placed]
+
+    @property
+    def ok(self) -> bool:
+        """Every job was placed."""
+        return all(d.placed for d in self.decisions)
+
+    @property
+    def total_cost(self) -> float:
+        return sum(d.expected_cost or 0.0 for d in self.decisions)
+
+    @cached_property
+    def _by_name(self) -> dict[str, Decision]:
+        return {d.job: d for d in self.decisions}
+
+    def decision(self, job: str) -> Decision:
+        """The decision for the job named ``job`` (``KeyError`` if the batch had none)."""
+        return self._by_name[job]
+
+    def to_dict(self, explain: bool = True) -> dict[str, Any]:
+        return {
+            "as_of": self.as_of,
+            "currency": self.currency,
+            "now_hours": self.now_hours,
+            "blocked": list(self.blocked),
+            "ok": self.ok,
+            "placed": len(self.placed),
+            "infeasible": len(self.infeasible),
+            "total_cost": self.total_cost,
+            "decisions": [d.to_dict(explain) for d in self.decisions],
+        }
+
+
+def plan(
+    jobs: Sequence[JobSpec],
+    catalog: Catalog,
+    *,
+    now_hours: float = 0,
+    blocked: Collection[str] = (),
+    running: Sequence[Allocation] = (),
+    prefer_provider: Mapping[str, str] | None = None,
+) -> Plan:
+    """Place ``jobs`` on ``catalog``'s offers; see the module docstring for the rules.
+
+    ``blocked``: provider, provider/region or offer keys to avoid. ``running``: GPUs already held.
+    ``prefer_provider``: job name -> provider whose offers rank first within each preference
+    (failover's "next region first, then next provider").
+    """
+    check_jobs(jobs, catalog)
+    block = frozenset(parse_target(b) for b in blocked)
+    book = QuotaBook(catalog.quotas)
+    remaining = np.repeat(np.array([o.capacity_gpus for o in catalog.offers], dtype=np.int64), 2)
+    for held in running:
+        o = catalog.offers.index(catalog.offer(held.offer))
+        remaining[2 * o : 2 * o + 2] -= held.gpus
+        row = book.resource(held.team, catalog.offers[o].gpu_type, catalog.offers[o].provider)
+        if row >= 0:
+            book.hold(row, held.gpus)
+    if not jobs:
+        return Plan(catalog.as_of.isoformat(), catalog.currency, float(now_hours), tuple(sorted(block)), ())
+    t = _build(jobs, catalog, block, float(now_hours), prefer_provider or {}, book)
+    order = sorted(range(len(jobs)), key=lambda j: -jobs[j].priority)
+    decisions: list[Decision | None] = [None] * len(jobs)
+    for position, j in enumerate(order):
+        alloc, rows = t.alloc[t.klass[j]], t.resources[t.team_row[j]]
+        tiers = t.tiers[t.tier_row[j]] if t.ranked[j] else None
+        left = remaining.copy()
+        keys = np.where(remaining >= alloc, t.key[j], np.inf)
+        failed: list[tuple[int, int, str]] = []
+        chosen, admission = -1, None
+        while True:
+            if tiers is None:
+                best = int(keys.argmin())
+            else:  # the best rank that still has a candidate, then the cheapest within it
+                live = keys < np.inf
+                if not live.any():
+                    break
+                best = int(np.where(tiers == tiers[live].min(), keys, np.inf).argmin())
+            if keys[best] == np.inf:
+                break
+            row, need = int(rows[best]), int(alloc[best])
+            why = book.why_not(row, need) if row >= 0 else None
+            if why is None:
+                chosen, admission = best, (book.admit(row, need) if row >= 0 else None)
+                remaining[best & ~1 : (best & ~1) + 2] -= need
+                break
+            failed.append((row, need, why))
+            keys[(rows == row) & (alloc >= need)] = np.inf
+        job = jobs[j]
+        decisions[j] = Decision(
+            job=job.name,
+            team=job.team,
+            priority=job.priority,
+            gpus=job.resources.gpus,
+            workload=job.placement.workload,
+            order=position,
+            chosen=chosen,
+            admission=admission,
+            work_assumed=job.placement.gpu_hours is None,
+            _tables=t,
+            _row=j,
+            _left=left,
+            _failed=tuple(failed),
+        )
+    return Plan(
+        as_of=catalog.as_of.isoformat(),
+        currency=catalog.currency,
+        now_hours=float(now_hours),
+        blocked=tuple(sorted(block)),
+        decisions=tuple(d for d in decisions if d is not None),
+    )
