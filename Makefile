@@ -28,18 +28,20 @@ demo: install
 	$(BIN)/gpufleet demo
 
 lint: dev
-	$(BIN)/ruff check . scripts/dev-slurm scripts/dev-prometheus
-	$(BIN)/ruff format --check . scripts/dev-slurm scripts/dev-prometheus
+	$(BIN)/ruff check . scripts/dev-slurm scripts/dev-prometheus scripts/dev-ray
+	$(BIN)/ruff format --check . scripts/dev-slurm scripts/dev-prometheus scripts/dev-ray
 
 typecheck: dev
 	$(BIN)/mypy
 
-# Real services the integration tests need (a single-node Slurm, Prometheus); they stay up for the next run.
-services:
+# Real services the integration tests need (a single-node Slurm, Prometheus, Ray); they stay up for the next run.
+services: dev
 	scripts/dev-slurm up
 	scripts/dev-prometheus up
+	scripts/dev-ray up
 
 services-down:
+	scripts/dev-ray down
 	scripts/dev-prometheus down
 	scripts/dev-slurm down
 
@@ -56,6 +58,8 @@ bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/preemption_loss.py
 	$(BIN)/python bench/metrics_overhead.py
+	$(BIN)/python bench/dcgm_scrape.py
+	$(BIN)/python bench/planner.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -55,6 +55,18 @@ def slurm() -> dict[str, str]:
     return slurm_env()
 
 
+@pytest.fixture(scope="session")
+def ray() -> str:
+    """The GCS address of a running Ray cluster (`scripts/dev-ray up`); fails under CI, skips elsewhere, without one."""
+    from gpufleet.backends.ray import cluster_problem, find_cluster
+
+    problem = cluster_problem()
+    where = find_cluster(None)
+    if problem is not None or where is None:
+        service_missing(f"Ray is not running ({problem}); start it with `scripts/dev-ray up`")
+    return where.address
+
+
 def prometheus_dir() -> Path:
     return Path(os.environ.get("GPUFLEET_PROMETHEUS_DIR") or REPO / ".dev" / "prometheus")
 

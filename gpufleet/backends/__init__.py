@@ -6,13 +6,36 @@ from pathlib import Path
 
 from gpufleet.backends.base import Backend, get_backend, register
 from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.backends.ray import RayBackend
 from gpufleet.backends.slurm import SlurmBackend
+from gpufleet.errors import UsageError
 from gpufleet.store import Store
 
-__all__ = ["Backend", "LocalBackend", "LocalScheduler", "SlurmBackend", "get_backend", "register", "sync_remote"]
+__all__ = [
+    "Backend",
+    "LocalBackend",
+    "LocalScheduler",
+    "RayBackend",
+    "SlurmBackend",
+    "get_backend",
+    "register",
+    "sync_remote",
+]
+
+REMOTE: tuple[type[SlurmBackend] | type[RayBackend], ...] = (SlurmBackend, RayBackend)
 
 
 def sync_remote(home: Path, store: Store) -> None:
-    """Refresh the store from remote schedulers that have active jobs (the local one pushes)."""
-    if store.has_active("slurm"):
-        SlurmBackend(home).sync()
+    """Refresh the store from remote schedulers that have active jobs (the local one pushes).
+
+    Every scheduler is asked even when one of them is unreachable; the first problem is raised after.
+    """
+    problems: list[UsageError] = []
+    for backend in REMOTE:
+        if store.has_active(backend.name):
+            try:
+                backend(home).sync()
+            except UsageError as err:
+                problems.append(err)
+    if problems:
+        raise problems[0]

@@ -12,8 +12,11 @@ import typer
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.cli.debug import debug_app, profile_command
 from gpufleet.cli.estimate import estimate_app
-from gpufleet.cli.observe import observe_app
+from gpufleet.cli.export import export_app
+from gpufleet.cli.observe import diagnose_job_command, observe_app
+from gpufleet.cli.place import place_command
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
+from gpufleet.cli.report import report_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
@@ -35,6 +38,10 @@ app.add_typer(slurm_app, name="slurm")
 app.add_typer(debug_app, name="debug")
 app.add_typer(estimate_app, name="estimate")
 app.add_typer(observe_app, name="observe")
+app.add_typer(export_app, name="export")
+app.command("place")(place_command)
+app.command("diagnose")(diagnose_job_command)
+observe_app.command("report")(report_command)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
@@ -84,10 +91,19 @@ def submit(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
     wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends; exit 1 unless it completed.")] = False,
     backend: Annotated[str, typer.Option(help="Scheduler to run on.")] = "local",
+    gpu_source: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-source",
+            help="Override the spec's telemetry.gpu_source: auto, none, nvml, synthetic:<pattern>, scrape:<url>.",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Queue a training job."""
     spec = load_spec(spec_path)
+    if gpu_source is not None:
+        spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
     home = gpufleet_home()
     job_id = get_backend(backend, home).submit(spec)
     store = _store()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpufleet.cli.gpu import exporter_command
 from gpufleet.telemetry.rules import dashboard_json, rules_yaml
+
+if TYPE_CHECKING:
+    from gpufleet.telemetry.diagnose import Finding
 
 observe_app = typer.Typer(help="Prometheus rules and a Grafana dashboard for the fleet.", no_args_is_help=True)
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")]
@@ -19,6 +24,9 @@ def _write(text: str, out: Path | None) -> None:
     else:
         out.write_text(text, encoding="utf-8")
         typer.echo(f"wrote {out}", err=True)
+
+
+observe_app.command("exporter")(exporter_command)
 
 
 @observe_app.command()
@@ -48,7 +56,6 @@ def diagnose_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Find GPU bottlenecks (DCGM rules with their evidence) in scrapes, or in a synthetic job."""
-    from gpufleet.cli.render import console, emit_json, fmt, table
     from gpufleet.errors import UsageError
     from gpufleet.telemetry import (
         PATTERNS,
@@ -85,8 +92,15 @@ def diagnose_command(
     if precision not in ("bf16", "fp16", "fp8", "fp32", "tf32"):
         raise UsageError(f"unknown --precision {precision!r}; choose bf16, fp16, fp8, tf32 or fp32")
     findings = diagnose(series_from_samples(samples), JobContext(precision=precision))
+    print_findings(source, findings, warnings, json_out)
+
+
+def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[str], json_out: bool) -> None:
+    """Findings as one JSON object, or as a table followed by each finding's suggestion and source."""
+    from gpufleet.cli.render import console, emit_json, fmt, table
+
     if json_out:
-        emit_json({"source": source, "findings": [f.to_dict() for f in findings], "warnings": warnings})
+        emit_json({"source": source, "findings": [f.to_dict() for f in findings], "warnings": list(warnings)})
         return
     for line in warnings[:20]:
         console.print(f"[yellow]warning:[/] {line}", highlight=False)
@@ -107,3 +121,51 @@ def diagnose_command(
     console.print(table(f"{source}: findings", ["rule", "finding", "metric", "evidence", "for", "gpus"], rows))
     for f in findings:
         console.print(f"- {f.rule_id}: {f.suggestion} [dim](source: {f.source})[/]", highlight=False)
+
+
+def diagnose_job_command(
+    job_id: Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)],
+    window: Annotated[
+        float, typer.Option("--window", help="Seconds each condition is averaged over.", min=0.001)
+    ] = 60.0,
+    min_duration: Annotated[
+        float, typer.Option("--min-duration", help="Seconds a condition must hold to be a finding.", min=0.001)
+    ] = 300.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Find GPU bottlenecks in a job's own GPU series (recorded by every attempt), with their evidence."""
+    from gpufleet.errors import UsageError
+    from gpufleet.paths import gpufleet_home, job_dir
+    from gpufleet.store import Store
+    from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
+    from gpufleet.telemetry.gpu import job_gpu_samples
+
+    home = gpufleet_home()
+    store = Store(home / "state.db")
+    try:
+        job = store.job(job_id)
+    finally:
+        store.close()
+    samples = job_gpu_samples(job_dir(home, job_id))
+    telemetry = job.spec.telemetry
+    if not samples:
+        raise UsageError(
+            f"job {job_id} has no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}); set "
+            "telemetry.gpu_source to nvml, scrape:<url> or synthetic:<pattern> in its spec"
+        )
+    attempts = sorted({s.labels.get("attempt", "?") for s in samples})
+    gpus = sorted({s.labels.get("gpu", "?") for s in samples}, key=lambda g: (len(g), g))
+    series = series_from_samples(samples)
+    source = (
+        f"job {job_id} {job.name}: {len(gpus)} GPU(s), {len(attempts)} attempt(s), "
+        f"{series.duration_s:.0f} s of GPU series"
+    )
+    config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
+    findings = diagnose(series, JobContext(precision=telemetry.precision), config)
+    notes = []
+    if series.duration_s < min_duration:
+        notes.append(
+            f"the series cover {series.duration_s:.0f} s, less than the {min_duration:g} s a condition must hold; "
+            "lower --min-duration (and --window) to judge a short job"
+        )
+    print_findings(source, findings, notes, json_out)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from gpufleet.cost.ledger import Cost
 from gpufleet.cost.report import CostReport
+from gpufleet.fmt import compact_duration
 
 console = Console()
 err_console = Console(stderr=True)
@@ -56,15 +57,7 @@ def gpu_time(hours: float) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
-    h, m = divmod(minutes, 60)
-    return f"{h}h{m:02d}m"
+    return "" if seconds is None else compact_duration(seconds)
 
 
 def _cost_cells(c: Cost, currency: str) -> list[object]:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from gpufleet.backends import sync_remote
-from gpufleet.cli.render import console, duration, emit_json, err_console
+from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import GpufleetError
 from gpufleet.paths import gpufleet_home
 from gpufleet.store import Store
-from gpufleet.telemetry.tracing import Span, job_trace, save_trace, send_otlp, traces_url
+from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
 
 TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
 EndpointOpt = Annotated[
@@ -24,26 +23,6 @@ EndpointOpt = Annotated[
     ),
 ]
 TraceJsonOpt = Annotated[bool, typer.Option("--json", help="Print the OTLP/JSON payload on stdout.")]
-
-
-def timeline(spans: Sequence[Span]) -> list[str]:
-    """One line a span: name indented by depth, start offset from the root, duration."""
-    if not spans:
-        return []
-    depth: dict[str, int] = {}
-    t0 = spans[0].start
-    rows = []
-    for s in spans:
-        depth[s.span_id] = depth[s.parent_id] + 1 if s.parent_id in depth else 0
-        rows.append(("  " * depth[s.span_id] + s.name, f"+{s.start - t0:.1f}s", duration(s.duration), s))
-    width = max(len(r[0]) for r in rows)
-    lines = []
-    for name, offset, took, s in rows:
-        note = s.attributes.get("gpufleet.outcome", "")
-        if s.status == "error":
-            note = f"{note} ERROR {s.status_message}".strip()
-        lines.append(f"{name:<{width}}  {offset:>9}  {took:>8}  {note}".rstrip())
-    return lines
 
 
 def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: TraceJsonOpt = False) -> None:
@@ -66,7 +45,7 @@ def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: T
         emit_json(payload)
         return
     typer.echo(f"wrote {path}")
-    for line in timeline(spans):
+    for line in span_timeline(spans):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if url is not None:
         console.print(f"sent {len(spans)} spans to {url}", markup=False, highlight=False, soft_wrap=True)

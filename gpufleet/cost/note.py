@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -60,6 +60,7 @@ def write_cost_note(
     *,
     title: str = "Cost note",
     events: Sequence[NoteEvent] = (),
+    traces: Mapping[int, Sequence[str]] | None = None,
     generated_at: float,
 ) -> NotePaths:
     """Write ``cost-note.md``, ``cost-note.json`` and ``timeline.png`` into ``out_dir``."""
@@ -68,9 +69,12 @@ def write_cost_note(
     attempts = sorted(usages, key=lambda u: (u.job_id, u.attempt, u.start))
     ordered_events = sorted(events, key=lambda e: (e.ts, e.job_id))
     data = _finite(_note_json(attempts, ledger, title, ordered_events, generated_at))
+    if traces:
+        data["traces"] = {str(job): list(lines) for job, lines in traces.items()}
     _write_text(paths.json, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     _draw_timeline(paths.png, attempts, title)
-    _write_text(paths.markdown, _note_markdown(attempts, ledger, title, ordered_events, generated_at, paths.png.name))
+    markdown = _note_markdown(attempts, ledger, title, ordered_events, generated_at, paths.png.name)
+    _write_text(paths.markdown, markdown + _traces_markdown(traces or {}, {u.job_id: u.job_name for u in attempts}))
     return paths
 
 
@@ -281,6 +285,16 @@ def _duration(s: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _traces_markdown(traces: Mapping[int, Sequence[str]], names: Mapping[int, str]) -> str:
+    """The trace of each job (``gpufleet trace JOB`` shows and exports the same spans)."""
+    if not traces:
+        return ""
+    out = ["", "## Trace of each job", "", "Span, start from the job's submission, duration, outcome.", ""]
+    for job_id, lines in traces.items():
+        out += [f"### #{job_id} {_one_line(names.get(job_id, '?'))}", "", "```text", *lines, "```", ""]
+    return "\n".join(out)
 
 
 # --- Timeline ---------------------------------------------------------------------------------

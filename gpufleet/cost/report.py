@@ -41,6 +41,13 @@ def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
     return sorted(out, key=lambda n: n.ts)
 
 
+def trace_timelines(store: Store, job_ids: Sequence[int]) -> dict[int, list[str]]:
+    """Each job's OpenTelemetry spans (queued, restore, train, checkpoint, preempted, requeued) as text."""
+    from gpufleet.telemetry.tracing import job_spans, span_timeline
+
+    return {j: span_timeline(job_spans(store.job(j), store.attempts(j), store.events(j))) for j in job_ids}
+
+
 @dataclass(frozen=True)
 class CostReport:
     ledger: Ledger
@@ -84,6 +91,12 @@ def cost_report(
             raise UsageError(f"--out {str(out)!r} is a file: give a folder for the cost note")
         ids = sorted(names)
         note = write_cost_note(
-            out, usages, ledger, title=title, events=note_events(store, ids), generated_at=time.time()
+            out,
+            usages,
+            ledger,
+            title=title,
+            events=note_events(store, ids),
+            traces=trace_timelines(store, ids),
+            generated_at=time.time(),
         )
     return CostReport(ledger, usages, names, note)

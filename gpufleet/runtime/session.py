@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -36,8 +36,11 @@ from gpufleet.runtime.events import EventLog
 from gpufleet.runtime.health import HealthMonitor
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, restore_rng
-from gpufleet.spec import CheckpointPolicy, HealthPolicy, parse_spec
+from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
 from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
+
+if TYPE_CHECKING:
+    from gpufleet.telemetry.gpu import GpuSampler
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -48,6 +51,27 @@ def _job_peak_flops(gpu_type: str, gpus: int) -> float | None:
         return gpu_peak(gpu_type).peak_flops("bf16") * gpus if gpus > 0 else None
     except GpufleetError:
         return None
+
+
+def gpu_sampler_from_env(env: Mapping[str, str], telemetry: Telemetry, gpus: int, attempt: int) -> GpuSampler | None:
+    """The GPU sampler the job asks for (``telemetry.gpu_source``, or ``GPUFLEET_GPU_SOURCE`` when set).
+
+    Under gpufleet every round is recorded to ``jobs/<id>/gpu/attempt-<n>.jsonl``, which
+    ``gpufleet diagnose JOB`` and the fleet report read back.
+    """
+    choice = env.get("GPUFLEET_GPU_SOURCE") or telemetry.gpu_source
+    if choice == "none":
+        return None
+    from gpufleet.telemetry.gpu import GpuRecorder, GpuSampler, gpu_log_path, open_source
+
+    job_id = env.get("GPUFLEET_JOB_ID", "")
+    seed = int(job_id) * 1000 + attempt if job_id.isdigit() else attempt
+    source = open_source(choice, job_id=job_id, gpus=max(1, gpus), sample_seconds=telemetry.sample_seconds, seed=seed)
+    if source is None:
+        return None
+    folder = env.get("GPUFLEET_JOB_DIR")
+    recorder = GpuRecorder(gpu_log_path(Path(folder), attempt), source.description) if folder else None
+    return GpuSampler(source, telemetry.sample_seconds, recorder=recorder)
 
 
 class Stateful(Protocol):
@@ -82,7 +106,10 @@ class TrainSession:
         handle_signals: bool = True,
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
+        gpu_sampler: GpuSampler | None = None,
     ) -> None:
+        self.gpu_sampler = gpu_sampler
+        """Samples the job's GPUs in a thread while the session is open (see ``gpu_sampler_from_env``)."""
         self.ckpts = CheckpointDir(Path(ckpt_dir), keep=(policy or CheckpointPolicy()).keep)
         self.policy = policy or CheckpointPolicy()
         self.health_policy = health or HealthPolicy()
@@ -142,18 +169,21 @@ class TrainSession:
         """
         env = os.environ
         policy, health, peak, gpu_type, provider = CheckpointPolicy(), HealthPolicy(), None, "", ""
+        telemetry, gpus, spot = Telemetry(), 1, False
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
             peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
             gpu_type, provider = spec.resources.gpu_type, spec.provider
+            telemetry, gpus, spot = spec.telemetry, spec.resources.gpus, spec.spot
         events_path = env.get("GPUFLEET_EVENTS")
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
         attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
         events = EventLog(Path(events_path) if events_path else None, attempt=attempt)
         labels = {**labels_from_env(env, gpu_type, provider), "attempt": str(attempt)}
-        events.listeners.extend(exporter_from_env(env, labels))
+        sampler = gpu_sampler_from_env(env, telemetry, gpus, attempt)
+        events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, spot=spot))
         return cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,
@@ -167,12 +197,16 @@ class TrainSession:
             log_every_s=float(env.get("GPUFLEET_LOG_EVERY_S", "1.0")),
             flops_per_token=flops_per_token,
             peak_flops=peak,
+            gpu_sampler=sampler,
         )
 
     # ---- context manager: restore on entry, handlers in, handlers out ----------------------
     def __enter__(self) -> TrainSession:
         self.events.emit("session_start", pid=os.getpid(), total_steps=self.total_steps)
         self.ckpts.clean_temporaries()
+        if self.gpu_sampler is not None:
+            self.gpu_sampler.start()
+            self.events.emit("gpu_source", source=self.gpu_sampler.source.description)
         self.restore()
         if self._handle_signals and threading.current_thread() is threading.main_thread():
             for sig in PREEMPT_SIGNALS:
@@ -187,6 +221,8 @@ class TrainSession:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()
+        if self.gpu_sampler is not None:
+            self.gpu_sampler.close()
         if exc_type is None:
             if self._last_saved_step != self.step and self.step > 0:
                 self.save("final")

@@ -13,6 +13,9 @@ disagree. Exposed (prometheus-client), per attempt::
     gpufleet_job_restores_total             counter
     gpufleet_job_preemptions_total          counter  SIGTERM/SIGUSR1 seen at a step boundary
     gpufleet_job_rollbacks_total            counter
+    gpufleet_job_gpus                       gauge    GPUs the attempt holds
+    gpufleet_job_gpu_seconds_total          counter  GPUs x seconds since the attempt started
+    gpufleet_job_cost_total                 counter  the same, priced with the rate card (label currency)
 
 Labels: ``job_id``, ``job_name``, ``team``, ``attempt``, ``backend``, ``backend_job_id``,
 ``gpu_type``, ``provider``. (Not ``job``: Prometheus sets that label itself on every scrape and
@@ -29,20 +32,40 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.telemetry.exporter import ExpositionServer
+    from gpufleet.telemetry.gpu import GpuSampler
 
 LABELS = ("job_id", "job_name", "team", "attempt", "backend", "backend_job_id", "gpu_type", "provider")
 
 
 class JobMetrics:
-    """A private registry of one attempt's metrics, updated from runtime events."""
+    """A private registry of one attempt's metrics, updated from runtime events.
 
-    def __init__(self, labels: Mapping[str, str]) -> None:
+    ``gpus`` and ``price_per_gpu_hour`` (from the rate card) add the attempt's GPU time and money,
+    computed at scrape time, so PromQL can sum GPU-hours and cost per team.
+    """
+
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        *,
+        gpus: int = 0,
+        price_per_gpu_hour: float | None = None,
+        currency: str = "USD",
+        started: float | None = None,
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.labels = {name: str(labels.get(name, "")) for name in LABELS}
+        self.gpus, self.price, self.currency = gpus, price_per_gpu_hour, currency
+        self.started = time.time() if started is None else started
+        self.server: ExpositionServer | None = None
         self.registry = CollectorRegistry()
         names = list(LABELS)
 
@@ -69,6 +92,8 @@ class JobMetrics:
         self.preemptions = counter("gpufleet_job_preemptions", "Preemption signals handled at a step boundary.")
         self.rollbacks = counter("gpufleet_job_rollbacks", "Rollbacks to the last healthy checkpoint.")
         self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
+        if gpus > 0:
+            self.registry.register(_GpuTimeCollector(self))
 
     def __call__(self, event: Mapping[str, Any]) -> None:
         """Update from one runtime event (an ``EventLog`` listener)."""
@@ -99,6 +124,34 @@ class JobMetrics:
         return generate_latest(self.registry)
 
 
+class _GpuTimeCollector:
+    """GPUs held, GPU-seconds and money so far, evaluated when Prometheus scrapes."""
+
+    def __init__(self, metrics: JobMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m, names = self.m, list(LABELS)
+        values = [m.labels[n] for n in LABELS]
+        gpu_seconds = m.gpus * max(0.0, time.time() - m.started)
+        held = GaugeMetricFamily("gpufleet_job_gpus", "GPUs held by the attempt.", labels=names)
+        held.add_metric(values, m.gpus)
+        yield held
+        used = CounterMetricFamily("gpufleet_job_gpu_seconds", "GPU-seconds since the attempt started.", labels=names)
+        used.add_metric(values, gpu_seconds)
+        yield used
+        if m.price is not None:
+            cost = CounterMetricFamily(
+                "gpufleet_job_cost",
+                "Money since the attempt started, at the rate card's price.",
+                labels=[*names, "currency"],
+            )
+            cost.add_metric([*values, m.currency], gpu_seconds / 3600.0 * m.price)
+            yield cost
+
+
 class TextfileWriter:
     """Rewrites a textfile-collector file atomically after each event that changes a metric."""
 
@@ -113,12 +166,25 @@ class TextfileWriter:
             write_to_textfile(str(self.path), self.metrics.registry)
 
 
-def serve(metrics: JobMetrics, port: int, port_file: Path | None = None) -> int:
-    """Serve ``/metrics`` on 127.0.0.1 in a daemon thread; return the bound port."""
-    from prometheus_client import start_http_server
+def serve(metrics: JobMetrics, port: int, port_file: Path | None = None, gpu: GpuSampler | None = None) -> int:
+    """Serve ``/metrics`` on 127.0.0.1 in a daemon thread; return the bound port.
 
-    server, _thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
-    bound = int(server.server_address[1])
+    With a GPU sampler, the page also carries the latest round of the job's GPU series under
+    dcgm-exporter's names and labels, so one scrape target gives both.
+    """
+    from gpufleet.telemetry.exporter import DcgmRenderer, ExpositionServer
+
+    renderer = DcgmRenderer()
+
+    def render() -> bytes:
+        page = metrics.exposition()
+        latest = gpu.latest() if gpu is not None else None
+        if latest is not None and latest.samples:
+            page += renderer.render(latest.samples)
+        return page
+
+    metrics.server = ExpositionServer(render, port=port)
+    bound = metrics.server.start()
     if port_file is not None:
         port_file.write_text(str(bound), encoding="utf-8")
     return bound
@@ -140,16 +206,29 @@ class TargetRegistration:
             self.path.unlink(missing_ok=True)
 
 
-def exporter_from_env(env: Mapping[str, str], labels: Mapping[str, str]) -> list[Any]:
+def exporter_from_env(
+    env: Mapping[str, str],
+    labels: Mapping[str, str],
+    gpu: GpuSampler | None = None,
+    *,
+    gpus: int = 0,
+    spot: bool = False,
+) -> list[Any]:
     """The listeners the environment asks for (none unless a metrics variable is set)."""
     port, textfile = env.get("GPUFLEET_METRICS_PORT"), env.get("GPUFLEET_METRICS_TEXTFILE")
     if port is None and textfile is None:
         return []
-    metrics = JobMetrics(labels)
+    price, currency = None, "USD"
+    if gpus > 0:
+        from gpufleet.cost.rates import load_rates
+
+        card = load_rates(env.get("GPUFLEET_RATES") or None)
+        price, currency = card.price(labels.get("gpu_type", ""), labels.get("provider", ""), spot=spot), card.currency
+    metrics = JobMetrics(labels, gpus=gpus, price_per_gpu_hour=price, currency=currency)
     listeners: list[Any] = [metrics]
     if port is not None:
         job_dir = env.get("GPUFLEET_JOB_DIR")
-        bound = serve(metrics, int(port), Path(job_dir) / "metrics.port" if job_dir else None)
+        bound = serve(metrics, int(port), Path(job_dir) / "metrics.port" if job_dir else None, gpu=gpu)
         if env.get("GPUFLEET_PROMETHEUS_TARGETS"):
             listeners.append(TargetRegistration(Path(env["GPUFLEET_PROMETHEUS_TARGETS"]), bound, metrics.labels))
     if textfile is not None:
@@ -164,7 +243,7 @@ def labels_from_env(env: Mapping[str, str] = os.environ, gpu_type: str = "", pro
         "team": env.get("GPUFLEET_TEAM", ""),
         "attempt": env.get("GPUFLEET_ATTEMPT", "1"),
         "backend": env.get("GPUFLEET_BACKEND", ""),
-        "backend_job_id": env.get("SLURM_JOB_ID", ""),
+        "backend_job_id": env.get("GPUFLEET_BACKEND_JOB_ID") or env.get("SLURM_JOB_ID", ""),
         "gpu_type": gpu_type,
         "provider": provider,
     }

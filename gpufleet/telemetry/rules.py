@@ -55,6 +55,15 @@ def recording_rules() -> list[dict[str, str]]:
             "record": "gpufleet:team_preemptions:increase1h",
             "expr": "sum by (team) (increase(gpufleet_job_preemptions_total[1h]))",
         },
+        {"record": "gpufleet:team_gpus_in_use", "expr": "sum by (team) (gpufleet_job_gpus)"},
+        {
+            "record": "gpufleet:team_gpu_hours:increase1h",
+            "expr": "sum by (team) (increase(gpufleet_job_gpu_seconds_total[1h])) / 3600",
+        },
+        {
+            "record": "gpufleet:team_cost_per_hour:rate5m",
+            "expr": "sum by (team, currency) (rate(gpufleet_job_cost_total[5m])) * 3600",
+        },
         {
             "record": "gpufleet:checkpoint_save_seconds:p95_1h",
             "expr": "histogram_quantile(0.95, sum by (le, team) (rate(gpufleet_checkpoint_save_seconds_bucket[1h])))",
@@ -179,6 +188,9 @@ def dashboard() -> dict[str, Any]:
         ("MFU per job", "gpufleet:job_mfu:avg5m", "#{{job_id}} {{job_name}}", "percentunit"),
         ("Checkpoint save p95", "gpufleet:checkpoint_save_seconds:p95_1h", "{{team}}", "s"),
         ("Preemptions per team (1h)", "gpufleet:team_preemptions:increase1h", "{{team}}", "short"),
+        ("GPUs in use per team", "gpufleet:team_gpus_in_use", "{{team}}", "short"),
+        ("GPU-hours per team (1h)", "gpufleet:team_gpu_hours:increase1h", "{{team}}", "short"),
+        ("Cost per team (per hour)", "gpufleet:team_cost_per_hour:rate5m", "{{team}} {{currency}}", "currencyUSD"),
     ]
     panels = [
         _panel(i + 1, title, expr, legend, unit, 12 * (i % 2), 8 * (i // 2))

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from gpufleet.errors import UsageError
+from gpufleet.fmt import compact_duration
 from gpufleet.paths import job_dir
 from gpufleet.store import Attempt, Event, Job, Store
 
@@ -415,3 +416,23 @@ __all__ = [
     "traces_url",
     "write_trace",
 ]
+
+
+def span_timeline(spans: Sequence[Span]) -> list[str]:
+    """One line a span: name indented by depth, start offset from the root, duration."""
+    if not spans:
+        return []
+    depth: dict[str, int] = {}
+    t0 = spans[0].start
+    rows = []
+    for s in spans:
+        depth[s.span_id] = depth[s.parent_id] + 1 if s.parent_id in depth else 0
+        rows.append(("  " * depth[s.span_id] + s.name, f"+{s.start - t0:.1f}s", compact_duration(s.duration), s))
+    width = max(len(r[0]) for r in rows)
+    lines = []
+    for name, offset, took, s in rows:
+        note = s.attributes.get("gpufleet.outcome", "")
+        if s.status == "error":
+            note = f"{note} ERROR {s.status_message}".strip()
+        lines.append(f"{name:<{width}}  {offset:>9}  {took:>8}  {note}".rstrip())
+    return lines

@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpufleet.cli.trace import timeline, trace_command
+from gpufleet.cli.trace import trace_command
 from gpufleet.errors import UsageError
 from gpufleet.spec import parse_spec
 from gpufleet.store import Store
@@ -25,6 +25,7 @@ from gpufleet.telemetry.tracing import (
     job_spans,
     job_trace,
     send_otlp,
+    span_timeline,
     to_otlp_json,
     traces_url,
     write_trace,
@@ -282,4 +283,4 @@ def test_trace_command(home: Path, collector: tuple[str, type[_Collector]], monk
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["name"] == f"job {job_id} lm"
     assert len(handler.received) == 1
-    assert timeline([]) == []
+    assert span_timeline([]) == []

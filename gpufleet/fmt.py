@@ -1,0 +1,14 @@
+"""Small text formatters shared by the CLI, the cost note and the trace timeline."""
+
+from __future__ import annotations
+
+
+def compact_duration(seconds: float) -> str:
+    """``12.3s``, ``4m05s``, ``2h07m``: short enough for a table cell."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
