@@ -17,6 +17,7 @@ from gpufleet.cli.observe import diagnose_job_command, observe_app
 from gpufleet.cli.place import place_command
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.cli.report import report_command
+from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
@@ -40,6 +41,7 @@ app.add_typer(estimate_app, name="estimate")
 app.add_typer(observe_app, name="observe")
 app.add_typer(export_app, name="export")
 app.command("place")(place_command)
+app.command("simulate")(simulate_command)
 app.command("diagnose")(diagnose_job_command)
 observe_app.command("report")(report_command)
 
