@@ -43,6 +43,17 @@ class Backend(ABC):
         """Stop the job for good."""
 
 
+def add_job_folder(
+    store: Store, home: Path, spec: JobSpec, backend: str, env: dict[str, str] | None
+) -> tuple[int, Path]:
+    """Record a submitted job and lay out its folder (``logs/``, ``spec.json``); its id and folder."""
+    job_id = store.add_job(spec, backend, env)
+    folder = job_dir(home, job_id)
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+    return job_id, folder
+
+
 def ingest_events(store: Store, home: Path, job: Job) -> None:
     """Move new lines of the job's runtime event log into the store (from its saved offset)."""
     events, offset = read_events(job_dir(home, job.id) / "events.jsonl", job.events_offset)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -66,10 +66,7 @@ class LocalBackend(Backend):
                 f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s); "
                 "lower it or set GPUFLEET_LOCAL_SLOTS"
             )
-        job_id = self.store.add_job(spec, self.name, env)
-        folder = job_dir(self.home, job_id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        job_id, _ = add_job_folder(self.store, self.home, spec, self.name, env)
         if self.spawn:
             ensure_scheduler(self.home)
         return job_id

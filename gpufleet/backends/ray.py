@@ -46,7 +46,7 @@ from typing import IO, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -697,10 +697,7 @@ class RayBackend(Backend):
         options = actor_options(spec, cluster.resources())
         if spec.env or env:
             spec = spec.copy_with(env={**spec.env, **(env or {})})
-        job_id = self.store.add_job(spec, self.name, env)
-        folder = job_dir(self.home, job_id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
         args = RunnerArgs(str(self.home), job_id, spec.model_dump_json(), spec.workdir or os.getcwd())
         try:
             ref = cluster.start(args, options)

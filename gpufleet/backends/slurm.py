@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -198,10 +198,7 @@ class SlurmBackend(Backend):
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
         if spec.env or env:
             spec = spec.copy_with(env={**spec.env, **(env or {})})
-        job_id = self.store.add_job(spec, self.name, env)
-        folder = job_dir(self.home, job_id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
         script = folder / "job.sbatch"
         script.write_text(batch_script(spec, job_id, self.home), encoding="utf-8")
         script.chmod(0o755)

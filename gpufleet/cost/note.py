@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger
+from gpufleet.fmt import finite_json
 
 _SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£"}
 _COLORS = {"startup": "#b0b0b0", "restore": "#f2a541", "useful": "#3c9d6b", "lost": "#d62728", "checkpoint": "#1b2f5e"}
@@ -68,7 +69,7 @@ def write_cost_note(
     paths = NotePaths(out_dir / "cost-note.md", out_dir / "cost-note.json", out_dir / "timeline.png")
     attempts = sorted(usages, key=lambda u: (u.job_id, u.attempt, u.start))
     ordered_events = sorted(events, key=lambda e: (e.ts, e.job_id))
-    data = _finite(_note_json(attempts, ledger, title, ordered_events, generated_at))
+    data = finite_json(_note_json(attempts, ledger, title, ordered_events, generated_at))
     if traces:
         data["traces"] = {str(job): list(lines) for job, lines in traces.items()}
     _write_text(paths.json, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
@@ -127,17 +128,6 @@ def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
         "steps_redone": u.steps_redone,
         "seconds": {k: round(v, 6) for k, v in u.seconds().items()},
     }
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN and infinities (an ``.inf`` price, a broken clock) with ``null``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 # --- Markdown ---------------------------------------------------------------------------------

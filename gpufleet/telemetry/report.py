@@ -36,6 +36,7 @@ from gpufleet.cost.ledger import AttemptUsage, Cost, build_ledger
 from gpufleet.cost.rates import RateCard
 from gpufleet.cost.usage import attempt_usage
 from gpufleet.errors import UsageError
+from gpufleet.fmt import finite_json
 from gpufleet.paths import job_dir
 from gpufleet.store import TERMINAL, Attempt, Event, Job, Store
 from gpufleet.telemetry.dcgm import Sample
@@ -257,7 +258,7 @@ class FleetReport:
             "queue_waits_s": list(self.queue_waits_s),
             "waiting_now": self.waiting_now,
         }
-        finite: dict[str, Any] = _finite(data)
+        finite: dict[str, Any] = finite_json(data)
         return finite
 
 
@@ -448,16 +449,6 @@ def _rates_used(usages: Sequence[AttemptUsage], rates: RateCard) -> tuple[RateUs
         RateUsed(gpu_type=g, provider=p, spot=s, price_per_gpu_hour=rates.price(g, p, spot=s), gpu_hours=h)
         for (g, p, s), h in sorted(hours.items())
     )
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _iso(ts: float) -> str:
