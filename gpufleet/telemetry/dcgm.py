@@ -54,9 +54,7 @@ CATALOGUE: Mapping[str, DcgmField] = {
         DcgmField("DCGM_FI_PROF_NVLINK_TX_BYTES", "gauge", "bytes/s", "NVLink transmit rate, all links."),
         DcgmField("DCGM_FI_PROF_NVLINK_RX_BYTES", "gauge", "bytes/s", "NVLink receive rate, all links."),
         DcgmField("DCGM_FI_DEV_GPU_UTIL", "gauge", "%", "Percent of time a kernel was running on the GPU."),
-        DcgmField(
-            "DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "%", "Percent of time device memory was read or written."
-        ),
+        DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "%", "Percent of time device memory was read or written."),
         DcgmField("DCGM_FI_DEV_SM_CLOCK", "gauge", "MHz", "SM clock frequency."),
         DcgmField("DCGM_FI_DEV_FB_USED", "gauge", "MiB", "Framebuffer memory used."),
         DcgmField("DCGM_FI_DEV_FB_FREE", "gauge", "MiB", "Framebuffer memory free."),
