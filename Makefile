@@ -60,6 +60,9 @@ bench: install
 	$(BIN)/python bench/metrics_overhead.py
 	$(BIN)/python bench/dcgm_scrape.py
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/simulate.py
+	$(BIN)/python bench/drift_vs_evidently.py
+	$(BIN)/python bench/mmd.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

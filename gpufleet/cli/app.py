@@ -11,6 +11,7 @@ import typer
 
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.cli.debug import debug_app, profile_command
+from gpufleet.cli.drift import drift_command
 from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.export import export_app
 from gpufleet.cli.observe import diagnose_job_command, observe_app
@@ -42,6 +43,7 @@ app.add_typer(observe_app, name="observe")
 app.add_typer(export_app, name="export")
 app.command("place")(place_command)
 app.command("simulate")(simulate_command)
+app.command("drift")(drift_command)
 app.command("diagnose")(diagnose_job_command)
 observe_app.command("report")(report_command)
 

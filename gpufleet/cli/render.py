@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,9 @@ from gpufleet.cost.ledger import Cost
 from gpufleet.cost.report import CostReport
 from gpufleet.fmt import compact_duration
 
-console = Console()
+# A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+console = Console(width=_WIDTH)
 err_console = Console(stderr=True)
 
 
@@ -34,7 +37,7 @@ def fmt(value: Any) -> str:
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold underline", box=None, padding=(0, 1))
     for col in columns:
-        t.add_column(col, no_wrap=True)
+        t.add_column(col, overflow="fold")
     for row in rows:
         t.add_row(*(fmt(v) for v in row))
     return t
