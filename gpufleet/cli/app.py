@@ -11,11 +11,12 @@ import typer
 
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.cli.debug import debug_app, profile_command
-from gpufleet.cli.drift import drift_command
+from gpufleet.cli.drift import drift_command, embedding_lab_command, seasonal_lab_command
 from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.export import export_app
 from gpufleet.cli.observe import diagnose_job_command, observe_app
 from gpufleet.cli.place import place_command
+from gpufleet.cli.quality import quality_app, registry_app
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.cli.report import report_command
 from gpufleet.cli.simulate import simulate_command
@@ -44,6 +45,10 @@ app.add_typer(export_app, name="export")
 app.command("place")(place_command)
 app.command("simulate")(simulate_command)
 app.command("drift")(drift_command)
+app.add_typer(quality_app, name="quality")
+app.add_typer(registry_app, name="registry")
+quality_app.command("lab-seasonal")(seasonal_lab_command)
+quality_app.command("lab-embeddings")(embedding_lab_command)
 app.command("diagnose")(diagnose_job_command)
 observe_app.command("report")(report_command)
 
