@@ -23,7 +23,9 @@ from typing import Any
 import _common as common
 
 from gpufleet.placement.catalog import Catalog, parse_catalog
-from gpufleet.placement.simulate import POLICIES, WorkloadModel, build_scenario, simulate
+from gpufleet.placement.policies import POLICIES
+from gpufleet.placement.simulate import build_scenario, simulate
+from gpufleet.placement.workload import WorkloadModel
 
 TARGET_S = 30.0
 PROVIDERS = {  # on-demand and spot USD per GPU-hour for an H100, spot preemptions per hour, egress per GB

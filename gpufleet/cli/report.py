@@ -34,7 +34,8 @@ def report_command(
     """Fleet report: SLOs with their error budgets, GPU-hours and money per team, waste per job."""
     from gpufleet.cost.rates import load_rates
     from gpufleet.paths import gpufleet_home
-    from gpufleet.telemetry.report import build_fleet_report, parse_since, write_report
+    from gpufleet.telemetry.report import build_fleet_report, parse_since
+    from gpufleet.telemetry.report_note import write_report
     from gpufleet.telemetry.slo import load_slo
 
     now = time.time()

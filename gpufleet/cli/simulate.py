@@ -217,14 +217,9 @@ def simulate_command(
 ) -> None:
     """Simulate a fleet under each placement policy: cost, wasted GPU-hours, queue waits, deadline misses."""
     from gpufleet.placement.catalog import load_catalog
-    from gpufleet.placement.simulate import (
-        POLICIES,
-        WorkloadModel,
-        build_scenario,
-        compare_policies,
-        load_workload,
-        make_policy,
-    )
+    from gpufleet.placement.policies import POLICIES, make_policy
+    from gpufleet.placement.simulate import build_scenario, compare_policies
+    from gpufleet.placement.workload import WorkloadModel, load_workload
 
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: simulate at least 1 job")

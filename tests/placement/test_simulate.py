@@ -16,26 +16,19 @@ from typer.testing import CliRunner
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.placement.catalog import Catalog, parse_catalog
+from gpufleet.placement.policies import POLICIES, Fleet, Need, Policy, make_policy
 from gpufleet.placement.quota import QuotaBook
-from gpufleet.placement.simulate import (
-    POLICIES,
+from gpufleet.placement.simulate import SimResult, build_scenario, compare_policies, simulate
+from gpufleet.placement.workload import (
     FailoverRule,
-    Fleet,
     JobTable,
-    Need,
     Outage,
     Outages,
-    Policy,
-    SimResult,
     WorkloadModel,
-    build_scenario,
-    compare_policies,
     generate_jobs,
     jobs_from_specs,
     load_workload,
-    make_policy,
     parse_workload,
-    simulate,
 )
 from gpufleet.spec import parse_spec
 

@@ -26,8 +26,8 @@ from gpufleet.telemetry.report import (
     build_fleet_report,
     classify_gpu_time,
     parse_since,
-    write_report,
 )
+from gpufleet.telemetry.report_note import write_report
 from gpufleet.telemetry.slo import SloConfig
 from gpufleet.telemetry.synthetic import Pattern
 
