@@ -79,14 +79,17 @@ def read_table(path: Path) -> pd.DataFrame:
     """A CSV or Parquet file as a DataFrame (a clear error for anything else)."""
     import pandas as pd
 
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"data file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise UsageError(f"data file {str(path)!r} is not a file")
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return pd.read_csv(path)
-    if suffix in (".parquet", ".pq"):
-        return pd.read_parquet(path)
-    raise UsageError(f"data file {str(path)!r}: use a .csv or .parquet file")
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise UsageError(f"data file {str(path)!r}: use a .csv or .parquet file")
+    try:
+        return pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, OSError, ValueError) as err:
+        raise UsageError(f"data file {str(path)!r} cannot be read as {suffix[1:]}: {err}") from None
 
 
 def file_sha256(path: Path) -> str:
@@ -294,6 +297,8 @@ def train(
     so AUC barely moves, but the decisions at the serving threshold go wrong. ``step_seconds``
     slows each step down so that a demo can preempt the job mid-run.
     """
+    import pandas as pd
+
     if not 0 < holdout < 1 or not 0 <= flip_negatives < 1 or steps < 1 or batch_size < 1:
         raise UsageError("tabular.train: give 0 < holdout < 1, 0 <= flip_negatives < 1, steps >= 1, batch_size >= 1")
     path = Path(data)
@@ -302,6 +307,16 @@ def train(
         raise UsageError(f"{path}: no target column {target!r}; columns are {', '.join(map(str, frame.columns))}")
     if len(frame) < 10:
         raise UsageError(f"{path}: {len(frame)} rows are too few to train and hold out (need 10 or more)")
+    labels = pd.to_numeric(frame[target], errors="coerce")
+    bad = (labels.isna() | ~labels.isin([0, 1])).to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = frame[target].iloc[row]
+        shown = repr(value) if isinstance(value, str) else str(value)
+        raise UsageError(
+            f"{path}: target column {target!r} must hold 0/1 labels, none missing; row {row} has "
+            f"{shown} ({int(bad.sum())} such row(s))"
+        )
     train_idx, hold_idx = _split(len(frame), holdout, seed)
     train_rows, hold_rows = frame.iloc[train_idx], frame.iloc[hold_idx]
     encoder = Encoder.fit(train_rows, target)
