@@ -9,12 +9,10 @@ the next one, which restores the last checkpoint. The actor is detached, so it o
 ``gpufleet submit`` that created it, and named ``gpufleet-job-<id>`` in the ``gpufleet``
 namespace, so ``preempt`` and ``cancel`` find it from any process.
 
-An attempt is the same process as on the other backends (``entry_argv`` with the
-``job_environment`` contract and ``GPUFLEET_ATTEMPT``), logging to ``logs/attempt-<n>.log``.
-Exit 75 (``REQUEUE_EXIT_CODE``) or a preemption starts the next attempt, up to ``max_restarts``;
-0 completes the job; anything else fails it. On Linux the attempt gets ``PR_SET_PDEATHSIG``:
-should its actor die, it is killed too, as it would be with its node, so two attempts never
-train into one checkpoint directory.
+This module is the client side: finding and joining the cluster, :class:`RayBackend` (submit,
+preempt, cancel, sync) and :func:`plan_sync`. The actor's side, what runs in the Ray worker (the
+attempt loop, the ``PR_SET_PDEATHSIG`` shim, the status file), is
+:mod:`gpufleet.backends.ray_runner`; this module imports it, never the reverse.
 
 State is pushed by the actor, pulled by the client: the actor is the only writer of
 ``jobs/<id>/ray-status.json`` (attempts with PIDs, times, exit codes and outcomes; temp file,
@@ -24,38 +22,30 @@ a file system every Ray node shares. The backend job id is the Ray actor id.
 
 The cluster: ``$GPUFLEET_RAY_ADDRESS``, else the address in ``$GPUFLEET_HOME/ray-address``, else
 the development cluster's (``scripts/dev-ray up`` writes ``.dev/ray/address`` and its token).
-``ray`` is imported only here and only when a cluster is needed (``pip install 'gpufleet[ray]'``).
+``ray`` is imported only when a cluster is needed (``pip install 'gpufleet[ray]'``): here to join
+it, in :mod:`~gpufleet.backends.ray_runner` only where it is already loaded (inside the actor).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any, Protocol
 
 from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
+from gpufleet.backends.ray_runner import AttemptRecord, JobRunner, RunnerArgs, RunStatus, read_status, status_path
 from gpufleet.errors import UsageError
-from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
-from gpufleet.spec import JobSpec, parse_spec
+from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Attempt, Job, Store
 
 NAMESPACE = "gpufleet"
-STATUS_FILE = "ray-status.json"
-SCHEMA_VERSION = 1
 CALL_TIMEOUT_S = 30.0
 START_HINT = "start the development cluster with `scripts/dev-ray up`, or set GPUFLEET_RAY_ADDRESS to a running one"
 REQUEUED = ("preempted", "requeued", "lost")
@@ -64,333 +54,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def actor_name(job_id: int) -> str:
     return f"gpufleet-job-{job_id}"
-
-
-# ---- the status file: written by the job's actor only ---------------------------------------
-
-
-class AttemptRecord(BaseModel):
-    """One attempt as its actor saw it."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    n: int = Field(ge=1)
-    pid: int | None = None
-    node: str | None = None
-    started_at: float
-    ended_at: float | None = None
-    exit_code: int | None = None
-    outcome: Literal["completed", "preempted", "requeued", "lost", "failed", "cancelled"] | None = None
-    sigterm_at: float | None = None
-    stop: Literal["preempted", "cancelled"] | None = None
-    grace: float | None = None
-    kill_at: float | None = None
-
-
-class RunStatus(BaseModel):
-    """``ray-status.json``: the job's state, restarts and attempts."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    schema_version: int = SCHEMA_VERSION
-    job_id: int = Field(ge=1)
-    state: Literal["queued", "running", "completed", "failed", "cancelled"] = "queued"
-    reason: str | None = None
-    restarts: int = Field(default=0, ge=0)
-    actor_id: str | None = None
-    actor_pid: int | None = None
-    node: str | None = None
-    attempts: tuple[AttemptRecord, ...] = ()
-
-    def open_attempt(self) -> AttemptRecord | None:
-        last = self.attempts[-1] if self.attempts else None
-        return last if last is not None and last.ended_at is None else None
-
-    def with_last(self, **changes: Any) -> RunStatus:
-        last = self.attempts[-1].model_copy(update=changes)
-        return self.model_copy(update={"attempts": (*self.attempts[:-1], last)})
-
-
-def status_path(home: Path, job_id: int) -> Path:
-    return job_dir(home, job_id) / STATUS_FILE
-
-
-def read_status(path: Path) -> RunStatus | None:
-    """The status file, ``None`` before the actor first wrote it; a clear error when it is garbled."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        status = RunStatus.model_validate_json(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "file"
-        raise UsageError(f"{path} is not a valid Ray status file ({where}: {first['msg']}); move it aside") from None
-    if status.schema_version > SCHEMA_VERSION:
-        raise UsageError(f"{path} was written by a newer gpufleet (schema {status.schema_version}); upgrade gpufleet")
-    return status
-
-
-def write_status(path: Path, status: RunStatus) -> None:
-    """Temp file, fsync, rename: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(status.model_dump_json(indent=1))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def start_attempt(status: RunStatus, pid: int, node: str, now: float) -> RunStatus:
-    record = AttemptRecord(n=len(status.attempts) + 1, pid=pid, node=node, started_at=now)
-    return status.model_copy(update={"state": "running", "attempts": (*status.attempts, record)})
-
-
-def _failure(code: int | None) -> str:
-    if code is None:
-        return "lost"
-    if code == NOT_STARTED:
-        return f"exit code {code}: the entrypoint could not be started (see the attempt log)"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def end_attempt(status: RunStatus, code: int | None, stop: str | None, now: float, max_restarts: int) -> RunStatus:
-    """Close the open attempt: the same outcomes and requeue rule as the local scheduler."""
-    last = status.open_attempt()
-    if last is None:
-        return status
-    if stop == "cancelled":
-        outcome, state, reason = "cancelled", "cancelled", "cancelled by request"
-    elif code == 0:
-        outcome, state, reason = "completed", "completed", None
-    elif stop in ("preempted", "lost") or code == REQUEUE_EXIT_CODE:
-        outcome = stop or "requeued"
-        state, reason = "queued", f"{outcome} at attempt {last.n}"
-        if status.restarts >= max_restarts:
-            state, reason = "failed", f"{outcome} after {status.restarts} restarts (max_restarts)"
-    else:
-        outcome, state, reason = "failed", "failed", _failure(code)
-    restarts = status.restarts + 1 if state == "queued" else status.restarts
-    ended = status.with_last(ended_at=now, exit_code=code, outcome=outcome)
-    return ended.model_copy(update={"state": state, "reason": reason, "restarts": restarts})
-
-
-# ---- the actor ---------------------------------------------------------------------------------
-
-# Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
-_PDEATHSIG = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"  # PR_SET_PDEATHSIG
-    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
-    "try:\n"
-    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
-    "except OSError as err:\n"
-    "    print(f'gpufleet: cannot start {sys.argv[2]!r}: {err.strerror}', file=sys.stderr, flush=True)\n"
-    "    os._exit(127)\n"
-)
-NOT_STARTED = 127
-"""The shim's exit status when the entrypoint cannot be executed (as a shell's)."""
-
-
-def attempt_argv(argv: Sequence[str]) -> list[str]:
-    """``argv``, behind a PR_SET_PDEATHSIG shim on Linux (elsewhere as it is)."""
-    if not sys.platform.startswith("linux"):
-        return list(argv)
-    return [sys.executable, "-I", "-c", _PDEATHSIG, str(os.getpid()), *argv]
-
-
-def _signal_group(pid: int | None, sig: int) -> None:
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-
-
-def _current_actor_id() -> str | None:
-    if "ray" not in sys.modules:
-        return None
-    import ray
-
-    actor_id: str | None = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-    return actor_id
-
-
-def exit_actor() -> None:
-    """End the current actor on purpose (Ray does not restart it); nothing outside an actor."""
-    if _current_actor_id() is None:
-        return
-    import ray
-
-    with contextlib.suppress(SystemExit):
-        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerArgs:
-    """What the actor needs; Ray hands the same values to every restart of it."""
-
-    home: str
-    job_id: int
-    spec_json: str
-    workdir: str
-
-
-class JobRunner:
-    """The actor body: runs the job's attempts in a thread; methods answer preempt and cancel."""
-
-    def __init__(
-        self, args: RunnerArgs, *, poll_s: float = 0.1, exit_hook: Callable[[], None] | None = None, start: bool = True
-    ) -> None:
-        self.home = Path(args.home)
-        self.job_id = args.job_id
-        self.spec: JobSpec = parse_spec(json.loads(args.spec_json), source=f"job {args.job_id}")
-        self.workdir = args.workdir
-        self.poll_s = poll_s
-        self.exit_hook = exit_hook or exit_actor
-        self.path = status_path(self.home, self.job_id)
-        self.node = socket.gethostname()
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._kill_at: float | None = None
-        self._cancel = False
-        status = read_status(self.path) or RunStatus(job_id=self.job_id)
-        status = status.model_copy(
-            update={"actor_id": _current_actor_id(), "actor_pid": os.getpid(), "node": self.node}
-        )
-        lost = status.open_attempt()
-        if lost is not None:  # this actor is a restart: its predecessor died with an attempt running
-            if lost.node == self.node:
-                _signal_group(lost.pid, signal.SIGKILL)
-            status = end_attempt(status, None, "lost", time.time(), self.spec.max_restarts)
-        self.status = status
-        self._save()
-        self.thread = threading.Thread(target=self._run, name=f"gpufleet-job-{self.job_id}", daemon=True)
-        if start:
-            self.thread.start()
-
-    # ---- called through Ray ----------------------------------------------------------------
-    def preempt(self, grace: float | None = None) -> int | None:
-        """SIGTERM the running attempt, SIGKILL after ``grace``; its number, or ``None`` if none runs."""
-        with self._lock:
-            last = self.status.open_attempt()
-            if self._proc is None or last is None or last.stop is not None:
-                return None
-            self._stop(self._proc, "preempted", grace)
-            return last.n
-
-    def cancel(self, grace: float | None = None) -> str:
-        """Stop for good: the running attempt is stopped like a preemption but not followed by another."""
-        with self._lock:
-            last = self.status.open_attempt()
-            if self._proc is None or last is None:
-                self._cancel = True
-                return "cancelled"
-            if last.stop != "cancelled":
-                self._stop(self._proc, "cancelled", grace)
-            return "stopping"
-
-    # ---- the attempt loop ------------------------------------------------------------------
-    def _save(self) -> None:
-        write_status(self.path, self.status)
-
-    def _stop(self, proc: subprocess.Popen[bytes], why: Literal["preempted", "cancelled"], grace: float | None) -> None:
-        """SIGTERM once; a cancel after a preemption only changes what follows the exit."""
-        grace_s = grace if grace is not None else self.spec.checkpoint.grace_seconds
-        last = self.status.open_attempt()
-        first = last is not None and last.stop is None
-        if first:
-            self._kill_at = time.monotonic() + grace_s
-            _signal_group(proc.pid, signal.SIGTERM)
-        changes: dict[str, Any] = {"stop": why}
-        if first:
-            changes.update(sigterm_at=time.time(), grace=grace_s)
-        self.status = self.status.with_last(**changes)
-        self._save()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if self.status.state in TERMINAL:
-                        break
-                    if self._cancel:
-                        self.status = self.status.model_copy(
-                            update={"state": "cancelled", "reason": "cancelled while queued"}
-                        )
-                        self._save()
-                        break
-                    started = self._launch()
-                if started is not None:
-                    self._finish(started, self._wait(started))
-        except Exception as err:
-            with self._lock:
-                self.status = self.status.model_copy(update={"state": "failed", "reason": f"runner error: {err!r}"})
-                self._save()
-            raise
-        finally:
-            self.exit_hook()
-
-    def _launch(self) -> tuple[subprocess.Popen[bytes], IO[bytes]] | None:
-        n = len(self.status.attempts) + 1
-        folder = job_dir(self.home, self.job_id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        env = {
-            **os.environ,
-            **job_environment(self.spec, self.job_id, self.home, "ray"),
-            "GPUFLEET_ATTEMPT": str(n),
-            "GPUFLEET_BACKEND_JOB_ID": self.status.actor_id or "",
-        }
-        argv = entry_argv(self.spec)
-        cwd = self.spec.workdir or self.workdir or None
-        log = (folder / "logs" / f"attempt-{n}.log").open("ab")
-        try:
-            proc = subprocess.Popen(
-                attempt_argv(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as err:
-            log.close()
-            reason = f"cannot start {argv[0]!r} in {cwd}: {err.strerror}"
-            self.status = self.status.model_copy(update={"state": "failed", "reason": reason})
-            self._save()
-            return None
-        self._proc, self._kill_at = proc, None
-        self.status = start_attempt(self.status, proc.pid, self.node, time.time())
-        self._save()
-        return proc, log
-
-    def _wait(self, started: tuple[subprocess.Popen[bytes], IO[bytes]]) -> int:
-        proc = started[0]
-        while (code := proc.poll()) is None:
-            with self._lock:
-                if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                    _signal_group(proc.pid, signal.SIGKILL)
-                    self._kill_at = None
-                    self.status = self.status.with_last(kill_at=time.time())
-                    self._save()
-            time.sleep(self.poll_s)
-        return code
-
-    def _finish(self, started: tuple[subprocess.Popen[bytes], IO[bytes]], code: int) -> None:
-        proc, log = started
-        with self._lock:
-            _signal_group(proc.pid, signal.SIGKILL)  # leave no stray children behind
-            log.close()
-            last = self.status.open_attempt()
-            stop = last.stop if last is not None else None
-            self.status = end_attempt(self.status, code, stop, time.time(), self.spec.max_restarts)
-            self._proc, self._kill_at = None, None
-            self._save()
 
 
 # ---- from the status file to the store (pure) --------------------------------------------------

@@ -19,17 +19,14 @@ from typing import Any
 
 import pytest
 
-from gpufleet.backends.ray import (
+from gpufleet.backends.ray import RayBackend, actor_options, find_cluster, plan_sync
+from gpufleet.backends.ray_runner import (
     AttemptRecord,
     JobRunner,
-    RayBackend,
     RunnerArgs,
     RunStatus,
-    actor_options,
     attempt_argv,
     end_attempt,
-    find_cluster,
-    plan_sync,
     read_status,
     status_path,
     write_status,

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.backends.ray import RayBackend, read_status, status_path
+from gpufleet.backends.ray import RayBackend
+from gpufleet.backends.ray_runner import read_status, status_path
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
