@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import torch
 
 from gpufleet.backends.slurm import slurm_env
 
@@ -115,3 +116,19 @@ def promql(prometheus: str) -> Callable[[str], list[dict[str, Any]]]:
         return result
 
     return query
+
+
+def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
+    """Tensors ``torch.equal``, containers alike element by element, anything else ``==``."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_bitwise_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_bitwise_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import assert_bitwise_equal
 
 from gpufleet.errors import HealthError
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
@@ -41,21 +42,6 @@ def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def final_state(ckpt_dir: Path, step: int) -> dict[str, Any]:
     _, state = CheckpointDir(ckpt_dir).load(ckpt_dir / f"step-{step:08d}")
     return state
-
-
-def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_bitwise_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_bitwise_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def run_with_preemptions(preempt_at: set[int], monkeypatch: pytest.MonkeyPatch, attempts: list[int]) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import assert_bitwise_equal
 
 from gpufleet.errors import UsageError
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
@@ -96,21 +97,6 @@ def stop_before_closing(monkeypatch: pytest.MonkeyPatch, stops: dict[int, str]) 
 def model_tensors(output: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = torch.load(output / "model" / "model.pt", weights_only=True)
     return state
-
-
-def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_bitwise_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_bitwise_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def final_checkpoint(job_dir: Path) -> dict[str, Any]:
