@@ -6,7 +6,9 @@
     ├── SpecError                 a JobSpec (YAML) that does not validate
     ├── UsageError                a bad command-line value, an unknown job, a bad path
     ├── CheckpointError           nothing restorable, or a checkpoint that fails verification
-    │   └── CorruptCheckpoint     a checkpoint whose manifest or files do not verify
+    │   ├── CorruptCheckpoint     a checkpoint whose manifest or files do not verify
+    │   ├── ForeignCheckpoint     a sound checkpoint of another job, or lacking what this job saves
+    │   └── CheckpointSpaceError  a save that found the disk full (nothing earlier is touched)
     ├── HealthError               training kept producing unhealthy steps after rollbacks
     └── StoreError                the state database cannot be opened or is from a newer version
 
@@ -15,6 +17,8 @@ that ran and failed), never a traceback.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class GpufleetError(Exception):
@@ -39,6 +43,24 @@ class CheckpointError(GpufleetError):
 
 class CorruptCheckpoint(CheckpointError):
     """A checkpoint folder whose manifest or files do not verify."""
+
+
+class ForeignCheckpoint(CheckpointError):
+    """A checkpoint that verifies but is not this job's: another job wrote it, or it lacks an object."""
+
+
+class CheckpointSpaceError(CheckpointError):
+    """A save that ran out of disk space; its partial folder is removed, earlier checkpoints are kept.
+
+    ``needed`` is the exact serialized size of the state, ``free`` what the filesystem of ``path``
+    has left, so a caller can decide between waiting, pruning and moving elsewhere.
+    """
+
+    def __init__(self, message: str, *, path: Path, needed: int, free: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.needed = needed
+        self.free = free
 
 
 class HealthError(GpufleetError):

@@ -24,7 +24,7 @@ from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home
-from gpufleet.runtime.checkpoint import CheckpointDir
+from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
 from gpufleet.spec import load_spec
 from gpufleet.store import Job, Store, latest_step
 
@@ -339,7 +339,7 @@ def cost(
 def ckpt_list(
     directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
 ) -> None:
-    """List the step-N checkpoints in DIR, with their state."""
+    """List the step-N checkpoints in DIR, with their state and metrics."""
     infos = _ckpt_infos(directory)
     rows = [_ckpt_row(i) for i in infos]
     if json_out:
@@ -348,57 +348,112 @@ def ckpt_list(
     console.print(
         table(
             str(directory),
-            ["step", "status", "healthy", "loss", "size", "reason", "problem"],
-            [[r["step"], r["status"], r["healthy"], r["loss"], r["bytes"], r["reason"], r["problem"]] for r in rows],
+            ["step", "status", "healthy", "loss", "metrics", "size", "reason", "problem"],
+            [
+                [
+                    r["step"],
+                    r["status"],
+                    r["healthy"],
+                    r["loss"],
+                    " ".join(f"{k}={fmt(v)}" for k, v in (r["metrics"] or {}).items()),
+                    r["bytes"],
+                    r["reason"],
+                    r["problem"],
+                ]
+                for r in rows
+            ],
         )
     )
 
 
 @ckpt_app.command("verify")
 def ckpt_verify(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    job: Annotated[
+        str | None, typer.Option("--job", help="This job's id: checkpoints another job wrote count as foreign.")
+    ] = None,
+    json_out: JsonOpt = False,
 ) -> None:
-    """Verify every checkpoint's manifest and sha256; exit 1 if any is bad."""
-    infos = _ckpt_infos(directory)
-    bad = [i for i in infos if i.manifest is None]
-    restorable = [i for i in infos if i.restorable]
+    """Verify every checkpoint as a restore would; exit 1 if any is corrupt."""
+    infos = _ckpt_infos(directory, Expectation(job=job))
+    bad = [i for i in infos if i.status == "corrupt"]
+    restorable = [i for i in infos if i.restorable]  # the rule restore_candidate applies, newest first
     result = {
         "directory": str(directory),
         "ok": not bad,
         "checked": len(infos),
         "corrupt": [{"step": i.step, "path": str(i.path), "problem": i.problem} for i in bad],
+        "checkpoints": [_ckpt_row(i) for i in infos],
         "restore_step": restorable[-1].step if restorable else None,
     }
     if json_out:
         emit_json(result)
     else:
+        marks = {"ok": "[green]ok[/]", "corrupt": "[red]BAD[/]", "unhealthy": "[yellow]unhealthy[/]"}
         for info in infos:
-            mark = "[green]ok[/]" if info.manifest else "[red]BAD[/]"
-            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""))
+            mark = marks.get(info.status, "[magenta]foreign[/]")
+            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""), soft_wrap=True)
         console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
     if bad:
         raise typer.Exit(1)
 
 
-def _ckpt_infos(directory: Path) -> list[Any]:
+@ckpt_app.command("export")
+def ckpt_export(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="Step to export (default: the one a restore would use).", min=0)
+    ] = None,
+    entry: Annotated[str, typer.Option("--entry", help="State entry to export (model, optimizer, ...).")] = "model",
+    json_out: JsonOpt = False,
+) -> None:
+    """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
+    _ckpt_dir(directory)
+    done = CheckpointDir(directory).export(out, step=step, entry=entry)
+    result = {
+        "directory": str(directory),
+        "path": str(done.source),
+        "step": done.step,
+        "entry": done.entry,
+        "out": str(done.out),
+        "bytes": done.bytes,
+        "tensors": done.tensors,
+        "fingerprint": done.fingerprint,
+    }
+    if json_out:
+        emit_json(result)
+    else:
+        console.print(
+            f"wrote {done.entry} of {done.source.name} to {done.out} ({done.bytes} bytes, {done.tensors} tensors)"
+        )
+
+
+def _ckpt_dir(directory: Path) -> None:
     if not directory.exists():
         raise UsageError(f"checkpoint directory {str(directory)!r} does not exist")
     if not directory.is_dir():
         raise UsageError(f"{str(directory)!r} is not a directory: give the folder holding step-N folders")
+
+
+def _ckpt_infos(directory: Path, expect: Expectation | None = None) -> list[CheckpointInfo]:
+    _ckpt_dir(directory)
     try:
-        return CheckpointDir(directory).scan(verify=True)
+        return CheckpointDir(directory).scan(verify=True, expect=expect)
     except PermissionError as err:
         raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
 
 
-def _ckpt_row(info: Any) -> dict[str, Any]:
+def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
     m = info.manifest
     return {
         "step": info.step,
         "path": str(info.path),
-        "status": "ok" if m else "corrupt",
+        "status": info.status,
         "healthy": m.healthy if m else None,
         "loss": round(m.loss, 4) if m and m.loss is not None else None,
+        "metrics": dict(m.metrics) if m else None,
+        "job": m.job if m else None,
         "bytes": m.total_bytes if m else None,
         "reason": m.reason if m else None,
         "problem": info.problem,

@@ -1,144 +1,86 @@
-"""Checkpoints that survive ``kill -9``: atomic folders with a verified manifest.
+"""Checkpoints that survive ``kill -9`` and are what they claim: atomic folders, verified on restore.
 
 Layout (a contract other tools rely on)::
 
     <dir>/step-00000150/
         model.pt  optimizer.pt  scheduler.pt  trainer.pt  ...   one file per state entry
-        manifest.json                                           written last
+        manifest.json                                           written last (see manifest.py)
 
 A save writes every file into ``.tmp-step-<n>-<pid>/`` through a writer that hashes (sha256) in a
 second thread while the main one writes, fsyncs each file, writes the manifest, fsyncs the folder,
 renames it to ``step-<n>/`` and fsyncs the parent. A process killed at any moment leaves either a
-complete checkpoint or a temporary folder that restore ignores. Restore re-hashes every file
-before ``torch.load(weights_only=True)``: a byte flipped or a file truncated is reported and that
-checkpoint skipped, never loaded.
+complete checkpoint or a temporary folder that restore ignores; a save that fills the disk removes
+its temporary folder and raises ``CheckpointSpaceError``, leaving every earlier checkpoint as it was.
+
+Whether a folder can be restored is decided in one place, ``CheckpointDir.check``: strict
+manifest, no symbolic links or special files, every size and sha256 right, every file loading
+with ``torch.load(weights_only=True)``, the trainer state agreeing with the manifest, and the
+caller's ``Expectation`` (same job, every object present) met. ``scan``, ``latest``, ``load``,
+``restore_candidate`` and so ``gpufleet ckpt verify`` and a restore all go through it, so what
+``verify`` calls restorable is what a restore uses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
-from gpufleet.errors import CheckpointError, CorruptCheckpoint
+from pydantic import ValidationError
 
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-STEP_RE = re.compile(r"^step-(\d{8})$")
-FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\.pt$")
+from gpufleet.errors import CheckpointError, CheckpointSpaceError, CorruptCheckpoint, ForeignCheckpoint, UsageError
+from gpufleet.runtime.manifest import (
+    FILE_RE,
+    MANIFEST,
+    SCHEMA_VERSION,
+    SHA256_RE,
+    STEP_RE,
+    CheckpointManifest,
+    Expectation,
+    FileEntry,
+    check_expectation,
+    check_trainer,
+    describe_invalid,
+    finite_or_none,
+    model_fingerprint,
+    open_folder,
+    read_manifest_at,
+    read_regular,
+    state_dict_mismatch,
+    step_dirname,
+)
 
-
-def step_dirname(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointManifest:
-    """What ``manifest.json`` holds."""
-
-    schema_version: int
-    step: int
-    healthy: bool
-    loss: float | None
-    data_position: int
-    reason: str
-    created_at: float
-    save_seconds: float
-    files: dict[str, dict[str, Any]]
-    """File name -> ``{"sha256": hex, "bytes": int}``."""
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(int(f["bytes"]) for f in self.files.values())
-
-    def to_json(self) -> str:
-        loss = self.loss if self.loss is None or (self.loss == self.loss and abs(self.loss) != float("inf")) else None
-        return json.dumps(
-            {
-                "schema_version": self.schema_version,
-                "step": self.step,
-                "healthy": self.healthy,
-                "loss": loss,
-                "data_position": self.data_position,
-                "reason": self.reason,
-                "created_at": self.created_at,
-                "save_seconds": self.save_seconds,
-                "files": self.files,
-                "meta": self.meta,
-            },
-            indent=2,
-            sort_keys=True,
-        )
-
-    @classmethod
-    def parse(cls, text: str, where: Path) -> CheckpointManifest:
-        """Parse an untrusted manifest; raise ``CorruptCheckpoint`` naming what is wrong."""
-        try:
-            raw = json.loads(text)
-        except ValueError as err:
-            raise CorruptCheckpoint(f"{where}: manifest is not valid JSON ({err})") from None
-        if not isinstance(raw, dict):
-            raise CorruptCheckpoint(f"{where}: manifest is not a JSON object")
-        version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise CorruptCheckpoint(
-                f"{where}: manifest schema_version {version!r} is not {SCHEMA_VERSION} (written by another gpufleet?)"
-            )
-        files = raw.get("files")
-        if not isinstance(files, dict) or not files:
-            raise CorruptCheckpoint(f"{where}: manifest lists no files")
-        for name, info in files.items():
-            if not isinstance(name, str) or not FILE_RE.match(name):
-                raise CorruptCheckpoint(f"{where}: manifest names an invalid file {name!r}")
-            if (
-                not isinstance(info, dict)
-                or not isinstance(info.get("sha256"), str)
-                or not isinstance(info.get("bytes"), int)
-            ):
-                raise CorruptCheckpoint(f"{where}: manifest entry for {name} needs sha256 and bytes")
-        try:
-            loss = raw.get("loss")
-            return cls(
-                schema_version=version,
-                step=int(raw["step"]),
-                healthy=bool(raw["healthy"]),
-                loss=None if loss is None else float(loss),
-                data_position=int(raw.get("data_position", 0)),
-                reason=str(raw.get("reason", "")),
-                created_at=float(raw["created_at"]),
-                save_seconds=float(raw.get("save_seconds", 0.0)),
-                files=files,
-                meta=dict(raw["meta"]) if isinstance(raw.get("meta"), dict) else {},
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise CorruptCheckpoint(f"{where}: manifest field missing or mistyped ({err})") from None
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
+# ---- writing ---------------------------------------------------------------------------------
 class _HashingWriter(io.RawIOBase):
     """A write-only file that hashes in a helper thread while the caller's thread writes.
 
     ``hashlib`` and ``os.write`` both release the GIL on large buffers, so the two overlap and
     hashing costs almost nothing on top of the write (measured in ``bench/checkpoint_save.py``).
+    The ``OSError`` a write hits is kept in ``error``: torch may hand it on wrapped in a
+    ``RuntimeError``, and a full disk must still be told apart from any other failure.
     """
 
     def __init__(self, path: Path, pool: ThreadPoolExecutor) -> None:
         super().__init__()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._hash = hashlib.sha256()
         self._pool = pool
         self._pending: Future[None] | None = None
         self.bytes = 0
+        self.error: OSError | None = None
 
     def writable(self) -> bool:
         return True
@@ -154,8 +96,12 @@ class _HashingWriter(io.RawIOBase):
         chunk: Any = bytes(view) if small else view
         self._pending = self._pool.submit(self._hash.update, chunk)
         written = 0
-        while written < len(view):
-            written += os.write(self._fd, view[written:])
+        try:
+            while written < len(view):
+                written += os.write(self._fd, view[written:])
+        except OSError as err:
+            self.error = err
+            raise
         if not small:
             if _FADVISE is not None:
                 # Start writing this chunk back to disk while the hash finishes, so the final
@@ -185,6 +131,22 @@ class _HashingWriter(io.RawIOBase):
 _FADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
 
 
+class _CountingSink(io.RawIOBase):
+    """A writable file that keeps only the count: the exact size of a save without the disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.bytes += n
+        return n
+
+
 @contextlib.contextmanager
 def _torch_crc32_off() -> Iterator[None]:
     """torch's zip writer computes a CRC-32 on the main thread; sha256 already covers every byte."""
@@ -203,11 +165,73 @@ def _torch_crc32_off() -> Iterator[None]:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_durably(path: Path, write: Callable[[IO[bytes]], object], *, atomic: bool = True) -> None:
+    """Create ``path`` through ``write(file)`` and fsync it; with ``atomic``, via a temporary + rename.
+
+    ``atomic`` writes ``.<name>.tmp-<pid>`` beside ``path`` and renames it over ``path`` only once
+    it is durable, so a reader sees the old file or the new one, never half of one; a failure
+    removes the temporary. Without it the file is created in place (``O_EXCL``), for files inside
+    a folder that is itself renamed into place.
+    """
+    target = path.with_name(f".{path.name}.tmp-{os.getpid()}") if atomic else path
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if atomic else os.O_EXCL)
+    try:
+        with os.fdopen(os.open(target, flags, 0o644), "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if atomic:
+            os.replace(target, path)
+    except BaseException:
+        if atomic:
+            with contextlib.suppress(OSError):
+                target.unlink()
+        raise
+    if atomic:
+        _fsync_dir(path.parent)
+
+
+def _manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """The manifest fields of a save, checked before a byte is written (a bad value costs no I/O)."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= 99_999_999:
+        raise CheckpointError(f"step {step!r} cannot name a checkpoint: use an int from 0 to 99999999")
+    if not state:
+        raise CheckpointError(f"nothing to save at step {step}: the state is empty")
+    for name in state:
+        if not isinstance(name, str) or not FILE_RE.match(f"{name}.pt"):
+            raise CheckpointError(f"invalid state name {name!r}: use letters, digits, '_', '.', '-'")
+    fingerprint = fields.get("fingerprint")
+    if fingerprint is not None and not (isinstance(fingerprint, str) and re.fullmatch(SHA256_RE, fingerprint)):
+        raise CheckpointError(f"fingerprint {fingerprint!r} is not a sha256 hex digest: use model_fingerprint()")
+    header = {"schema_version": SCHEMA_VERSION, "step": step, **fields}
+    try:  # the same model that reads it back; one placeholder file stands for those to come
+        CheckpointManifest(**header, files={"x.pt": FileEntry(sha256="0" * 64, bytes=0)}, created_at=0.0).to_json()
+    except ValidationError as err:
+        raise CheckpointError(
+            f"cannot save step {step}: {describe_invalid(err, fix='pass a value of that type')}"
+        ) from None
+    except ValueError as err:  # pydantic's serialization error: meta holds something JSON cannot
+        raise CheckpointError(f"cannot save step {step}: meta must hold JSON values only ({err})") from None
+    return header
+
+
+def _no_space(err: BaseException, writer: _HashingWriter | None) -> bool:
+    """Whether ``err`` (or what caused it, or what ``writer`` hit) is a full disk or quota."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if writer is not None and writer.error is not None:
+        chain.append(writer.error)
+    return any(isinstance(e, OSError) and e.errno in _NO_SPACE for e in chain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,18 +243,49 @@ class CheckpointInfo:
     manifest: CheckpointManifest | None
     problem: str | None
     """Why it cannot be restored (``None`` when it verified, or was not verified)."""
+    foreign: bool = False
+    """Intact, but written by another job or lacking an object the caller expects."""
 
     @property
     def restorable(self) -> bool:
+        """The one rule restore and ``ckpt verify`` share: intact, expected, and healthy."""
         return self.manifest is not None and self.problem is None and self.manifest.healthy
+
+    @property
+    def status(self) -> Literal["ok", "corrupt", "foreign", "unhealthy"]:
+        if self.manifest is None:
+            return "corrupt"
+        if self.foreign:
+            return "foreign"
+        return "ok" if self.manifest.healthy else "unhealthy"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportedEntry:
+    """What ``CheckpointDir.export`` wrote."""
+
+    source: Path
+    step: int
+    entry: str
+    out: Path
+    bytes: int
+    tensors: int
+    fingerprint: str | None
+    """``model_fingerprint`` of the entry when it is a mapping of tensors (a state dict)."""
 
 
 class CheckpointDir:
     """A directory of ``step-N`` checkpoints: save, list, verify, restore, prune."""
 
-    def __init__(self, root: Path, keep: int = 3) -> None:
+    def __init__(self, root: Path, keep: int = 3, keep_best: tuple[str, str] | None = None) -> None:
         self.root = Path(root)
         self.keep = keep
+        if keep_best is not None and (
+            not isinstance(keep_best, tuple) or len(keep_best) != 2 or keep_best[1] not in ("min", "max")
+        ):
+            raise ValueError(f"keep_best={keep_best!r}: give (metric, 'min' or 'max'), e.g. ('val_loss', 'min')")
+        self.keep_best = keep_best
+        """(metric, "min" | "max"): ``prune`` also keeps the healthy checkpoint with the best value."""
 
     # ---- saving -------------------------------------------------------------------------
     def save(
@@ -243,48 +298,62 @@ class CheckpointDir:
         data_position: int = 0,
         reason: str = "periodic",
         meta: Mapping[str, Any] | None = None,
+        job: str | None = None,
+        fingerprint: str | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> CheckpointManifest:
-        """Write ``state`` (name -> picklable-with-weights_only object) as ``step-<step>``."""
+        """Write ``state`` (name -> picklable-with-weights_only object) as ``step-<step>``.
+
+        A NaN or infinite ``loss`` is recorded as ``None`` and such metrics are left out: a
+        manifest holds finite numbers only, and a NaN must never rank as the best checkpoint.
+        """
         import torch
 
         started = time.perf_counter()
+        header = _manifest_header(
+            step,
+            state,
+            healthy=healthy,
+            loss=finite_or_none(loss),
+            data_position=data_position,
+            reason=reason,
+            meta=dict(meta or {}),
+            job=job,
+            fingerprint=fingerprint,
+            metrics={k: f for k, v in (metrics or {}).items() if (f := finite_or_none(v)) is not None},
+        )
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / step_dirname(step)
         tmp = self.root / f".tmp-{step_dirname(step)}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        files: dict[str, dict[str, Any]] = {}
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, _torch_crc32_off():
-            for name, obj in state.items():
-                filename = f"{name}.pt"
-                if not FILE_RE.match(filename):
-                    raise CheckpointError(f"invalid state name {name!r}: use letters, digits, '_', '.', '-'")
-                writer = _HashingWriter(tmp / filename, pool)
-                try:
-                    torch.save(obj, writer)  # type: ignore[arg-type]
-                    digest = writer.finish()
-                finally:
-                    writer.close()
-                files[filename] = {"sha256": digest, "bytes": writer.bytes}
-        manifest = CheckpointManifest(
-            schema_version=SCHEMA_VERSION,
-            step=step,
-            healthy=healthy,
-            loss=loss,
-            data_position=data_position,
-            reason=reason,
-            created_at=time.time(),
-            save_seconds=0.0,
-            files=files,
-            meta=dict(meta or {}),
-        )
-        manifest = _with_seconds(manifest, time.perf_counter() - started)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-            fh.write(manifest.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        files: dict[str, FileEntry] = {}
+        writer: _HashingWriter | None = None
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, _torch_crc32_off():
+                for name, obj in state.items():
+                    writer = _HashingWriter(tmp / f"{name}.pt", pool)
+                    try:
+                        torch.save(obj, writer)  # type: ignore[arg-type]
+                        digest = writer.finish()
+                    except Exception:
+                        if writer.error is not None and writer.error.errno in _NO_SPACE:
+                            raise writer.error from None  # torch may have wrapped it
+                        raise
+                    finally:
+                        writer.close()
+                    files[f"{name}.pt"] = FileEntry(sha256=digest, bytes=writer.bytes)
+            manifest = CheckpointManifest(
+                **header, files=files, created_at=time.time(), save_seconds=time.perf_counter() - started
+            )
+            write_durably(tmp / MANIFEST, lambda fh: fh.write(manifest.to_json().encode("utf-8")), atomic=False)
+            _fsync_dir(tmp)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, Exception) and _no_space(err, writer):
+                raise self._space_error(state) from err
+            raise
         if final.exists():
             # Re-saving a step (resumed, then preempted before the next step): swap atomically
             # enough that a crash leaves either folder or none, never a mix.
@@ -295,101 +364,223 @@ class CheckpointDir:
         else:
             tmp.rename(final)
         _fsync_dir(self.root)
-        return _with_seconds(manifest, time.perf_counter() - started)
+        return manifest.model_copy(update={"save_seconds": time.perf_counter() - started})
 
-    # ---- reading ------------------------------------------------------------------------
-    def scan(self, verify: bool = True) -> list[CheckpointInfo]:
-        """Every ``step-N`` folder, oldest first, with the reason it cannot be restored."""
+    def _space_error(self, state: Mapping[str, Any]) -> CheckpointSpaceError:
+        import torch
+
+        needed = 0
+        with _torch_crc32_off():
+            for obj in state.values():
+                sink = _CountingSink()
+                torch.save(obj, sink)  # type: ignore[arg-type]
+                needed += sink.bytes
+        free = shutil.disk_usage(self.root).free
+        return CheckpointSpaceError(
+            f"no space left on {self.root}: {needed} bytes needed, {free} free; "
+            "free space there (fewer checkpoints with checkpoint.keep) or use a larger disk",
+            path=self.root,
+            needed=needed,
+            free=free,
+        )
+
+    # ---- deciding -----------------------------------------------------------------------
+    def check(self, path: Path, *, expect: Expectation | None = None) -> tuple[CheckpointManifest, dict[str, Any]]:
+        """Decide whether ``path`` can be restored; return its manifest and loaded state, or raise.
+
+        Raises ``CorruptCheckpoint`` (a link, a bad manifest, a file of the wrong type, size or
+        sha256, one that ``torch.load(weights_only=True)`` refuses, a trainer state that
+        disagrees with the manifest) or ``ForeignCheckpoint`` (intact, but not what ``expect``
+        asks for). A checkpoint marked unhealthy is returned: it is intact, and callers decide.
+        """
+        manifest, state = self._verified(path)
+        if expect is not None:
+            check_expectation(path, manifest, expect)
+        return manifest, state
+
+    def _verified(self, path: Path) -> tuple[CheckpointManifest, dict[str, Any]]:
+        """Integrity alone: the manifest, every file's type, size and sha256, loading, trainer consistency."""
+        import torch
+
+        folder = open_folder(path)
+        try:
+            manifest = read_manifest_at(folder, path)
+            state: dict[str, Any] = {}
+            for name, entry in manifest.files.items():
+                data = read_regular(folder, name, path, size=entry.bytes)
+                if hashlib.sha256(data).hexdigest() != entry.sha256:
+                    raise CorruptCheckpoint(f"{path}: {name} fails its sha256 check")
+                try:
+                    state[name.removesuffix(".pt")] = torch.load(
+                        io.BytesIO(data), map_location="cpu", weights_only=True
+                    )
+                except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
+                    raise CorruptCheckpoint(f"{path}: {name} does not load ({err.__class__.__name__})") from None
+        finally:
+            os.close(folder)
+        check_trainer(path, manifest, state)
+        return manifest, state
+
+    def _inspect(
+        self, path: Path, step: int, *, verify: bool, expect: Expectation | None
+    ) -> tuple[CheckpointInfo, dict[str, Any] | None]:
+        try:
+            manifest, state = self._verified(path) if verify else (self.read_manifest(path), None)
+        except CorruptCheckpoint as err:
+            return CheckpointInfo(path, step, None, str(err)), None
+        try:
+            if expect is not None:
+                check_expectation(path, manifest, expect)
+        except ForeignCheckpoint as err:
+            return CheckpointInfo(path, step, manifest, str(err), foreign=True), None
+        return CheckpointInfo(path, step, manifest, None if manifest.healthy else "marked unhealthy"), state
+
+    def _folders(self) -> list[tuple[Path, int]]:
+        """``(path, step)`` of every ``step-N`` entry that is a folder or a link, oldest first."""
         if not self.root.exists():
             return []
         if not self.root.is_dir():
             raise CheckpointError(f"{self.root} is not a directory")
-        infos = []
-        for entry in sorted(self.root.iterdir()):
-            match = STEP_RE.match(entry.name)
-            if not match or not entry.is_dir():
-                continue
-            try:
-                manifest = self.verify(entry) if verify else self.read_manifest(entry)
-                problem = None if manifest.healthy else "marked unhealthy"
-                infos.append(CheckpointInfo(entry, int(match.group(1)), manifest, problem))
-            except CorruptCheckpoint as err:
-                infos.append(CheckpointInfo(entry, int(match.group(1)), None, str(err)))
-        return infos
+        found = []
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                match = STEP_RE.match(entry.name)
+                if match and (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
+                    found.append((self.root / entry.name, int(match.group(1))))
+        return sorted(found, key=lambda item: item[1])
+
+    # ---- reading ------------------------------------------------------------------------
+    def scan(self, verify: bool = True, expect: Expectation | None = None) -> list[CheckpointInfo]:
+        """Every ``step-N`` folder, oldest first, with the reason it cannot be restored.
+
+        ``verify`` runs ``check`` on each (every byte hashed and loaded); without it only the
+        manifests are read, which is what listing and pruning need.
+        """
+        return [self._inspect(path, step, verify=verify, expect=expect)[0] for path, step in self._folders()]
 
     def read_manifest(self, path: Path) -> CheckpointManifest:
+        folder = open_folder(path)
         try:
-            text = (path / MANIFEST).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{path}: no manifest.json (incomplete save)") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise CorruptCheckpoint(f"{path}: manifest unreadable ({err})") from None
-        manifest = CheckpointManifest.parse(text, path)
-        if step_dirname(manifest.step) != path.name:
-            raise CorruptCheckpoint(f"{path}: manifest says step {manifest.step}")
-        return manifest
+            return read_manifest_at(folder, path)
+        finally:
+            os.close(folder)
 
     def verify(self, path: Path) -> CheckpointManifest:
         """Check the manifest and every file's size and sha256; raise ``CorruptCheckpoint``."""
-        self._read_verified(path, load=False)
-        return self.read_manifest(path)
+        return self.check(path)[0]
 
-    def _read_verified(self, path: Path, load: bool) -> tuple[CheckpointManifest, dict[str, bytes]]:
-        manifest = self.read_manifest(path)
-        blobs: dict[str, bytes] = {}
-        for name, info in manifest.files.items():
-            try:
-                data = (path / name).read_bytes()
-            except OSError as err:
-                raise CorruptCheckpoint(f"{path}: {name} unreadable ({err.strerror})") from None
-            if len(data) != info["bytes"]:
-                raise CorruptCheckpoint(f"{path}: {name} has {len(data)} bytes, manifest says {info['bytes']}")
-            if hashlib.sha256(data).hexdigest() != info["sha256"]:
-                raise CorruptCheckpoint(f"{path}: {name} fails its sha256 check")
-            if load:
-                blobs[name.removesuffix(".pt")] = data
-        return manifest, blobs
+    def load(self, path: Path, expect: Expectation | None = None) -> tuple[CheckpointManifest, dict[str, Any]]:
+        """``check``, which verifies and loads every file with ``torch.load(weights_only=True)``."""
+        return self.check(path, expect=expect)
 
-    def load(self, path: Path) -> tuple[CheckpointManifest, dict[str, Any]]:
-        """Verify, then load every file with ``torch.load(weights_only=True)``."""
+    def restore_candidate(
+        self, *, before_step: int | None = None, expect: Expectation | None = None
+    ) -> tuple[CheckpointInfo | None, CheckpointManifest | None, dict[str, Any] | None, list[CheckpointInfo]]:
+        """The newest restorable checkpoint (below ``before_step``), its manifest and state, and those skipped.
+
+        Newest first, each folder goes through ``check`` until one passes and is healthy; its
+        state is returned as loaded then, so the bytes verified are the bytes restored. The
+        newer folders passed over come back with their problems, newest first.
+        """
+        skipped: list[CheckpointInfo] = []
+        for path, step in reversed(self._folders()):
+            if before_step is not None and step >= before_step:
+                continue
+            info, state = self._inspect(path, step, verify=True, expect=expect)
+            if info.restorable and state is not None:
+                return info, info.manifest, state, skipped
+            skipped.append(info)
+        return None, None, None, skipped
+
+    def latest(
+        self, *, before_step: int | None = None, expect: Expectation | None = None
+    ) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
+        """The newest restorable checkpoint (below ``before_step``), and the newer ones skipped."""
+        info, _, _, skipped = self.restore_candidate(before_step=before_step, expect=expect)
+        return info, skipped
+
+    def export(self, out: Path, *, step: int | None = None, entry: str = "model") -> ExportedEntry:
+        """Write one entry of a verified checkpoint as a plain ``torch.save`` file, atomically.
+
+        The default checkpoint is the one a restore would use. The result loads with
+        ``torch.load(out, weights_only=True)`` and, for ``model``, ``model.load_state_dict``.
+        """
         import torch
 
-        manifest, blobs = self._read_verified(path, load=True)
-        state: dict[str, Any] = {}
-        for name, data in blobs.items():
-            try:
-                state[name] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
-                raise CorruptCheckpoint(f"{path}: {name}.pt does not load ({err.__class__.__name__})") from None
-        return manifest, state
-
-    def latest(self, *, before_step: int | None = None) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
-        """The newest restorable checkpoint (below ``before_step``), and the newer ones skipped."""
-        skipped: list[CheckpointInfo] = []
-        for info in reversed(self.scan(verify=True)):
-            if before_step is not None and info.step >= before_step:
-                continue
-            if info.restorable:
-                return info, skipped
-            skipped.append(info)
-        return None, skipped
+        out = Path(out)
+        if out.is_dir():
+            raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {str(out / 'model.pt')!r}")
+        if not out.parent.is_dir():
+            raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")
+        if step is None:
+            info, manifest, state, skipped = self.restore_candidate()
+            if info is None or manifest is None or state is None:
+                why = f"; newest skipped: {skipped[0].problem}" if skipped else ""
+                raise CheckpointError(f"{self.root} holds no restorable checkpoint to export{why}")
+            path = info.path
+        else:
+            path = self.root / step_dirname(step)
+            if not (path.exists() or path.is_symlink()):
+                steps = ", ".join(str(s) for _, s in self._folders()) or "none"
+                raise UsageError(f"--step {step}: {self.root} has no {path.name} (steps there: {steps}); pick one")
+            manifest, state = self.check(path)
+            if not manifest.healthy:
+                raise CheckpointError(f"{path} is marked unhealthy; export a healthy step (see `gpufleet ckpt list`)")
+        if entry not in state:
+            raise UsageError(f"--entry {entry!r}: {path.name} holds {', '.join(sorted(state))}; pick one of those")
+        value = state[entry]
+        try:
+            write_durably(out, lambda fh: torch.save(value, fh))
+        except OSError as err:
+            raise UsageError(f"--out {str(out)!r}: cannot write ({err.strerror}); choose another path") from None
+        tensors = _tensor_map(value)
+        return ExportedEntry(
+            source=path,
+            step=manifest.step,
+            entry=entry,
+            out=out,
+            bytes=out.stat().st_size,
+            tensors=len(tensors) if tensors is not None else 0,
+            fingerprint=model_fingerprint(tensors) if tensors else None,
+        )
 
     # ---- housekeeping -------------------------------------------------------------------
     def prune(self) -> list[Path]:
-        """Keep the newest ``keep`` checkpoints and the newest healthy one; delete the rest."""
-        infos = self.scan(verify=False)
+        """Keep the newest ``keep``, the newest healthy one and the best by ``keep_best``; delete the rest.
+
+        Links named ``step-N`` are not ours to delete and take no place among the ``keep``.
+        """
+        infos = [i for i in self.scan(verify=False) if not i.path.is_symlink()]
         keep = {info.path for info in infos[-self.keep :]}
         healthy = [i for i in infos if i.restorable]
         if healthy:
             keep.add(healthy[-1].path)
+        best = self.best(healthy)
+        if best is not None:
+            keep.add(best.path)
         removed = [info.path for info in infos if info.path not in keep]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed
 
+    def best(self, infos: list[CheckpointInfo]) -> CheckpointInfo | None:
+        """The healthy checkpoint of ``infos`` with the best ``keep_best`` metric (the newest on a tie)."""
+        if self.keep_best is None:
+            return None
+        metric, mode = self.keep_best
+        ranked = [
+            (i.manifest.metrics[metric], i)
+            for i in infos
+            if i.restorable and i.manifest and metric in i.manifest.metrics
+        ]
+        if not ranked:
+            return None
+        sign = 1.0 if mode == "max" else -1.0
+        return max(ranked, key=lambda item: (sign * item[0], item[1].step))[1]
+
     def drop_after(self, step: int) -> list[Path]:
         """Delete checkpoints newer than ``step`` (a discarded branch after a rollback)."""
-        removed = [info.path for info in self.scan(verify=False) if info.step > step]
+        removed = [p for p, s in self._folders() if s > step and not p.is_symlink()]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed
@@ -398,11 +589,31 @@ class CheckpointDir:
         """Remove folders left by saves that were killed (only one writer per directory)."""
         if self.root.is_dir():
             for entry in self.root.iterdir():
-                if entry.name.startswith((".tmp-step-", ".old-step-")) and entry.is_dir():
+                if entry.name.startswith((".tmp-step-", ".old-step-")) and entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
 
 
-def _with_seconds(manifest: CheckpointManifest, seconds: float) -> CheckpointManifest:
-    from dataclasses import replace
+def _tensor_map(value: Any) -> dict[str, Any] | None:
+    """``value`` as a name -> tensor mapping when it is one (a state dict), else ``None``."""
+    import torch
 
-    return replace(manifest, save_seconds=seconds)
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        return None
+    return {k: v for k, v in value.items() if isinstance(v, torch.Tensor)}
+
+
+__all__ = [
+    "MANIFEST",
+    "SCHEMA_VERSION",
+    "STEP_RE",
+    "CheckpointDir",
+    "CheckpointInfo",
+    "CheckpointManifest",
+    "Expectation",
+    "ExportedEntry",
+    "FileEntry",
+    "model_fingerprint",
+    "state_dict_mismatch",
+    "step_dirname",
+    "write_durably",
+]

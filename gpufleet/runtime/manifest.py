@@ -1,0 +1,329 @@
+"""What a checkpoint says it is (``manifest.json``, the model fingerprint), and the checks of its claims.
+
+The manifest is read back from disk, so it is untrusted input: it is parsed by a strict model
+(no coercion: ``"healthy": "false"`` is a string, not a boolean; ``"step": "60"`` is not a step;
+no unknown fields), and anything that does not validate makes the checkpoint corrupt, with the
+field named. ``schema_version`` stays 1: every field added since (``job``, ``fingerprint``,
+``metrics``) is optional, so manifests written before them still read.
+
+Files are read the same careful way: the folder and each file are opened without following
+links (``O_NOFOLLOW``; ``O_NONBLOCK`` so a FIFO cannot hang the reader), ``fstat``'ed, and read
+only when they are regular files of the size the manifest states, so a link to ``/dev/zero`` or a
+FIFO is a clear ``CorruptCheckpoint``, never a ``MemoryError`` or a hang.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator
+
+from gpufleet.errors import CorruptCheckpoint, ForeignCheckpoint
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+MANIFEST_MAX_BYTES = 1 << 20
+"""A manifest is a few hundred bytes per file; anything past 1 MiB is not one we wrote."""
+FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\.pt$")
+SHA256_RE = r"^[0-9a-f]{64}$"
+STEP_RE = re.compile(r"^step-(\d{8})$")
+# O_NOFOLLOW: a link is refused, not followed out of the folder; O_NONBLOCK: opening a FIFO
+# returns at once (and fstat then refuses it) instead of waiting for a writer forever.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class FileEntry(_Strict):
+    """One file of a checkpoint, as the manifest records it."""
+
+    sha256: str = Field(pattern=SHA256_RE)
+    """Lower-case hex digest of the file's bytes."""
+    bytes: int = Field(ge=0)
+    """Exact size: a file of any other size is not read at all."""
+
+
+class CheckpointManifest(_Strict):
+    """What ``manifest.json`` holds (schema_version 1)."""
+
+    schema_version: int
+    step: int = Field(ge=0)
+    healthy: bool
+    loss: float | None = Field(default=None, allow_inf_nan=False)
+    """Loss of the last step; a NaN or infinite loss is written as ``null``."""
+    data_position: int = Field(default=0, ge=0)
+    reason: str = ""
+    created_at: FiniteFloat
+    save_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    files: dict[str, FileEntry] = Field(min_length=1)
+    """File name -> its sha256 and byte count."""
+    meta: dict[str, Any] = Field(default_factory=dict)
+    job: str | None = None
+    """Identity of the job that wrote it (the job id under gpufleet): another job's is not restored."""
+    fingerprint: str | None = Field(default=None, pattern=SHA256_RE)
+    """``model_fingerprint`` of the model saved: names a checkpoint written for another architecture."""
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
+    """Metrics measured at this step (``keep_best`` ranks checkpoints by one of them)."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {value} is not {SCHEMA_VERSION} (written by another gpufleet?)")
+        return value
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _safe_names(cls, files: Any) -> Any:
+        # Checked before the entries: a name like "../../etc/passwd.pt" would read outside the folder.
+        for name in files if isinstance(files, dict) else ():
+            if not isinstance(name, str) or not FILE_RE.match(name):
+                raise ValueError(f"invalid file {name!r}: names are letters, digits, '_', '.', '-' ending in .pt")
+        return files
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files.values())
+
+    @property
+    def stems(self) -> frozenset[str]:
+        """The state entries this checkpoint holds (``model`` for ``model.pt``)."""
+        return frozenset(name.removesuffix(".pt") for name in self.files)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | bytes, where: Path) -> CheckpointManifest:
+        """Parse an untrusted manifest; raise ``CorruptCheckpoint`` naming the field that is wrong."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            raise CorruptCheckpoint(f"{where}: {describe_invalid(err)}") from None
+
+
+def describe_invalid(err: ValidationError, *, fix: str = "delete this checkpoint") -> str:
+    """One line for the first problem of a manifest (and how many more there are), ending in ``fix``."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    if first["type"] == "json_invalid":
+        return f"manifest is not valid JSON ({first['msg'].removeprefix('Invalid JSON: ')}); {fix}"
+    where = _loc(first["loc"])
+    if first["type"] == "missing":
+        return f"manifest field {where} is missing{more}; {fix}"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    got = repr(first.get("input"))
+    got = got if len(got) <= 60 else got[:57] + "..."
+    return f"manifest field {where}: {message} (got {got}){more}; {fix}"
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    if not loc:
+        return "(top level)"
+    out = str(loc[0])
+    for part in loc[1:]:
+        out += f"[{part!r}]" if isinstance(part, int) or not str(part).isidentifier() else f".{part}"
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expectation:
+    """What the restoring job needs of a checkpoint, beyond its being intact."""
+
+    job: str | None = None
+    """This job's identity: a checkpoint written by another job (``manifest.job`` set and different) is refused."""
+    objects: frozenset[str] = frozenset()
+    """State entries that must be present (``optimizer`` for ``optimizer.pt``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.objects, str):
+            raise TypeError(f"Expectation.objects={self.objects!r} is one string: pass a set of names")
+        object.__setattr__(self, "objects", frozenset(self.objects))
+
+
+def open_folder(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK) or (err.errno == errno.ENOTDIR and path.is_symlink()):
+            raise CorruptCheckpoint(f"{path} is a symbolic link: only real step folders are restored") from None
+        if err.errno == errno.ENOTDIR:
+            raise CorruptCheckpoint(f"{path} is not a directory") from None
+        raise CorruptCheckpoint(f"{path}: cannot open ({err.strerror})") from None
+
+
+def read_regular(folder: int, name: str, where: Path, *, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of ``name`` in the open ``folder``: a regular file, of ``size`` bytes (or at most ``limit``)."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
+    except FileNotFoundError:
+        incomplete = " (incomplete save)" if name == MANIFEST else ""
+        raise CorruptCheckpoint(f"{where}: {name} is missing{incomplete}") from None
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK):
+            raise CorruptCheckpoint(
+                f"{where}: {name} is a symbolic link; a checkpoint holds regular files only"
+            ) from None
+        raise CorruptCheckpoint(f"{where}: {name} unreadable ({err.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = (
+                "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "special"
+            )
+            raise CorruptCheckpoint(f"{where}: {name} is not a regular file ({kind}); a checkpoint holds files only")
+        if size is not None and info.st_size != size:
+            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
+        if limit is not None and info.st_size > limit:
+            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, more than the {limit} allowed")
+        with io.FileIO(fd, "rb", closefd=False) as fh:
+            data = fh.readall()
+    except OSError as err:
+        raise CorruptCheckpoint(f"{where}: {name} unreadable ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    if size is not None and len(data) != size:  # it changed while being read
+        raise CorruptCheckpoint(f"{where}: {name} has {len(data)} bytes, manifest says {size}")
+    return data
+
+
+def read_manifest_at(folder: int, path: Path) -> CheckpointManifest:
+    manifest = CheckpointManifest.parse(read_regular(folder, MANIFEST, path, limit=MANIFEST_MAX_BYTES), path)
+    if step_dirname(manifest.step) != path.name:
+        raise CorruptCheckpoint(f"{path}: manifest says step {manifest.step}, the folder is named {path.name}")
+    return manifest
+
+
+def check_trainer(path: Path, manifest: CheckpointManifest, state: Mapping[str, Any]) -> None:
+    """The trainer state and the manifest describe the same checkpoint (a stale or edited one does not)."""
+    trainer = state.get("trainer")
+    if not isinstance(trainer, dict):
+        return
+    if "step" in trainer:
+        held = trainer["step"]
+        if isinstance(held, bool) or not isinstance(held, int) or held != manifest.step:
+            raise CorruptCheckpoint(f"{path}: manifest says step {manifest.step}, trainer.pt holds step {held!r}")
+    if "objects" in trainer:
+        listed = trainer["objects"]
+        if not isinstance(listed, list | tuple) or not all(isinstance(o, str) for o in listed):
+            raise CorruptCheckpoint(f"{path}: trainer.pt 'objects' is not a list of names ({listed!r})")
+        missing, extra = sorted(set(listed) - manifest.stems), sorted(manifest.stems - set(listed))
+        if missing:
+            names = ", ".join(f"{m}.pt" for m in missing)
+            raise CorruptCheckpoint(f"{path}: trainer.pt lists {sorted(listed)}, but the manifest has no {names}")
+        if extra:
+            names = ", ".join(f"{e}.pt" for e in extra)
+            raise CorruptCheckpoint(f"{path}: the manifest lists {names}, which trainer.pt does not name")
+
+
+def check_expectation(path: Path, manifest: CheckpointManifest, expect: Expectation) -> None:
+    if expect.job is not None and manifest.job is not None and manifest.job != expect.job:
+        raise ForeignCheckpoint(
+            f"{path}: written by job {manifest.job}, this is job {expect.job}; give each job its own checkpoint folder"
+        )
+    missing = sorted(expect.objects - manifest.stems)
+    if missing:
+        names = ", ".join(f"{m}.pt" for m in missing)
+        raise ForeignCheckpoint(f"{path}: has no {names}; was it written by another training script?")
+
+
+def finite_or_none(value: float | None) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def model_fingerprint(state_dict: Mapping[str, Any]) -> str:
+    """sha256 over the sorted ``name:shape:dtype`` of the tensors of a model's ``state_dict``.
+
+    Names and shapes identify an architecture (and dtypes how it is stored) without reading a
+    single weight, so two models with the same layers give the same fingerprint whatever their
+    values, and a resized layer changes it. Non-tensor entries (``_extra_state``) are left out.
+    """
+    import torch
+
+    lines = sorted(
+        f"{name}:{','.join(str(d) for d in value.shape)}:{value.dtype}"
+        for name, value in state_dict.items()
+        if isinstance(value, torch.Tensor)
+    )
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
+def state_dict_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], *, show: int = 3) -> str:
+    """Why ``saved`` does not fit a model whose state_dict is ``current``, in one short line.
+
+    Lists the first ``show`` missing keys (the model has them, the checkpoint does not),
+    unexpected keys (the reverse) and shape or dtype mismatches, each with its count, in the
+    words of ``load_state_dict``, for an error that says what changed in the model.
+    """
+    import torch
+
+    def described(value: Any) -> tuple[list[int] | None, str | None]:
+        if isinstance(value, torch.Tensor):
+            return list(value.shape), str(value.dtype).removeprefix("torch.")
+        return None, None
+
+    def first(names: list[str]) -> str:
+        extra = f" (+{len(names) - show} more)" if len(names) > show else ""
+        return ", ".join(names[:show]) + extra
+
+    missing = sorted(k for k in current if k not in saved)
+    unexpected = sorted(k for k in saved if k not in current)
+    shapes, dtypes = [], []
+    for name in sorted(k for k in current if k in saved):
+        (old_shape, old_dtype), (new_shape, new_dtype) = described(saved[name]), described(current[name])
+        if old_shape != new_shape:
+            shapes.append(f"shape of {name} is {old_shape} in the checkpoint, {new_shape} in the model")
+        elif old_dtype != new_dtype:
+            dtypes.append(f"dtype of {name} is {old_dtype} in the checkpoint, {new_dtype} in the model")
+    parts = []
+    if missing:
+        parts.append(f"missing {len(missing)}: {first(missing)}")
+    if unexpected:
+        parts.append(f"unexpected {len(unexpected)}: {first(unexpected)}")
+    for group in (shapes, dtypes):
+        if group:
+            more = f" (+{len(group) - show} more)" if len(group) > show else ""
+            parts.append("; ".join(group[:show]) + more)
+    return "; ".join(parts) if parts else "same names, shapes and dtypes"
+
+
+__all__ = [
+    "FILE_RE",
+    "MANIFEST",
+    "MANIFEST_MAX_BYTES",
+    "SCHEMA_VERSION",
+    "STEP_RE",
+    "CheckpointManifest",
+    "Expectation",
+    "FileEntry",
+    "check_expectation",
+    "check_trainer",
+    "describe_invalid",
+    "finite_or_none",
+    "model_fingerprint",
+    "open_folder",
+    "read_manifest_at",
+    "read_regular",
+    "state_dict_mismatch",
+    "step_dirname",
+]
