@@ -89,6 +89,25 @@ class Loop:
         return ended - started, runtime + ended - before_report
 
 
+CHECK_ROUNDS = 21
+
+
+def state_check_seconds(sess: TrainSession) -> tuple[float, float]:
+    """Median seconds of the session's fused NaN/inf check of weights and optimizer state, and of
+    the obvious per-tensor ``isfinite().all()`` loop over the same tensors (one sync each)."""
+    tensors = [t for _, t in sess._named_state() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    fused: list[float] = []
+    naive: list[float] = []
+    for _ in range(CHECK_ROUNDS):
+        started = time.perf_counter()
+        assert sess.nonfinite_state() is None
+        fused.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert all(bool(torch.isfinite(t).all()) for t in tensors)
+        naive.append(time.perf_counter() - started)
+    return common.median(fused), common.median(naive)
+
+
 def main(argv: list[str]) -> int:
     p = common.parser("Per-step overhead of TrainSession on the tinylm training loop.")
     p.add_argument("--rounds", type=int, default=5, help="rounds of each variant (default 5)")
@@ -156,6 +175,7 @@ def main(argv: list[str]) -> int:
             started = time.perf_counter()
             sess.save("bench")
             save_seconds = time.perf_counter() - started
+            fused, per_tensor = state_check_seconds(sess)
             ckpt_bytes = sum(f.stat().st_size for f in (work / "checkpoints").rglob("*.pt"))
         events = events_path.read_text(encoding="utf-8").count("\n")
     finally:
@@ -196,6 +216,24 @@ def main(argv: list[str]) -> int:
             "",
         ],
         ["one checkpoint save (info)", "1", ms(save_seconds), "", "", "", ""],
+        [
+            "state NaN/inf check, fused (each save, end)",
+            str(CHECK_ROUNDS),
+            ms(fused),
+            "",
+            "",
+            f"{common.ratio(fused, save_seconds):.1%} of a save",
+            "",
+        ],
+        [
+            "  per-tensor isfinite().all() (baseline)",
+            str(CHECK_ROUNDS),
+            ms(per_tensor),
+            "",
+            "",
+            f"fused is {common.ratio(per_tensor, fused):.1f}x faster",
+            "",
+        ],
     ]
     table = common.format_table(
         f"Step time, tinylm ({params:,} params, batch {BATCH_SIZE}, context {CONTEXT}, {args.threads} thread(s)), "
@@ -226,6 +264,8 @@ def main(argv: list[str]) -> int:
         "runtime_share_of_bare_step": runtime_share,
         "checkpoints_in_window": saves_before,
         "checkpoint_save_s": save_seconds,
+        "state_check_s": fused,
+        "state_check_per_tensor_s": per_tensor,
         "checkpoint_bytes": ckpt_bytes,
         "events_logged": events,
         "target": {"overhead_max": TARGET_OVERHEAD},

@@ -46,6 +46,14 @@ class Resources(_Frozen):
     """CPU threads given to the process (``torch.set_num_threads``)."""
 
 
+class KeepBest(_Frozen):
+    """The checkpoint with the best value of a logged metric survives pruning."""
+
+    metric: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    """A metric passed to ``report(**metrics)`` or ``log(kind, **data)``, e.g. ``val_loss``."""
+    mode: Literal["min", "max"] = "min"
+
+
 class CheckpointPolicy(_Frozen):
     """When to save, how many to keep, and how long a preempted job has to save."""
 
@@ -55,6 +63,11 @@ class CheckpointPolicy(_Frozen):
     """Newest checkpoints kept; the newest healthy one is always kept as well."""
     grace_seconds: float = Field(default=30.0, gt=0, le=3600)
     """Time between SIGTERM and SIGKILL when the job is preempted or cancelled."""
+    keep_best: KeepBest | None = None
+    """Also keep the healthy checkpoint with the best value of this metric (a new best is saved)."""
+    on_no_space: Literal["continue", "requeue"] = "continue"
+    """A save that finds the disk full: ``continue`` training and try again at the next interval,
+    or ``requeue`` the job (exit 75) to run where there is room. The last good checkpoint stays."""
 
     @model_validator(mode="after")
     def _some_trigger(self) -> CheckpointPolicy:
@@ -178,6 +191,10 @@ class JobSpec(_Frozen):
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     health: HealthPolicy = Field(default_factory=HealthPolicy)
     max_restarts: int = Field(default=10, ge=0, le=1000)
+    resume: Literal["auto", "never", "must"] = "auto"
+    """``auto``: restore the newest healthy checkpoint when there is one; ``must``: fail when there
+    is none; ``never``: start from scratch, and refuse a checkpoint directory holding another run's
+    checkpoints (a requeued attempt of the same job still resumes)."""
     env: dict[str, str] = Field(default_factory=dict)
     telemetry: Telemetry = Field(default_factory=Telemetry)
     placement: Placement = Field(default_factory=Placement)

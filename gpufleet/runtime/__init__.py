@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
-    from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest
+    from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest, Expectation
+    from gpufleet.runtime.data import batch_generator, random_batch_indices
     from gpufleet.runtime.events import EventLog
     from gpufleet.runtime.health import HealthMonitor
     from gpufleet.runtime.session import Preempted, TrainSession
@@ -21,6 +22,9 @@ _LAZY = {
     "CheckpointDir": "gpufleet.runtime.checkpoint",
     "CheckpointInfo": "gpufleet.runtime.checkpoint",
     "CheckpointManifest": "gpufleet.runtime.checkpoint",
+    "Expectation": "gpufleet.runtime.checkpoint",
+    "batch_generator": "gpufleet.runtime.data",
+    "random_batch_indices": "gpufleet.runtime.data",
     "EventLog": "gpufleet.runtime.events",
     "HealthMonitor": "gpufleet.runtime.health",
     "Preempted": "gpufleet.runtime.session",
@@ -33,9 +37,12 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointManifest",
     "EventLog",
+    "Expectation",
     "HealthMonitor",
     "Preempted",
     "TrainSession",
+    "batch_generator",
+    "random_batch_indices",
 ]
 
 

@@ -5,6 +5,7 @@ The backend exports these variables to every attempt; ``TrainSession.from_env`` 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,8 +46,20 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
     }
 
 
+PYTHON_RE = re.compile(r"^python(?:3(?:\.\d+)?)?$")
+"""A bare ``python``, ``python3`` or ``python3.X``: gpufleet's own interpreter, not the first on PATH."""
+
+
 def entry_argv(spec: JobSpec) -> list[str]:
-    """The process an attempt runs: the launcher for ``module:function``, else the command."""
+    """The process an attempt runs: the launcher for ``module:function``, else the command.
+
+    A command that starts with a bare ``python`` (``python train.py``) runs under the interpreter
+    gpufleet itself runs in, so it sees the same packages (torch, gpufleet); give a path
+    (``/usr/bin/python3``, ``.venv/bin/python``) to choose another.
+    """
     if spec.callable_entrypoint:
         return [sys.executable, "-m", "gpufleet.runtime.launch"]
-    return list(spec.command or [])
+    argv = list(spec.command or [])
+    if argv and PYTHON_RE.match(argv[0]):
+        argv[0] = sys.executable
+    return argv

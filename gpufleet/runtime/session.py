@@ -17,25 +17,32 @@ with ``REQUEUE_EXIT_CODE`` so the scheduler puts the job back in the queue.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from gpufleet.errors import CheckpointError, GpufleetError, HealthError
+from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
-from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo
+from gpufleet.runtime.checkpoint import (
+    CheckpointDir,
+    CheckpointInfo,
+    Expectation,
+    model_fingerprint,
+    state_dict_mismatch,
+)
 from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.health import HealthMonitor
+from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
-from gpufleet.runtime.state import capture_rng, restore_rng
+from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
 from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
 
@@ -87,6 +94,10 @@ class Preempted(SystemExit):
         self.step = step
 
 
+RESUME_MODES = ("auto", "never", "must")
+RESERVED_NAMES = frozenset({"trainer"})
+
+
 class TrainSession:
     """Restore-or-init, step loop, health, checkpoints and the preemption guard."""
 
@@ -97,7 +108,7 @@ class TrainSession:
         model: Stateful,
         optimizer: Stateful | None = None,
         scheduler: Stateful | None = None,
-        extra: Mapping[str, Stateful] | None = None,
+        extra: Mapping[str, Any] | None = None,
         total_steps: int | None = None,
         policy: CheckpointPolicy | None = None,
         health: HealthPolicy | None = None,
@@ -107,11 +118,19 @@ class TrainSession:
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
         gpu_sampler: GpuSampler | None = None,
+        resume: str = "auto",
+        job: str | None = None,
+        echo: bool = True,
     ) -> None:
+        if resume not in RESUME_MODES:
+            raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
         self.gpu_sampler = gpu_sampler
         """Samples the job's GPUs in a thread while the session is open (see ``gpu_sampler_from_env``)."""
-        self.ckpts = CheckpointDir(Path(ckpt_dir), keep=(policy or CheckpointPolicy()).keep)
         self.policy = policy or CheckpointPolicy()
+        best = self.policy.keep_best
+        self.ckpts = CheckpointDir(
+            Path(ckpt_dir), keep=self.policy.keep, keep_best=(best.metric, best.mode) if best else None
+        )
         self.health_policy = health or HealthPolicy()
         self.events = events or EventLog(None)
         self.total_steps = total_steps
@@ -119,15 +138,32 @@ class TrainSession:
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         """Dense peak FLOP/s of all the job's GPUs; with ``flops_per_token``, step events carry MFU."""
+        self.resume = resume
+        """``auto``, ``never`` or ``must`` (see ``JobSpec.resume``)."""
+        self.job = job
+        """This run's identity (the job id under gpufleet); a checkpoint of another job is refused."""
+        self.echo = echo
+        """Print restores, rollbacks and refusals to stdout as well as to the event log."""
         self._objects: dict[str, Stateful] = {"model": model}
         if optimizer is not None:
             self._objects["optimizer"] = optimizer
         if scheduler is not None:
             self._objects["scheduler"] = scheduler
+        self.values: dict[str, Any] = {}
+        """Plain values saved with every checkpoint and restored with it (``extra`` entries without
+        ``state_dict``): read and assign them here, e.g. ``s.values["best_val_loss"] = v``."""
         for name, obj in (extra or {}).items():
-            if name in self._objects or name == "trainer":
+            if name in self._objects or name in RESERVED_NAMES:
                 raise ValueError(f"extra state name {name!r} is reserved")
-            self._objects[name] = obj
+            if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+                self._objects[name] = obj
+            elif is_plain(obj):
+                self.values[name] = obj
+            else:
+                raise ValueError(
+                    f"extra[{name!r}] is a {type(obj).__name__}: give an object with state_dict/load_state_dict, "
+                    "or a plain value (number, string, tensor, or lists and dicts of them)"
+                )
         self._model = model
         self._handle_signals = handle_signals
         self._previous_handlers: dict[int, Any] = {}
@@ -135,10 +171,22 @@ class TrainSession:
         self.step = 0
         """Optimizer steps completed."""
         self.data_position = 0
-        """Index of the next batch in the data stream; advances by one a step, jumps on rollback."""
+        """Index of the next batch in the data stream; advances by ``batches`` a step, jumps on rollback."""
         self.monitor = HealthMonitor(self.health_policy)
         self.rollbacks = 0
         self.last_loss: float | None = None
+        self.inject_preempt_at: int | None = None
+        """Debugging: behave as if SIGTERM arrived when this attempt's training reaches this step."""
+        self.inject_rollback_at: int | None = None
+        """Debugging: once, after this step, roll back to the previous checkpoint and replay (no skip)."""
+        self._injected_rollback = False
+        self._logged: dict[str, int] = {}
+        """Kind -> the last step it was logged at; saved, so a resume right after an evaluation skips it."""
+        self._done: set[tuple[str, int]] = set()
+        """(kind, step) logged in this process: a rollback does not evaluate the same step twice."""
+        self._best: float | None = None
+        self._metric: tuple[int, float] | None = None
+        self._fingerprint: str | None = None
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
         self._unhealthy_since_save = False
@@ -157,26 +205,28 @@ class TrainSession:
         model: Stateful,
         optimizer: Stateful | None = None,
         scheduler: Stateful | None = None,
-        extra: Mapping[str, Stateful] | None = None,
+        extra: Mapping[str, Any] | None = None,
         total_steps: int | None = None,
         ckpt_dir: str | Path = "checkpoints",
         flops_per_token: float | None = None,
+        resume: str | None = None,
     ) -> TrainSession:
         """Build a session from what the backend exported (``GPUFLEET_*``), or local defaults.
 
         Under gpufleet, checkpoints go to ``$GPUFLEET_CKPT_DIR``, policies come from the job's
         spec and events to the job's event log; run by hand, checkpoints go to ``ckpt_dir``.
+        ``resume`` overrides the spec's (``GPUFLEET_RESUME`` overrides both).
         """
         env = os.environ
         policy, health, peak, gpu_type, provider = CheckpointPolicy(), HealthPolicy(), None, "", ""
-        telemetry, gpus, spot = Telemetry(), 1, False
+        telemetry, gpus, spot, spec_resume = Telemetry(), 1, False, "auto"
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
             peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
             gpu_type, provider = spec.resources.gpu_type, spec.provider
-            telemetry, gpus, spot = spec.telemetry, spec.resources.gpus, spec.spot
+            telemetry, gpus, spot, spec_resume = spec.telemetry, spec.resources.gpus, spec.spot, spec.resume
         events_path = env.get("GPUFLEET_EVENTS")
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
         attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
@@ -184,7 +234,7 @@ class TrainSession:
         labels = {**labels_from_env(env, gpu_type, provider), "attempt": str(attempt)}
         sampler = gpu_sampler_from_env(env, telemetry, gpus, attempt)
         events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, spot=spot))
-        return cls(
+        session = cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,
             optimizer=optimizer,
@@ -198,16 +248,46 @@ class TrainSession:
             flops_per_token=flops_per_token,
             peak_flops=peak,
             gpu_sampler=sampler,
+            resume=env.get("GPUFLEET_RESUME") or resume or spec_resume,
+            job=env.get("GPUFLEET_JOB_ID") or None,
         )
+        session.inject_preempt_at = _env_step(env, "GPUFLEET_DEBUG_PREEMPT_AT")
+        session.inject_rollback_at = _env_step(env, "GPUFLEET_DEBUG_ROLLBACK_AT")
+        return session
 
     # ---- context manager: restore on entry, handlers in, handlers out ----------------------
     def __enter__(self) -> TrainSession:
-        self.events.emit("session_start", pid=os.getpid(), total_steps=self.total_steps)
+        self.events.emit("session_start", pid=os.getpid(), total_steps=self.total_steps, resume=self.resume)
+        try:
+            self._open()
+        except BaseException as err:
+            if self.gpu_sampler is not None:
+                self.gpu_sampler.close()
+            self.events.emit("session_end", status="failed", step=self.step, error=f"{type(err).__name__}: {err}")
+            self.events.close()
+            raise
+        return self
+
+    def _open(self) -> None:
         self.ckpts.clean_temporaries()
+        self._fingerprint = model_fingerprint(self._model.state_dict())
+        self._check_resume_mode()
         if self.gpu_sampler is not None:
             self.gpu_sampler.start()
             self.events.emit("gpu_source", source=self.gpu_sampler.source.description)
-        self.restore()
+        info = self.restore()
+        if info is None and self.resume == "must":
+            raise CheckpointError(
+                f"resume: must, but {self.ckpts.root} holds no restorable checkpoint; "
+                "run with resume: auto to start from scratch"
+            )
+        if self.total_steps is not None and self.step >= self.total_steps:
+            self._say(
+                "nothing_to_train",
+                f"{self.ckpts.root} is already at step {self.step} of {self.total_steps}: nothing to train "
+                "(resume: never, or remove the checkpoints, to start over)",
+                step=self.step,
+            )
         if self._handle_signals and threading.current_thread() is threading.main_thread():
             for sig in PREEMPT_SIGNALS:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -215,7 +295,6 @@ class TrainSession:
         self._step_started = time.monotonic()
         self._window_start = time.monotonic()
         self.events.emit("train_start", step=self.step, data_position=self.data_position)
-        return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -223,15 +302,39 @@ class TrainSession:
         self._previous_handlers.clear()
         if self.gpu_sampler is not None:
             self.gpu_sampler.close()
-        if exc_type is None:
-            if self._last_saved_step != self.step and self.step > 0:
-                self.save("final")
-            self.events.emit("session_end", status="completed", step=self.step)
-        elif isinstance(exc, Preempted):
-            self.events.emit("session_end", status="requeue", step=self.step)
-        else:
-            self.events.emit("session_end", status="failed", step=self.step, error=f"{exc_type.__name__}: {exc}")
-        self.events.close()
+        try:
+            if exc is None:
+                self._finish()
+        except BaseException as err:
+            exc = err
+            raise
+        finally:
+            if exc is None:
+                self.events.emit("session_end", status="completed", step=self.step)
+            elif isinstance(exc, Preempted):
+                self.events.emit("session_end", status="requeue", step=self.step)
+            else:
+                self.events.emit("session_end", status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
+            self.events.close()
+
+    def _finish(self) -> None:
+        """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
+        bad = self.nonfinite_state()
+        if bad is not None or self._unhealthy_since_save:
+            what = f"{bad} holds NaN or inf" if bad else "a step since the last checkpoint was unhealthy"
+            self._say(
+                "unhealthy",
+                f"the final state at step {self.step} is unhealthy: {what}",
+                step=self.step,
+                reason="nonfinite_state" if bad else "unhealthy_step",
+                tensor=bad,
+            )
+            raise HealthError(
+                f"training ended at step {self.step} on an unhealthy state ({what}); the job is not completed. "
+                "Use health.action: rollback, or loop with `for _ in session.steps()` so it can roll back"
+            )
+        if self._last_saved_step != self.step and self.step > 0:
+            self._save("final", bad)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only set a flag: the save happens at the next step boundary, never inside a step.
@@ -241,30 +344,85 @@ class TrainSession:
         """Ask for a save-and-requeue at the next step boundary (what SIGTERM does)."""
         self._preempt_signal = signum
 
+    @property
+    def preempt_requested(self) -> bool:
+        """True once SIGTERM/SIGUSR1 arrived: a long evaluation should stop and reach ``report``.
+
+        The save happens at the next ``report`` (or when the session ends); work inside a step
+        that outlasts the grace period is killed with the process. Check this in any loop that
+        can take long (evaluation, generation) and ``break``.
+        """
+        return self._preempt_signal is not None
+
+    def _say(self, kind: str, message: str, **data: Any) -> None:
+        """An event that a person running the script should also see on stdout."""
+        self.events.emit(kind, message=message, **data)
+        if self.echo:
+            print(f"gpufleet: {message}", flush=True)
+
     # ---- the loop -----------------------------------------------------------------------------
     def steps(self) -> Iterator[int]:
-        """Yield the index of each step to run, from the restored step to ``total_steps``."""
+        """Yield the index of each step to run, from the restored step to ``total_steps``.
+
+        At the end the whole state (weights and optimizer) is checked for NaN and inf; with
+        ``health.action: rollback`` a bad final state is rolled back and the loop goes on.
+        """
         if not self._entered:
             raise RuntimeError("use TrainSession as a context manager: `with session: for step in session.steps()`")
-        while self.total_steps is None or self.step < self.total_steps:
-            yield self.step
+        while True:
+            while self.total_steps is None or self.step < self.total_steps:
+                yield self.step
+            bad = self.nonfinite_state() if self.health_policy.action == "rollback" else None
+            if bad is None:
+                return
+            self._roll_back_bad_state(bad, "at the end")
 
-    def report(self, loss: float | torch.Tensor, *, tokens: int = 0, batches: int = 1, **metrics: float) -> None:
-        """Close the current step: judge its loss, then checkpoint, roll back or exit as needed."""
-        value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
+    def due(self, kind: str, every: int) -> bool:
+        """True when ``step % every == 0`` and nothing of ``kind`` was logged at this step yet.
+
+        ``if s.due("eval", every=250): ...; s.log("eval", val_loss=v)`` evaluates once per
+        step, also after a rollback or a resume lands on a step that was already evaluated.
+        """
+        if every <= 0:
+            raise ValueError(f"every={every} must be at least 1")
+        done = (kind, self.step) in self._done or self._logged.get(kind) == self.step
+        return self.step % every == 0 and not done
+
+    def report(
+        self,
+        loss: float | torch.Tensor | Sequence[float | torch.Tensor],
+        *,
+        tokens: int = 0,
+        batches: int | None = None,
+        **metrics: float,
+    ) -> None:
+        """Close the current step: judge its loss, then checkpoint, roll back or exit as needed.
+
+        ``loss`` is the step's loss, or with gradient accumulation the list of every micro-batch's
+        loss: each is judged, the event names the offending micro-batch, and a rollback skips up
+        to it. ``batches`` is how many data positions the step consumed (default: one per loss).
+        """
+        values = loss_values(loss)
+        batches = len(values) if batches is None else batches
         now = time.monotonic()
-        verdict = self.monitor.judge(value)
+        verdict, micro = self.monitor.judge_step(values)
+        value = step_loss(values)
         if not verdict.healthy:
+            per = batches // len(values) if len(values) > 1 and batches % len(values) == 0 else 0
+            position = self.data_position + (micro or 0) * per
+            detail = {"micro_batch": micro, "micro_losses": values} if len(values) > 1 else {}
             self.events.emit(
                 "unhealthy",
                 step=self.step + 1,
-                loss=value,
+                loss=values[micro] if micro is not None else value,
                 reason=verdict.reason,
                 zscore=verdict.zscore,
-                data_position=self.data_position,
+                data_position=position,
+                **detail,
             )
             if self.health_policy.action == "rollback":
-                self._rollback(bad_batch_end=self.data_position + batches)
+                bad_end = position + per if per and micro is not None else self.data_position + batches
+                self._rollback(self.step + 1, skip_to=bad_end + self.health_policy.skip_extra_batches)
                 return
             self._unhealthy_since_save = True
         else:
@@ -274,6 +432,7 @@ class TrainSession:
         self.data_position += batches
         self.last_loss = value
         self._window_tokens += tokens
+        self._note_metrics(metrics)
         if now - self._last_log >= self.log_every_s or self.step == self.total_steps:
             elapsed = max(now - self._window_start, 1e-9)
             tokens_per_s = self._window_tokens / elapsed
@@ -288,15 +447,47 @@ class TrainSession:
                 **metrics,
             )
             self._last_log, self._window_tokens, self._window_start = now, 0, now
+        if self.inject_rollback_at == self.step and not self._injected_rollback:
+            self._injected_rollback = True
+            self._rollback(self.step, skip_to=None, injected=True)
+            return
+        if self.inject_preempt_at == self.step:
+            self._preempt_signal = signal.SIGTERM
         if self._preempt_signal is not None:
             self._preempt()
         if self._save_due(now):
-            self.save("periodic")
+            bad = self.nonfinite_state()
+            if bad is not None and self.health_policy.action == "rollback":
+                self._roll_back_bad_state(bad, "before a checkpoint")
+            else:
+                self._save("periodic", bad)
         self._step_started = time.monotonic()
 
     def log(self, kind: str = "metrics", **data: Any) -> None:
-        """Record anything else (validation loss, test metrics) in the job's event log."""
+        """Record anything else (validation loss, test metrics) in the job's event log.
+
+        A value of ``checkpoint.keep_best``'s metric that beats every earlier one is saved with
+        the state it was measured on, so the best checkpoint exists and survives pruning.
+        """
         self.events.emit(kind, step=self.step, **data)
+        self._logged[kind] = self.step
+        self._done.add((kind, self.step))
+        if self._note_metrics(data) and self.step > 0:
+            self.save("best")
+
+    def _note_metrics(self, data: Mapping[str, Any]) -> bool:
+        """Remember the keep_best metric measured at this step; True when it is a new best."""
+        best = self.policy.keep_best
+        value = data.get(best.metric) if best else None
+        if best is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        self._metric = (self.step, float(value))
+        improved = self._best is None or (value < self._best if best.mode == "min" else value > self._best)
+        if improved:
+            self._best = float(value)
+        return improved
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _save_due(self, now: float) -> bool:
@@ -305,15 +496,51 @@ class TrainSession:
             return True
         return p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
 
-    def _weights_finite(self) -> bool:
-        params = getattr(self._model, "parameters", None)
-        if params is None:
-            return True
-        return all(bool(torch.isfinite(p).all()) for p in params())
+    def _named_state(self) -> Iterator[tuple[str, Any]]:
+        """Every tensor of the model and the optimizer state, named for a message."""
+        for name, obj in self._objects.items():
+            if name == "model":
+                state = self._model.state_dict()
+                yield from ((f"model.{key}", value) for key, value in state.items())
+            elif name == "optimizer":
+                state = getattr(obj, "state", None)
+                if isinstance(state, Mapping):
+                    for index, per_param in enumerate(state.values()):
+                        if isinstance(per_param, Mapping):
+                            yield from ((f"optimizer.state.{index}.{k}", v) for k, v in per_param.items())
+
+    def nonfinite_state(self) -> str | None:
+        """The first weight or optimizer tensor holding NaN or inf, or ``None`` (see ``first_nonfinite``).
+
+        Run at every checkpoint save and at the end of training: a loss can be finite while the
+        state it leaves behind is not (gradient accumulation, a bad last step).
+        """
+        return first_nonfinite(self._named_state())
+
+    def _roll_back_bad_state(self, bad: str, when: str) -> None:
+        """Weights or optimizer state went non-finite while every reported loss was finite."""
+        self._say(
+            "unhealthy",
+            f"{bad} holds NaN or inf at step {self.step} ({when}), though the reported losses were finite",
+            step=self.step,
+            reason="nonfinite_state",
+            tensor=bad,
+            data_position=self.data_position,
+        )
+        self._rollback(self.step, skip_to=self.data_position)
 
     def save(self, reason: str = "manual") -> None:
-        """Write a checkpoint of every stateful object, the step, cursor and RNG states."""
-        healthy = not self._unhealthy_since_save and self._weights_finite()
+        """Write a checkpoint of every stateful object, the step, cursor, plain values and RNG states."""
+        self._save(reason, self.nonfinite_state())
+
+    def _save(self, reason: str, nonfinite: str | None) -> None:
+        healthy = not self._unhealthy_since_save and nonfinite is None
+        for name, value in self.values.items():
+            if not is_plain(value):
+                raise CheckpointError(
+                    f"values[{name!r}] is a {type(value).__name__}: only numbers, strings, tensors and lists or "
+                    "dicts of them are saved; convert it, or pass an object with state_dict/load_state_dict"
+                )
         state: dict[str, Any] = {name: obj.state_dict() for name, obj in self._objects.items()}
         state["trainer"] = {
             "step": self.step,
@@ -321,16 +548,39 @@ class TrainSession:
             "rng": capture_rng(),
             "health_history": list(self.monitor.history),
             "rollbacks": self.rollbacks,
+            "objects": sorted([*self._objects, "trainer"]),
+            "values": dict(self.values),
+            "logged": dict(self._logged),
+            "best": self._best,
         }
-        manifest = self.ckpts.save(
-            self.step,
-            state,
-            healthy=healthy,
-            loss=self.last_loss,
-            data_position=self.data_position,
-            reason=reason,
-            meta={"attempt": self.events.attempt},
-        )
+        best = self.policy.keep_best
+        metrics = {best.metric: self._metric[1]} if best and self._metric and self._metric[0] == self.step else {}
+        try:
+            manifest = self.ckpts.save(
+                self.step,
+                state,
+                healthy=healthy,
+                loss=self.last_loss,
+                data_position=self.data_position,
+                reason=reason,
+                meta={"attempt": self.events.attempt},
+                job=self.job,
+                fingerprint=self._fingerprint,
+                metrics=metrics,
+            )
+        except CheckpointSpaceError as err:
+            self._say(
+                "checkpoint_failed",
+                f"checkpoint at step {self.step} not saved: {err}; the last good checkpoint is kept",
+                step=self.step,
+                reason=reason,
+                needed=err.needed,
+                free=err.free,
+            )
+            self._last_save_time = time.monotonic()
+            if reason in ("preempt", "final") or self.policy.on_no_space == "requeue":
+                raise Preempted(self.step) from None
+            return
         self._last_saved_step = self.step
         self._last_save_time = time.monotonic()
         self._unhealthy_since_save = False
@@ -343,6 +593,7 @@ class TrainSession:
             healthy=healthy,
             reason=reason,
             path=str(self.ckpts.root / f"step-{self.step:08d}"),
+            **({"nonfinite": nonfinite} if nonfinite else {}),
         )
         self.ckpts.prune()
 
@@ -351,47 +602,99 @@ class TrainSession:
         name = signal.Signals(signum).name if signum is not None else "request"
         self.events.emit("preempt_signal", signal=name, step=self.step)
         if self._last_saved_step != self.step:
-            self.save("preempt")
+            self._save("preempt", self.nonfinite_state())
         raise Preempted(self.step)
 
+    def _check_resume_mode(self) -> None:
+        """``resume: never`` starts from scratch; another run's checkpoints are not mixed in silently."""
+        if self.resume != "never" or (self.job is not None and self.events.attempt > 1):
+            return
+        found = self.ckpts.scan(verify=False)
+        if found:
+            raise CheckpointError(
+                f"resume: never, but {self.ckpts.root} already holds checkpoints "
+                f"(steps {found[0].step}..{found[-1].step}) of an earlier run: "
+                "remove them or choose another checkpoint directory"
+            )
+
     def restore(self, before_step: int | None = None, cause: str = "start") -> CheckpointInfo | None:
-        """Load the newest complete, verified, healthy checkpoint; report the ones skipped."""
+        """Load the newest complete, verified, healthy checkpoint of this job; report the ones skipped."""
+        if self.resume == "never" and cause == "start" and (self.job is None or self.events.attempt == 1):
+            self.events.emit("restore", step=None, seconds=0.0, cause=cause)
+            return None
         started = time.perf_counter()
-        while True:
-            info, skipped = self.ckpts.latest(before_step=before_step)
-            for bad in skipped:
-                self.events.emit("checkpoint_skipped", step=bad.step, path=str(bad.path), reason=bad.problem)
-            if info is None:
-                if before_step is None:
-                    self.events.emit("restore", step=None, seconds=time.perf_counter() - started, cause=cause)
-                return None
-            try:
-                manifest, state = self.ckpts.load(info.path)
-                break
-            except CheckpointError as err:  # changed between verify and load: skip it too
-                self.events.emit("checkpoint_skipped", step=info.step, path=str(info.path), reason=str(err))
-                before_step = info.step
+        expect = Expectation(job=self.job, objects=frozenset([*self._objects, "trainer"]))
+        info, manifest, state, skipped = self.ckpts.restore_candidate(before_step=before_step, expect=expect)
+        for bad in skipped:
+            self._say(
+                "checkpoint_skipped",
+                f"skipped {bad.path.name}: {bad.problem}",
+                step=bad.step,
+                path=str(bad.path),
+                reason=bad.problem,
+            )
+        if info is None or manifest is None or state is None:
+            if before_step is None:
+                self.events.emit("restore", step=None, seconds=time.perf_counter() - started, cause=cause)
+            return None
+        self._check_fits(info.path, manifest.fingerprint, state)
+        optimizer = self._objects.get("optimizer")
+        changes = (
+            hyperparameter_changes(state.get("optimizer"), optimizer.state_dict())
+            if cause == "start" and optimizer is not None
+            else []
+        )
         for name, obj in self._objects.items():
-            if name not in state:
-                raise CheckpointError(f"{info.path} has no {name}.pt: was it written by another training script?")
-            obj.load_state_dict(state[name])
+            try:
+                obj.load_state_dict(state[name])
+            except (RuntimeError, ValueError, KeyError, TypeError) as err:
+                raise CheckpointError(
+                    f"{info.path} does not fit this run's {name}: {str(err).splitlines()[0][:300]}; "
+                    "start over with resume: never in a fresh checkpoint directory"
+                ) from None
         trainer = state["trainer"]
         self.step = int(trainer["step"])
         self.data_position = int(trainer["data_position"])
         self.monitor = HealthMonitor(self.health_policy, [float(x) for x in trainer["health_history"]])
         self.rollbacks = int(trainer.get("rollbacks", 0))
         restore_rng(trainer["rng"])
+        self.values.update(trainer.get("values") or {})
+        self._logged = {str(k): int(v) for k, v in (trainer.get("logged") or {}).items()}
+        best = trainer.get("best")
+        self._best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
         self.last_loss = manifest.loss
         self._last_saved_step = self.step
         self._last_save_time = time.monotonic()
-        self.events.emit(
-            "restore", step=self.step, seconds=time.perf_counter() - started, path=str(info.path), cause=cause
-        )
+        seconds = time.perf_counter() - started
+        self.events.emit("restore", step=self.step, seconds=seconds, path=str(info.path), cause=cause)
+        if cause == "start" and self.echo:
+            print(f"gpufleet: resumed from {info.path} (step {self.step}) in {seconds:.2f}s", flush=True)
+        if changes:
+            self._say(
+                "config_changed",
+                f"{info.path.name} restores optimizer settings that differ from this run's: {'; '.join(changes)}. "
+                "The checkpoint's values are used; start over with resume: never to apply the new ones",
+                changes=changes,
+            )
         return info
 
-    def _rollback(self, bad_batch_end: int) -> None:
-        bad_step = self.step + 1  # steps are counted from 1: checkpoint step-N holds the state after N
-        if self.rollbacks >= self.health_policy.max_rollbacks:
+    def _check_fits(self, path: Path, fingerprint: str | None, state: Mapping[str, Any]) -> None:
+        """A checkpoint of this job written for another model shape is an error, not a silent fallback."""
+        if fingerprint is None or fingerprint == self._fingerprint:
+            return
+        mismatch = state_dict_mismatch(state["model"], self._model.state_dict())
+        raise CheckpointError(
+            f"{path} does not fit the model: {mismatch}; the model changed since it was written: "
+            "start over with resume: never in a fresh checkpoint directory, or restore the old model"
+        )
+
+    def _rollback(self, bad_step: int, *, skip_to: int | None, injected: bool = False) -> None:
+        """Back to the newest healthy checkpoint before ``bad_step``; data resumes at ``skip_to``.
+
+        ``skip_to=None`` replays the same batches (an injected rollback: a correct script must
+        then reproduce the uninterrupted run exactly).
+        """
+        if self.rollbacks >= self.health_policy.max_rollbacks and not injected:
             raise HealthError(
                 f"step {bad_step} is unhealthy after {self.rollbacks} rollbacks (health.max_rollbacks); "
                 "lower the learning rate or raise health.max_rollbacks"
@@ -399,7 +702,7 @@ class TrainSession:
         started = time.monotonic()
         # Work thrown away: the steps since the last save in this attempt, and the bad one.
         redone_seconds = sum(self._step_seconds.values()) + (started - self._step_started)
-        rollbacks = self.rollbacks + 1
+        rollbacks = self.rollbacks + (0 if injected else 1)
         info = self.restore(before_step=bad_step, cause="rollback")
         if info is None:
             raise HealthError(
@@ -408,18 +711,31 @@ class TrainSession:
             )
         self.rollbacks = rollbacks
         self.ckpts.drop_after(self.step)
-        skip_to = bad_batch_end + self.health_policy.skip_extra_batches
-        self.events.emit(
+        target = self.data_position if skip_to is None else skip_to
+        skipped = f", skipping batches {self.data_position}..{target - 1}" if target > self.data_position else ""
+        self._say(
             "rollback",
+            f"rolled back from step {bad_step} to healthy step {self.step}{skipped}"
+            + (" (injected)" if injected else ""),
             from_step=bad_step,
             to_step=self.step,
             skip_from=self.data_position,
-            skip_to=skip_to,
+            skip_to=target,
             redone_steps=bad_step - self.step,
             redone_seconds=redone_seconds,
             restore_seconds=time.monotonic() - started,
+            **({"injected": True} if injected else {}),
         )
-        self.data_position = skip_to
+        self.data_position = target
         self._step_seconds.clear()
         self._unhealthy_since_save = False
         self._step_started = time.monotonic()
+
+
+def _env_step(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r} must be a step number of at least 1")
+    return int(raw)

@@ -47,3 +47,32 @@ def _as_tuple(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_as_tuple(v) for v in value)
     return value
+
+
+def is_plain(value: Any) -> bool:
+    """What ``torch.load(weights_only=True)`` gives back as it was: scalars, strings, tensors, containers."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and is_plain(v) for k, v in value.items())
+    return False
+
+
+def hyperparameter_changes(saved: Any, current: Any) -> list[str]:
+    """Optimizer settings the checkpoint will silently restore over this run's (``lr`` aside: schedules move it)."""
+    try:
+        old_groups, new_groups = saved["param_groups"], current["param_groups"]
+    except (KeyError, TypeError):
+        return []
+    changes = []
+    for i, (old, new) in enumerate(zip(old_groups, new_groups, strict=False)):
+        for key in sorted(set(old) & set(new) - {"params", "lr"}):
+            a, b = old[key], new[key]
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                continue
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+                group = f" (group {i})" if len(new_groups) > 1 else ""
+                changes.append(f"{key}={a!r} in the checkpoint, {b!r} in this run{group}")
+    return changes
