@@ -225,7 +225,8 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         f"state=[bold]{job.state}[/]" + (f"  ({job.reason})" if job.reason else "")
     )
     console.print(
-        f"step {summary['step']}  {summary['gpus']}x {summary['gpu_type']} on {summary['provider']}"
+        ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
+        + f"  {summary['gpus']}x {summary['gpu_type']} on {summary['provider']}"
         f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
     )
     t0 = job.submitted_at
@@ -287,6 +288,8 @@ def logs(
     text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
     if json_out:
         emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
+    elif not text:
+        console.print(f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False)
     else:
         sys.stdout.write(text)
 

@@ -141,3 +141,14 @@ def test_submit_wait_exit_code(home: Path, tmp_path: Path) -> None:
     bad.write_text("name: bad\nentrypoint: gpufleet.workloads.toy:train\nargs: {steps: 2, exit_code: 4}\n")
     failed = run(home, "submit", str(bad), "--wait", "--json", check=1)
     assert json.loads(failed.stdout)["reason"] == "exit code 4"
+
+
+def test_a_job_that_reported_nothing_shows_so(home: Path, tmp_path: Path) -> None:
+    """A bare ``python`` command runs gpufleet's own interpreter; a silent job is shown as such."""
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text("name: quiet\nentrypoint: python -c 'import torch'\n")
+    run(home, "submit", str(quiet), "--wait")
+    shown = run(home, "show", "1")
+    assert "no step reported yet" in shown.stdout and "step None" not in shown.stdout
+    logs = run(home, "logs", "1")
+    assert logs.stdout.startswith("(empty: attempt 1 of job 1")
