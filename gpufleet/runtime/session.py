@@ -319,6 +319,8 @@ class TrainSession:
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
+        if self._preempt_signal is not None and (self.total_steps is None or self.step < self.total_steps):
+            self._preempt()  # the loop was left early because of SIGTERM: that is a preemption
         bad = self.nonfinite_state()
         if bad is not None or self._unhealthy_since_save:
             what = f"{bad} holds NaN or inf" if bad else "a step since the last checkpoint was unhealthy"

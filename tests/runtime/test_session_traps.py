@@ -200,6 +200,24 @@ def test_preempt_requested_lets_a_long_evaluation_stop(tmp_path: Path) -> None:
     assert [e["reason"] for e in kinds(sess, "checkpoint")] == ["preempt"]
 
 
+def test_leaving_the_loop_on_a_preemption_is_a_preemption_not_a_completion(tmp_path: Path) -> None:
+    sess, model, opt = make(tmp_path, steps=50, every=100)
+    with pytest.raises(Preempted) as stop, sess:
+        for _ in sess.steps():
+            if sess.preempt_requested:
+                break  # the user's own way out
+            loss = micro_loss(model, sess.data_position)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            opt.zero_grad()
+            sess.report(loss)
+            if sess.step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.value.step == 3
+    assert [e["reason"] for e in kinds(sess, "checkpoint")] == ["preempt"]
+    assert kinds(sess, "session_end")[-1]["status"] == "requeue"
+
+
 # ---- trap 5: explicit resume behaviour ------------------------------------------------------------
 def test_rerunning_a_finished_script_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sess, model, opt = make(tmp_path, steps=6)
