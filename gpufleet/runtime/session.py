@@ -16,6 +16,7 @@ with ``REQUEUE_EXIT_CODE`` so the scheduler puts the job back in the queue.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -182,8 +183,9 @@ class TrainSession:
         self._injected_rollback = False
         self._logged: dict[str, int] = {}
         """Kind -> the last step it was logged at; saved, so a resume right after an evaluation skips it."""
-        self._done: set[tuple[str, int]] = set()
-        """(kind, step) logged in this process: a rollback does not evaluate the same step twice."""
+        self._after_log: dict[int, dict[str, Any]] = {}
+        """Step -> plain values, log marks, RNG and best metric just after a ``log`` at a step that has a
+        checkpoint: a rollback to that checkpoint resumes after the evaluation instead of repeating it."""
         self._best: float | None = None
         self._metric: tuple[int, float] | None = None
         self._fingerprint: str | None = None
@@ -382,13 +384,14 @@ class TrainSession:
     def due(self, kind: str, every: int) -> bool:
         """True when ``step % every == 0`` and nothing of ``kind`` was logged at this step yet.
 
-        ``if s.due("eval", every=250): ...; s.log("eval", val_loss=v)`` evaluates once per
-        step, also after a rollback or a resume lands on a step that was already evaluated.
+        ``if s.due("eval", every=250): ...; s.log("eval", val_loss=v)`` evaluates once per step:
+        a rollback to a checkpoint whose step was already evaluated in this process comes back
+        with what that evaluation left (``values``, RNG states) and does not evaluate it again;
+        steps replayed after it hold other weights and are evaluated anew.
         """
         if every <= 0:
             raise ValueError(f"every={every} must be at least 1")
-        done = (kind, self.step) in self._done or self._logged.get(kind) == self.step
-        return self.step % every == 0 and not done
+        return self.step % every == 0 and self._logged.get(kind) != self.step
 
     def report(
         self,
@@ -473,9 +476,17 @@ class TrainSession:
         """
         self.events.emit(kind, step=self.step, **data)
         self._logged[kind] = self.step
-        self._done.add((kind, self.step))
         if self._note_metrics(data) and self.step > 0:
             self.save("best")
+        if self._last_saved_step == self.step:
+            self._after_log[self.step] = {
+                "values": copy.deepcopy(self.values),
+                "logged": dict(self._logged),
+                "rng": capture_rng(),
+                "best": self._best,
+            }
+            for old in sorted(self._after_log)[: -(self.policy.keep + 2)]:
+                del self._after_log[old]
 
     def _note_metrics(self, data: Mapping[str, Any]) -> bool:
         """Remember the keep_best metric measured at this step; True when it is a new best."""
@@ -664,6 +675,12 @@ class TrainSession:
         self._logged = {str(k): int(v) for k, v in (trainer.get("logged") or {}).items()}
         best = trainer.get("best")
         self._best = float(best) if isinstance(best, (int, float)) and not isinstance(best, bool) else None
+        after = self._after_log.get(self.step) if cause == "rollback" else None
+        if after is not None:  # this process already ran what was logged at this step: carry on after it
+            self.values.update(copy.deepcopy(after["values"]))
+            self._logged = dict(after["logged"])
+            self._best = after["best"]
+            restore_rng(after["rng"])
         self.last_loss = manifest.loss
         self._last_saved_step = self.step
         self._last_save_time = time.monotonic()
@@ -713,6 +730,7 @@ class TrainSession:
             )
         self.rollbacks = rollbacks
         self.ckpts.drop_after(self.step)
+        self._after_log = {k: v for k, v in self._after_log.items() if k <= self.step}
         target = self.data_position if skip_to is None else skip_to
         skipped = f", skipping batches {self.data_position}..{target - 1}" if target > self.data_position else ""
         self._say(

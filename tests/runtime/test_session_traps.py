@@ -343,6 +343,35 @@ def test_due_does_not_repeat_an_evaluation_after_a_rollback(tmp_path: Path) -> N
     assert evals == [0, 4, 8]
 
 
+def eval_loop(tmp_path: Path, name: str, rollback_at: int | None) -> tuple[TrainSession, torch.nn.Module]:
+    """Evaluation every 4 steps that draws from the global RNG and keeps a best value in ``values``."""
+    sess, model, opt = make(tmp_path / name, steps=14, every=4, extra={"best": 1e9})
+    sess.inject_rollback_at = rollback_at
+    with sess:
+        for _ in sess.steps():
+            if sess.due("eval", every=4):
+                noise = float(torch.rand(()))  # an evaluation that consumes random numbers
+                sess.values["best"] = min(sess.values["best"], float(micro_loss(model, 10_000).detach()) + noise)
+                sess.log("eval", val_loss=sess.values["best"])
+            loss = micro_loss(model, sess.data_position) * (1 + float(torch.rand(())))
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            opt.zero_grad()
+            sess.report(loss)
+    return sess, model
+
+
+def test_a_replayed_rollback_to_an_evaluated_step_is_exact(tmp_path: Path) -> None:
+    """Rolled back to step 8 (checkpointed, then evaluated), the replay resumes after the evaluation."""
+    plain, plain_model = eval_loop(tmp_path, "plain", None)
+    replay, replay_model = eval_loop(tmp_path, "replay", 10)
+    assert kinds(replay, "rollback")[0]["to_step"] == 8
+    assert [e["step"] for e in kinds(replay, "eval")] == [0, 4, 8, 12]
+    assert replay.values == plain.values
+    for a, b in zip(plain_model.parameters(), replay_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 # ---- checkpoints that are what they claim ---------------------------------------------------------
 def test_a_checkpoint_of_another_job_is_refused(tmp_path: Path) -> None:
     sess, model, opt = make(tmp_path, steps=5, job="7")
