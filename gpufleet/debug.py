@@ -6,9 +6,10 @@ first step whose loss differs and the first checkpoint tensor that differs are r
 once with a second seed, whose distance from the first is the noise floor any comparison of two
 runs (a change of learning rate, a kernel) has to beat.
 
-``find_spikes`` replays a logged run's losses through the runtime's own
-:class:`~gpufleet.runtime.health.HealthMonitor` (judge each loss, keep the healthy ones), so it
-flags exactly the steps the runtime would have flagged from the same losses.
+``find_spikes`` reports every step the runtime itself logged as unhealthy, with its reason and
+z-score, and replays the other logged losses through the runtime's own
+:class:`~gpufleet.runtime.health.HealthMonitor` (judge each loss, keep the healthy ones), so a
+CSV of losses is judged exactly as the runtime would have judged it.
 """
 
 from __future__ import annotations
@@ -113,13 +114,13 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def _leaves(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+def leaves(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _leaves(f"{prefix}.{key}", item)
+            yield from leaves(f"{prefix}.{key}", item)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            yield from _leaves(f"{prefix}.{index}", item)
+            yield from leaves(f"{prefix}.{index}", item)
     else:
         yield prefix, value
 
@@ -128,15 +129,15 @@ def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Bitwise comparison of two loaded checkpoints: counts, and the first differing tensor."""
     import torch
 
-    left, right = dict(_leaves("", a)), dict(_leaves("", b))
+    left, right = dict(leaves("", a)), dict(leaves("", b))
     compared, tensors, others, first, worst = 0, 0, 0, None, None
     for name in [*left, *(n for n in right if n not in left)]:
         x, y = left.get(name), right.get(name)
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            others += not _plain_equal(x, y)
+            others += not plain_equal(x, y)
             continue
         compared += 1
-        if x.dtype == y.dtype and x.shape == y.shape and _bitwise_equal(x, y):
+        if x.dtype == y.dtype and x.shape == y.shape and bitwise_equal(x, y):
             continue
         tensors += 1
         if first is None:
@@ -145,7 +146,7 @@ def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"compared": compared, "differing": tensors, "others": others, "first": first, "max_abs_diff": worst}
 
 
-def _plain_equal(x: Any, y: Any) -> bool:
+def plain_equal(x: Any, y: Any) -> bool:
     """Non-tensor leaves (ints, floats, strings); NaN equals NaN, as in the bitwise comparison."""
     try:
         return x is y or (type(x) is type(y) and bool(x == y or (x != x and y != y)))
@@ -153,7 +154,7 @@ def _plain_equal(x: Any, y: Any) -> bool:
         return False
 
 
-def _bitwise_equal(x: Any, y: Any) -> bool:
+def bitwise_equal(x: Any, y: Any) -> bool:
     """Compare the bytes, so that NaN equals NaN and -0.0 differs from 0.0."""
     import torch
 
@@ -190,10 +191,23 @@ def plot_losses(report: DeterminismReport, path: Path) -> Path:
 @dataclass(frozen=True, slots=True)
 class Spike:
     step: int
-    loss: float
+    loss: float | None
+    """``None`` for a weight or optimizer tensor found non-finite (``nonfinite_state``): no loss was judged."""
     reason: str
-    """``nan``, ``inf`` or ``spike``."""
+    """``nan``, ``inf``, ``spike``, or the runtime's ``nonfinite_state``."""
     zscore: float | None
+    source: str = "replay"
+    """``runtime``: the session logged the step ``unhealthy`` as it trained; ``replay``: judged here."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedLoss:
+    """One judged step of a logged run: a loss to replay, or the runtime's own verdict on it."""
+
+    step: int
+    loss: float | None
+    verdict: Spike | None = None
+    """Set when the runtime logged this step ``unhealthy``: its verdict stands, the replay skips it."""
 
 
 def _as_float(value: Any) -> float:
@@ -203,31 +217,58 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
-def read_losses(source: Path) -> list[tuple[int, float]]:
-    """``(step, loss)`` in log order from a job folder, an ``events.jsonl`` or a ``step,loss`` CSV.
+def _runtime_verdict(event: dict[str, Any], step: int) -> Spike | None:
+    """The verdict an ``unhealthy`` event records; ``None`` for the end-of-run summary, which repeats one."""
+    reason = event.get("reason")
+    if not isinstance(reason, str) or reason == "unhealthy_step":
+        return None
+    raw_z = event.get("zscore")
+    zscore = float(raw_z) if isinstance(raw_z, (int, float)) and not isinstance(raw_z, bool) else None
+    try:
+        loss: float | None = _as_float(event["loss"])
+    except (KeyError, ValueError):
+        if reason != "nonfinite_state":
+            return None
+        loss = None
+    return Spike(step, loss, reason, zscore, source="runtime")
 
-    The event log has the ``step`` events (one every ``GPUFLEET_LOG_EVERY_S``) and an
-    ``unhealthy`` event for each bad step, which in rollback mode never gets a ``step`` event.
+
+def read_losses(source: Path) -> list[LoggedLoss]:
+    """The judged steps of a job folder, an ``events.jsonl`` or a ``step,loss`` CSV, in log order.
+
+    The event log has ``step`` events (one every ``GPUFLEET_LOG_EVERY_S``, so a replay of them
+    may lack the history the runtime judged against) and an ``unhealthy`` event for every step
+    the runtime itself found bad, judged against its full history: that verdict is kept as it is.
+    In rollback mode a bad step never gets a ``step`` event; in mark mode its ``step`` event follows.
     """
     path = source / "events.jsonl" if source.is_dir() else source
     if not path.is_file():
         raise UsageError(f"{str(path)!r} does not exist: give a job id, a job folder, an events.jsonl or a CSV")
     if path.suffix == ".csv":
-        return _read_csv(path)
+        return [LoggedLoss(step, loss) for step, loss in _read_csv(path)]
     events, _ = read_events(path)
-    points: list[tuple[int, float]] = []
+    points: list[LoggedLoss] = []
     last_bad: tuple[Any, int] | None = None
     for e in events:
         if e["kind"] not in ("step", "unhealthy"):
             continue
         try:
-            step, loss = int(e["step"]), _as_float(e["loss"])
+            step = int(e["step"])
         except (KeyError, TypeError, ValueError):
             continue
-        if e["kind"] == "step" and last_bad == (e.get("attempt"), step):
+        if e["kind"] == "unhealthy":
+            verdict = _runtime_verdict(e, step)
+            if verdict is not None:
+                points.append(LoggedLoss(step, verdict.loss, verdict))
+                last_bad = (e.get("attempt"), step)
+            continue
+        if last_bad == (e.get("attempt"), step):
             continue  # the "mark" action logs the unhealthy step again: judged once already
-        last_bad = (e.get("attempt"), step) if e["kind"] == "unhealthy" else None
-        points.append((step, loss))
+        last_bad = None
+        try:
+            points.append(LoggedLoss(step, _as_float(e["loss"])))
+        except (KeyError, ValueError):
+            continue
     return points
 
 
@@ -247,17 +288,33 @@ def _read_csv(path: Path) -> list[tuple[int, float]]:
     return points
 
 
-def detect_spikes(losses: Iterable[tuple[int, float]], policy: HealthPolicy) -> list[Spike]:
-    """Judge each loss as ``TrainSession.report`` does; healthy ones join the window."""
+def detect_spikes(losses: Iterable[LoggedLoss | tuple[int, float]], policy: HealthPolicy) -> list[Spike]:
+    """The runtime's own verdicts, and the rest judged as ``TrainSession.report`` does.
+
+    A verdict the runtime logged is kept whatever the replay would say (the replay of sampled
+    ``step`` events may not have the ``min_history`` it had); a logged spike is dropped only when
+    ``policy`` asks for a higher z-score than it reached. Healthy replayed losses join the window.
+    """
     monitor = HealthMonitor(policy)
     spikes = []
-    for step, loss in losses:
-        verdict = monitor.judge(loss)
+    for item in losses:
+        point = item if isinstance(item, LoggedLoss) else LoggedLoss(*item)
+        if point.verdict is not None:
+            if _exceeds(point.verdict, policy.spike_zscore):
+                spikes.append(point.verdict)
+            continue
+        if point.loss is None:
+            continue
+        verdict = monitor.judge(point.loss)
         if verdict.healthy:
-            monitor.accept(loss)
+            monitor.accept(point.loss)
         else:
-            spikes.append(Spike(step, loss, verdict.reason or "unhealthy", verdict.zscore))
+            spikes.append(Spike(point.step, point.loss, verdict.reason or "unhealthy", verdict.zscore))
     return spikes
+
+
+def _exceeds(spike: Spike, threshold: float | None) -> bool:
+    return spike.reason != "spike" or threshold is None or spike.zscore is None or spike.zscore > threshold
 
 
 def find_spikes(source: Path, policy: HealthPolicy | None = None) -> list[Spike]:

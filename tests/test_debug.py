@@ -106,11 +106,14 @@ LOSSES[21] = math.nan  # step 22
 
 
 def logged_run(path: Path, policy: HealthPolicy) -> list[dict[str, Any]]:
-    """Feed LOSSES through a real session (action "mark"); return its "unhealthy" events."""
+    """Feed LOSSES through a real session (action "mark"); return its "unhealthy" events.
+
+    A checkpoint every 5 steps lets the run end on a healthy save, as a completed run must.
+    """
     session = TrainSession(
         ckpt_dir=path.parent / "ckpt",
         model=torch.nn.Linear(1, 1),
-        policy=CheckpointPolicy(every_steps=1000),
+        policy=CheckpointPolicy(every_steps=5),
         health=policy,
         events=EventLog(path),
         log_every_s=0.0,
@@ -131,13 +134,55 @@ def test_spikes_match_the_runtime_verdicts(tmp_path: Path) -> None:
     spikes = find_spikes(tmp_path / "events.jsonl", policy)
     assert [(s.step, s.reason) for s in spikes] == [(15, "spike"), (22, "nan")]
     assert spikes[0].zscore == runtime[0]["zscore"] and spikes[0].loss == 9.0
-    assert math.isnan(spikes[1].loss) and spikes[1].zscore is None
+    assert spikes[1].loss is not None and math.isnan(spikes[1].loss) and spikes[1].zscore is None
     assert [(s.step, s.zscore) for s in find_spikes(tmp_path, policy)] == [(15, spikes[0].zscore), (22, None)]
+    assert [s.source for s in spikes] == ["runtime", "runtime"]  # both were logged as unhealthy
 
     csv = tmp_path / "losses.csv"
     csv.write_text("step,loss\n" + "".join(f"{i + 1},{v}\n" for i, v in enumerate(LOSSES)))
     from_csv = find_spikes(csv, policy)
     assert [(s.step, s.reason, s.zscore) for s in from_csv] == [(s.step, s.reason, s.zscore) for s in spikes]
+
+
+def test_spikes_reports_what_the_runtime_flagged_though_step_events_are_sampled(tmp_path: Path) -> None:
+    """The runtime judged step 15 against 14 losses; the log holds only a few sampled ``step`` events.
+
+    A replay of those alone never reaches ``min_history``, so it used to say "0 unhealthy" while
+    the log held the ``unhealthy`` event that caused a rollback.
+    """
+    losses = [2.0 + 0.01 * ((7 * i) % 5) for i in range(40)]
+    losses[14] = 900.0  # data position 14: the 15th step
+    policy = HealthPolicy(window=10, min_history=5, action="rollback")
+    path = tmp_path / "events.jsonl"
+    session = TrainSession(
+        ckpt_dir=tmp_path / "ckpt",
+        model=torch.nn.Linear(1, 1),
+        policy=CheckpointPolicy(every_steps=5),
+        health=policy,
+        events=EventLog(path),
+        log_every_s=3600.0,  # one step event at the start and one at the end
+        handle_signals=False,
+        echo=False,
+    )
+    with session:
+        for _ in session.steps():
+            session.report(losses[session.data_position])
+            if session.step == 20:
+                break
+    events = read_events(path)[0]
+    bad = [e for e in events if e["kind"] == "unhealthy"]
+    assert [(e["step"], e["reason"]) for e in bad] == [(15, "spike")] and bad[0]["zscore"] > 100
+    assert any(e["kind"] == "rollback" for e in events)
+    assert sum(e["kind"] == "step" for e in events) < policy.min_history
+
+    spikes = find_spikes(tmp_path, policy)
+    assert [(s.step, s.loss, s.reason, s.zscore, s.source) for s in spikes] == [
+        (15, 900.0, "spike", bad[0]["zscore"], "runtime")
+    ]
+    (tmp_path / "spec.json").write_text(json.dumps({"name": "j", "entrypoint": "m:f", "health": policy.model_dump()}))
+    out = CliRunner().invoke(cli(), ["debug", "spikes", str(tmp_path)])
+    assert out.exit_code == 0 and "1 unhealthy (1 logged by the runtime)" in out.output, out.output
+    assert "runtime" in out.output.splitlines()[1]
 
 
 def test_spikes_cli_by_job_id_and_bad_input(tmp_path: Path, home: Path) -> None:
@@ -152,7 +197,7 @@ def test_spikes_cli_by_job_id_and_bad_input(tmp_path: Path, home: Path) -> None:
     assert data["losses"] == 30 and data["policy"]["window"] == 10
     assert [(s["step"], s["loss"]) for s in data["spikes"]] == [(15, 9.0), (22, "nan")]
     out = CliRunner().invoke(cli(), ["debug", "spikes", "1", "--zscore", "1000"])
-    assert out.exit_code == 0 and "1 unhealthy of 30" in out.output  # only the NaN is left
+    assert out.exit_code == 0 and "1 unhealthy (1 logged by the runtime) of 30" in out.output  # only the NaN
 
     for args, message in [
         (["99"], "job 99 has no events"),

@@ -1,4 +1,4 @@
-"""``gpufleet profile`` and ``gpufleet debug ...``: where step time goes, determinism, loss spikes.
+"""``gpufleet profile`` and ``gpufleet debug ...``: where step time goes, determinism, resumption, loss spikes.
 
 The owner of ``app.py`` registers them with::
 
@@ -12,18 +12,24 @@ import contextlib
 import json
 import math
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from gpufleet.cli.render import console, emit_json, fmt, table
+from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home, job_dir
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
 
+if TYPE_CHECKING:
+    from gpufleet.resumecheck import ResumeReport
+
 debug_app = typer.Typer(
-    help="Numerical debugging: determinism across runs and seeds, loss spikes.", no_args_is_help=True
+    help="Numerical debugging: determinism across runs and seeds, exact resumption, loss spikes.",
+    no_args_is_help=True,
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
@@ -90,7 +96,9 @@ def _seeds(raw: str | None, spec_args: dict[str, Any]) -> tuple[int, int]:
 def determinism(
     spec: SpecArg,
     steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 10,
-    seeds: Annotated[str | None, typer.Option("--seeds", help="A,B: A is run twice, B once [spec seed, +1].")] = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="A,B: A is run twice, B once (default: the spec's seed and the next).")
+    ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the loss curves and seed band as a PNG.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -133,6 +141,92 @@ def determinism(
         raise typer.Exit(1)
 
 
+@debug_app.command("resume-check")
+def resume_check(
+    spec: Annotated[Path, typer.Argument(help="JobSpec YAML: a `module:function` or a command entrypoint.")],
+    at: Annotated[
+        int | None, typer.Option("--at", help="Preempt at this step (default: half the uninterrupted run's last step).")
+    ] = None,
+    rollback_at: Annotated[
+        int | None, typer.Option("--rollback-at", help="Also roll back once after this step, replaying its batches.")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Replace args.steps (module:function only; a command sets its own).")
+    ] = None,
+    keep: Annotated[
+        Path | None, typer.Option("--keep", help="Keep the two job folders here (DIR/jobs/1 and DIR/jobs/2).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the job uninterrupted and preempted-then-resumed, each attempt a process; exit 1 unless bitwise equal."""
+    from gpufleet.resumecheck import check_resume
+
+    report = check_resume(
+        load_spec(spec),
+        at=at,
+        rollback_at=rollback_at,
+        steps=steps,
+        keep=keep,
+        progress=lambda line: err_console.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True),
+    )
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        _print_resume_report(report)
+    if not report.exact:
+        raise typer.Exit(1)
+
+
+def _print_resume_report(report: ResumeReport) -> None:
+    say = partial(console.print, highlight=False, soft_wrap=True)
+    failure = report.failure
+    if failure is not None:
+        say(
+            f"[red]failed[/]: the {failure.run} run's attempt {failure.attempt} exited {failure.exit_code}; "
+            f"expected {failure.expected}. Last lines of {failure.log}:"
+        )
+        for line in failure.tail:
+            say(f"  {escape(line)}")
+        return
+    also = f" and rolled back once after step {report.rollback_at}" if report.rollback_at else ""
+    what = f"preempted at step {report.preempt_at} of {report.final_step}{also}, resumed in a new process"
+    ignored = ", ".join(report.ignored)
+    if report.exact:
+        say(
+            f"[green]exact[/]: {report.job} {what}: all {report.steps_compared} step losses and all "
+            f"{report.tensors_compared} checkpoint tensors are bitwise equal to the uninterrupted run's "
+            f"(ignored: {ignored})"
+        )
+    else:
+        say(f"[red]differs[/]: {report.job} {what}:")
+        if report.first_loss_step is not None:
+            old, new = report.first_loss or (None, None)
+            say(
+                f"  first loss difference at step {report.first_loss_step}: {_loss(old)} uninterrupted, "
+                f"{_loss(new)} resumed"
+            )
+        if report.first_tensor is not None:
+            worst = fmt(report.first_tensor_max_abs_diff)
+            say(
+                f"  first differing tensor: {report.first_tensor} (max |diff| {worst}); "
+                f"{report.tensors_differing} of {report.tensors_compared} tensors differ"
+            )
+        if report.other_entries:
+            more = f" and {len(report.other_entries) - 3} more" if len(report.other_entries) > 3 else ""
+            say(f"  other entries that differ: {', '.join(report.other_entries[:3])}{more}")
+        if report.first_loss_step is None and report.first_tensor is None and not report.other_entries:
+            say("  the two runs logged different steps")
+        say(f"  (ignored: {ignored})")
+        for hint in report.hints:
+            say(f"[yellow]hint:[/] {escape(hint)}")
+    if report.folder:
+        say(f"job folders: {report.folder}/jobs/1 (uninterrupted), {report.folder}/jobs/2 (preempted)")
+
+
+def _loss(value: float | None) -> str:
+    return "not logged" if value is None else repr(value)
+
+
 def _resolve_run(run: str) -> tuple[Path, Path | None]:
     """The losses' source and, when there is one, the job's spec.json (for its health policy)."""
     if run.isdigit():
@@ -166,10 +260,10 @@ def _policy(spec_path: Path | None, zscore: float | None, window: int | None) ->
 def spikes(
     run: Annotated[str, typer.Argument(help="Job id, job folder, events.jsonl, or a CSV with step,loss columns.")],
     zscore: Annotated[
-        float | None, typer.Option("--zscore", help="Robust z-score threshold [the job's, or 8].")
+        float | None, typer.Option("--zscore", help="Robust z-score threshold (default: the job's, or 8).")
     ] = None,
     window: Annotated[
-        int | None, typer.Option("--window", help="Healthy losses in the window [the job's, or 50].")
+        int | None, typer.Option("--window", help="Healthy losses in the window (default: the job's, or 50).")
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -178,19 +272,28 @@ def spikes(
 
     source, spec_path = _resolve_run(run)
     policy = _policy(spec_path, zscore, window)
-    losses = read_losses(source)
-    found = detect_spikes(losses, policy)
+    points = read_losses(source)
+    found = detect_spikes(points, policy)
+    logged = sum(p.loss is not None for p in points)
     if json_out:
-        rows = [{**asdict(s), "loss": s.loss if math.isfinite(s.loss) else str(s.loss)} for s in found]
-        emit_json({"source": str(source), "policy": policy.model_dump(), "losses": len(losses), "spikes": rows})
+        rows = [
+            {**asdict(s), "loss": s.loss if s.loss is None or math.isfinite(s.loss) else str(s.loss)} for s in found
+        ]
+        emit_json({"source": str(source), "policy": policy.model_dump(), "losses": logged, "spikes": rows})
         return
     if found:
         console.print(
-            table(None, ["step", "loss", "z-score", "reason"], [[s.step, s.loss, s.zscore, s.reason] for s in found])
+            table(
+                None,
+                ["step", "loss", "z-score", "reason", "found by"],
+                [[s.step, s.loss, s.zscore, s.reason, s.source] for s in found],
+            )
         )
+    by_runtime = sum(s.source == "runtime" for s in found)
     console.print(
-        f"{len(found)} unhealthy of {len(losses)} logged losses (z > {policy.spike_zscore:g} against up to "
-        f"{policy.window} healthy losses, judged after {policy.min_history}) in {source}",
+        f"{len(found)} unhealthy ({by_runtime} logged by the runtime) of {logged} logged losses "
+        f"(z > {policy.spike_zscore:g} against up to {policy.window} healthy losses, judged after "
+        f"{policy.min_history}) in {source}",
         highlight=False,
         soft_wrap=True,
     )

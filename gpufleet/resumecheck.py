@@ -1,0 +1,464 @@
+"""Does a ported training script resume exactly? Run it twice as a backend would and compare.
+
+The check a user runs once after porting a script to :class:`~gpufleet.runtime.TrainSession`:
+
+1. the job runs to the end uninterrupted (job 1);
+2. the job runs again (job 2) with ``GPUFLEET_DEBUG_PREEMPT_AT=N``: attempt 1 saves at step ``N``
+   and exits 75 as on SIGTERM, attempt 2 resumes; with ``GPUFLEET_DEBUG_ROLLBACK_AT=R`` the
+   session also rolls back once after step ``R`` and replays the same batches;
+3. every entry of the two final checkpoints is compared bitwise (:func:`gpufleet.debug.compare_states`),
+   and so is every step's loss from the two event logs (``GPUFLEET_LOG_EVERY_S=0``).
+
+Each attempt is a separate process started like the local backend starts one (``entry_argv``,
+``job_environment``, the spec's ``workdir``), so what is checked is the whole path a real
+preemption takes: the script's own set-up code runs again, nothing survives in memory. On CPU
+with deterministic algorithms a correct port is bitwise exact; the usual culprits when it is not
+are batches drawn from the global RNG, a batch prefetched before the loop, and loop state (a best
+validation loss, an EMA) kept in a local variable instead of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.debug import bitwise_equal, compare_states, leaves, plain_equal
+from gpufleet.errors import CheckpointError, UsageError
+from gpufleet.paths import job_dir
+from gpufleet.runtime.events import read_events
+from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.spec import JobSpec
+
+ENV_PREEMPT_AT = "GPUFLEET_DEBUG_PREEMPT_AT"
+ENV_ROLLBACK_AT = "GPUFLEET_DEBUG_ROLLBACK_AT"
+IGNORED = ("trainer.rollbacks",)
+"""Runtime bookkeeping that differs in a correct port: the count of rollbacks (an injected one included)."""
+LOG_TAIL_LINES = 20
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFailure:
+    """An attempt that exited otherwise than the check expected."""
+
+    run: str
+    """``uninterrupted`` or ``preempted``."""
+    attempt: int
+    exit_code: int
+    expected: str
+    log: str
+    tail: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeReport:
+    job: str
+    verdict: str
+    """``exact``, ``differs`` or ``failed`` (a run did not get through; see ``failure``)."""
+    final_step: int | None
+    preempt_at: int | None
+    rollback_at: int | None
+    steps_compared: int = 0
+    first_loss_step: int | None = None
+    """First step whose loss differs, or that only one of the two runs logged."""
+    first_loss: tuple[float | None, float | None] | None = None
+    """That step's loss in the uninterrupted and in the preempted run (``None``: not logged)."""
+    first_tensor: str | None = None
+    first_tensor_max_abs_diff: float | None = None
+    tensors_compared: int = 0
+    tensors_differing: int = 0
+    other_entries: list[str] = field(default_factory=list)
+    """Non-tensor checkpoint entries (step, data cursor, ``s.values``, RNG states) that differ, in
+    checkpoint order; Python's RNG state (a tuple of 625 numbers) counts as one entry."""
+    ignored: tuple[str, ...] = IGNORED
+    exit_codes: dict[str, list[int]] = field(default_factory=dict)
+    """Exit status of each attempt, per run."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    folder: str | None = None
+    """Where the two job folders were kept (``--keep``), else ``None``: they were deleted."""
+    failure: RunFailure | None = None
+    hints: list[str] = field(default_factory=list)
+    """Likely causes of a difference, from where it shows first."""
+
+    @property
+    def exact(self) -> bool:
+        return self.verdict == "exact"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "exact": self.exact}
+
+
+def check_resume(
+    spec: JobSpec,
+    *,
+    at: int | None = None,
+    rollback_at: int | None = None,
+    steps: int | None = None,
+    keep: Path | None = None,
+    progress: Progress | None = None,
+) -> ResumeReport:
+    """Run ``spec`` uninterrupted, then preempted at ``at`` (default: half its final step), and compare.
+
+    ``steps`` replaces ``args.steps`` of a ``module:function`` job; a command's steps are part of
+    its command line, so there it is a usage error. ``keep`` keeps the two job folders (as
+    ``keep/jobs/1`` and ``keep/jobs/2``) for ``gpufleet debug spikes`` and friends.
+    """
+    say = progress or (lambda _line: None)
+    spec = _with_steps(spec, steps)
+    if spec.resume == "must":
+        raise UsageError(
+            f"{spec.name!r} has resume: must, which refuses the fresh job folder each run starts in; "
+            "set resume: auto (or never) for the check"
+        )
+    for name, value in (("--at", at), ("--rollback-at", rollback_at)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} {value} must be a step number of at least 1")
+    planned = spec.args.get("steps") if spec.callable_entrypoint else None
+    if isinstance(planned, int) and not isinstance(planned, bool):
+        _check_steps(at, rollback_at, planned)
+    if keep is not None:
+        if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+            raise UsageError(f"--keep {str(keep)!r} exists and is not an empty folder: give a new or empty one")
+        keep.mkdir(parents=True, exist_ok=True)
+        return _check_in(spec, keep, at, rollback_at, say, kept=True)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-resume-check-") as tmp:
+        return _check_in(spec, Path(tmp), at, rollback_at, say, kept=False)
+
+
+def _with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
+    if steps is None:
+        return spec
+    if steps < 1:
+        raise UsageError(f"--steps {steps} must be at least 1")
+    if spec.callable_entrypoint is None:
+        raise UsageError(
+            f"--steps works for `module:function` entrypoints; {spec.name!r} runs a command: "
+            "set its step count in the spec's command line instead"
+        )
+    return spec.copy_with(args={**spec.args, "steps": steps})
+
+
+def _check_steps(at: int | None, rollback_at: int | None, final: int) -> None:
+    """``at`` must leave steps to resume; ``rollback_at`` must be a step the run reaches."""
+    if final < 2:
+        raise UsageError(f"the run ends at step {final}: a resume check needs at least 2 steps (--steps)")
+    if at is not None and at >= final:
+        raise UsageError(f"--at {at} is not before the run's last step {final}: choose a step from 1 to {final - 1}")
+    if rollback_at is not None and rollback_at > final:
+        raise UsageError(f"--rollback-at {rollback_at} is beyond the run's last step {final}: choose 2 to {final}")
+
+
+def _check_in(
+    spec: JobSpec, home: Path, at: int | None, rollback_at: int | None, say: Progress, *, kept: bool
+) -> ResumeReport:
+    seconds: dict[str, float] = {}
+    codes: dict[str, list[int]] = {}
+
+    def report(**fields: Any) -> ResumeReport:
+        folder = str(home) if kept else None
+        return ResumeReport(
+            job=spec.name, rollback_at=rollback_at, exit_codes=codes, seconds=seconds, folder=folder, **fields
+        )
+
+    entry = spec.entrypoint if isinstance(spec.entrypoint, str) else " ".join(spec.entrypoint)
+    say(f"uninterrupted run of {entry}")
+    failure = _run_job(spec, home, 1, "uninterrupted", {}, (0,), say, codes, seconds)
+    if failure is not None:
+        return report(verdict="failed", final_step=None, preempt_at=at, failure=failure)
+    final, base_state = _final_checkpoint(job_dir(home, 1), spec)
+    _check_steps(at, rollback_at, final)
+    preempt = at or final // 2
+    if rollback_at is not None:
+        _check_rollback(job_dir(home, 1), preempt, rollback_at)
+    extra = {ENV_PREEMPT_AT: str(preempt), **({ENV_ROLLBACK_AT: str(rollback_at)} if rollback_at else {})}
+    also = f", rolled back once after step {rollback_at}" if rollback_at else ""
+    say(f"preempted run: preempted at step {preempt} of {final}{also}, then resumed")
+    failure = _run_job(spec, home, 2, "preempted", extra, (REQUEUE_EXIT_CODE, 0), say, codes, seconds)
+    if failure is not None:
+        return report(verdict="failed", final_step=final, preempt_at=preempt, failure=failure)
+    _, run_state = _final_checkpoint(job_dir(home, 2), spec)
+    say("comparing the final checkpoints and every step's loss")
+    ref_losses = step_losses(job_dir(home, 1) / "events.jsonl")
+    run_losses = step_losses(job_dir(home, 2) / "events.jsonl")
+    loss_step, loss_pair = first_loss_difference(ref_losses, run_losses)
+    left, right = _without(base_state, IGNORED), _without(run_state, IGNORED)
+    diffs = compare_states(left, right)
+    tensors, others = differing_entries(left, right)
+    return report(
+        verdict="exact" if loss_step is None and not tensors and not others else "differs",
+        final_step=final,
+        preempt_at=preempt,
+        steps_compared=len(set(ref_losses) | set(run_losses)),
+        first_loss_step=loss_step,
+        first_loss=loss_pair,
+        first_tensor=diffs["first"],
+        first_tensor_max_abs_diff=diffs["max_abs_diff"],
+        tensors_compared=diffs["compared"],
+        tensors_differing=len(tensors),
+        other_entries=others,
+        hints=hints(loss_step, preempt, rollback_at, [*tensors, *others]),
+    )
+
+
+def hints(loss_step: int | None, at: int, rollback_at: int | None, entries: list[str]) -> list[str]:
+    """What a difference that shows first *there* usually means."""
+    out = []
+    if loss_step is not None and loss_step == at + 1:
+        out.append(
+            f"the first step after the resume (step {loss_step}) already differs: the batches probably come from the "
+            "global RNG or one was fetched before the loop; draw each from gpufleet.runtime.data.batch_generator"
+            "(seed, s.data_position + micro_step)"
+        )
+    elif loss_step is not None and rollback_at is not None and loss_step <= rollback_at:
+        out.append(
+            f"step {loss_step} differs after the injected rollback: state the session does not restore (a prefetched "
+            "batch, an iterator, a counter in a local variable) carried over from the discarded steps"
+        )
+    rng = [e for e in entries if e.startswith("trainer.rng.")]
+    if loss_step is None and rng and len(rng) == len(entries):
+        out.append(
+            f"only saved RNG states differ ({', '.join(rng)}): the script does not seed that generator, so each "
+            "process starts it differently; seed it (random.seed, numpy.random.seed) to make runs comparable"
+        )
+    elif loss_step is None and entries:
+        out.append(
+            f"every loss matches but {entries[0]} ends differently: is it computed from something the checkpoint "
+            "does not hold? Keep it in s.values or in an object passed as extra"
+        )
+    return out
+
+
+def _run_job(
+    spec: JobSpec,
+    home: Path,
+    job_id: int,
+    run: str,
+    extra: dict[str, str],
+    expected: tuple[int, ...],
+    say: Progress,
+    codes: dict[str, list[int]],
+    seconds: dict[str, float],
+) -> RunFailure | None:
+    """Attempts of one job, one process each, until one exits 0; ``expected`` lists each one's exit status.
+
+    The environment is the caller's minus any ``GPUFLEET_*`` (a debug hook or metrics port from
+    the shell would change the run) plus what a backend exports, with a ``step`` event per step.
+    """
+    folder = job_dir(home, job_id)
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env = {**inherited, **job_environment(spec, job_id, home, "local"), ENV_LOG_EVERY_S: "0", **extra}
+    argv = entry_argv(spec)
+    codes[run] = []
+    started = time.perf_counter()
+    for attempt, want in enumerate(expected, 1):
+        log = folder / "logs" / f"attempt-{attempt}.log"
+        begun = time.perf_counter()
+        code = _run_attempt(argv, {**env, ENV_ATTEMPT: str(attempt)}, spec.workdir, log)
+        codes[run].append(code)
+        say(f"  {run}, attempt {attempt}: exit {code} after {time.perf_counter() - begun:.1f}s")
+        if code != want:
+            return RunFailure(
+                run=run,
+                attempt=attempt,
+                exit_code=code,
+                expected=_expectation(want, extra),
+                log=str(log),
+                tail=_tail(log, LOG_TAIL_LINES),
+            )
+    seconds[run] = time.perf_counter() - started
+    return None
+
+
+def _run_attempt(argv: list[str], env: dict[str, str], workdir: str | None, log: Path) -> int:
+    """One attempt's process, its output in ``log``; a command that cannot start is exit 127, as in a shell."""
+    with log.open("ab") as out:
+        try:
+            return subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env, check=False
+            ).returncode
+        except OSError as err:
+            out.write(f"gpufleet: cannot start {argv[0]!r}: {err.strerror}\n".encode())
+            return 127
+
+
+def _expectation(code: int, extra: dict[str, str]) -> str:
+    if code == REQUEUE_EXIT_CODE:
+        return (
+            f"exit {REQUEUE_EXIT_CODE} (saved, requeue me) at the injected preemption at step {extra[ENV_PREEMPT_AT]}: "
+            "does the loop call TrainSession.report() once a step?"
+        )
+    return "exit 0 (training completed)"
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def _final_checkpoint(folder: Path, spec: JobSpec) -> tuple[int, dict[str, Any]]:
+    """Step and loaded state of the newest checkpoint a completed run left."""
+    from gpufleet.runtime.checkpoint import CheckpointDir
+
+    ckpts = CheckpointDir(folder / "checkpoints")
+    infos = ckpts.scan(verify=False)
+    if not infos:
+        raise CheckpointError(
+            f"{spec.name} completed but left no checkpoint in {folder / 'checkpoints'}: "
+            "a resume check needs a TrainSession loop (TrainSession.from_env) in the script"
+        )
+    _, state = ckpts.load(infos[-1].path)
+    return infos[-1].step, state
+
+
+def _check_rollback(folder: Path, at: int, rollback_at: int) -> None:
+    """A rollback after step ``R`` returns to a checkpoint before ``R``: one must exist by then.
+
+    The preempted run saves where the uninterrupted one did, and at the preemption as well.
+    """
+    events, _ = read_events(folder / "events.jsonl")
+    saved = {int(e["step"]) for e in events if e["kind"] == "checkpoint" and isinstance(e.get("step"), int)} | {at}
+    if min(saved) >= rollback_at:
+        raise UsageError(
+            f"--rollback-at {rollback_at}: no checkpoint is saved before it to roll back to (the first is at step "
+            f"{min(saved)}); choose a step after {min(saved)}"
+        )
+
+
+def _as_loss(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def step_losses(path: Path) -> dict[int, list[float]]:
+    """Each step's losses in log order from ``step`` events, less the first pass of an injected rollback.
+
+    A step logged twice by a rollback the health monitor decided (a spike: the batches after it
+    change) keeps both values, which an exact resume reproduces too. An *injected* rollback
+    replays the same batches, so its discarded first pass is dropped and the replay is compared.
+    """
+    events, _ = read_events(path)
+    losses: dict[int, list[float]] = {}
+    for e in events:
+        if e["kind"] == "rollback" and e.get("injected"):
+            for step in range(int(e["to_step"]) + 1, int(e["from_step"]) + 1):
+                if losses.get(step):
+                    losses[step].pop()
+            continue
+        loss = _as_loss(e.get("loss"))
+        if e["kind"] == "step" and isinstance(e.get("step"), int) and loss is not None:
+            losses.setdefault(int(e["step"]), []).append(loss)
+    return {step: values for step, values in losses.items() if values}
+
+
+def first_loss_difference(
+    a: dict[int, list[float]], b: dict[int, list[float]]
+) -> tuple[int | None, tuple[float | None, float | None] | None]:
+    """The first step whose losses differ bitwise (NaN equals NaN), with the step's last loss in each."""
+    for step in sorted(set(a) | set(b)):
+        x, y = a.get(step, []), b.get(step, [])
+        if len(x) != len(y) or not all(_same_float(p, q) for p, q in zip(x, y, strict=True)):
+            return step, (x[-1] if x else None, y[-1] if y else None)
+    return None, None
+
+
+def _same_float(x: float, y: float) -> bool:
+    return (x == y and math.copysign(1.0, x) == math.copysign(1.0, y)) or (math.isnan(x) and math.isnan(y))
+
+
+def _without(state: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """A shallow copy of ``state`` without the dotted entries ``names`` (``trainer.rollbacks``)."""
+    out = dict(state)
+    for name in names:
+        head, _, key = name.partition(".")
+        if isinstance(out.get(head), dict) and key in out[head]:
+            out[head] = {k: v for k, v in out[head].items() if k != key}
+    return out
+
+
+def differing_entries(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Names of the tensors and of the other entries that differ bitwise, in ``a``'s order.
+
+    A list of plain values (the loss history, Python's RNG state of 625 numbers) is one entry.
+    """
+    import torch
+
+    def names(left: dict[str, Any], right: dict[str, Any]) -> list[str]:
+        return [*left, *(n for n in right if n not in left)]
+
+    tensors: list[str] = []
+    left, right = dict(leaves("", a)), dict(leaves("", b))
+    for name in names(left, right):
+        x, y = left.get(name), right.get(name)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            same = x.dtype == y.dtype and x.shape == y.shape and bitwise_equal(x, y)
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            same = False  # a tensor on one side only
+        else:
+            continue
+        if not same:
+            tensors.append(name.lstrip("."))
+    left, right = dict(_plain_entries("", a)), dict(_plain_entries("", b))
+    others = [n.lstrip(".") for n in names(left, right) if not _equal(left.get(n, _MISSING), right.get(n, _MISSING))]
+    return tensors, others
+
+
+_MISSING = object()
+
+
+def _holds_structure(value: Any) -> bool:
+    """A mapping or a tensor somewhere inside ``value``."""
+    import torch
+
+    if isinstance(value, (dict, torch.Tensor)):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_structure(v) for v in value)
+
+
+def _plain_entries(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+    """Non-tensor entries by dotted name; a list without mappings or tensors inside is one entry."""
+    import torch
+
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _plain_entries(f"{prefix}.{key}", item)
+    elif isinstance(value, (list, tuple)) and _holds_structure(value):
+        for index, item in enumerate(value):
+            yield from _plain_entries(f"{prefix}.{index}", item)
+    elif not isinstance(value, torch.Tensor):
+        yield prefix, value
+
+
+def _equal(x: Any, y: Any) -> bool:
+    """Plain values compared as the checkpoint stores them: NaN equals NaN, lists element by element."""
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(_equal(p, q) for p, q in zip(x, y, strict=True))
+    return plain_equal(x, y)
+
+
+__all__ = [
+    "IGNORED",
+    "ResumeReport",
+    "RunFailure",
+    "check_resume",
+    "differing_entries",
+    "first_loss_difference",
+    "hints",
+    "step_losses",
+]
