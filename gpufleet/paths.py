@@ -37,6 +37,15 @@ def check_name(value: str, what: str = "name") -> str:
     return value
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) readable by its owner only; tighten it if it is ours and open."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        path.chmod(info.st_mode & 0o700)
+    return path
+
+
 def job_dir(home: Path, job_id: int) -> Path:
     if job_id < 1:
         raise UsageError(f"invalid job id {job_id}: job ids are positive integers (see `gpufleet jobs`)")

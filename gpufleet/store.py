@@ -8,6 +8,7 @@ requests (preempt, cancel), which the scheduler acts on.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.errors import StoreError, UsageError
+from gpufleet.errors import SpecError, StoreError, UsageError
+from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec, parse_spec
 
 SCHEMA_VERSION = 1
@@ -99,7 +101,9 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)  # the database holds each job's env, which may hold tokens
+        if not path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         try:
             self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
             self._db.row_factory = sqlite3.Row
@@ -132,12 +136,18 @@ class Store:
 
     # ---- jobs ----------------------------------------------------------------------------
     def add_job(self, spec: JobSpec, backend: str, env: dict[str, str] | None = None) -> int:
+        stored = spec.model_dump_json()
+        if parse_spec(json.loads(stored), source=f"job {spec.name!r} as stored") != spec:
+            raise SpecError(
+                f"job {spec.name!r} does not read back as it was written (a value JSON cannot hold, such as "
+                "inf or NaN, inside args?): give finite numbers"
+            )
         now = time.time()
         with self.transaction() as db:
             cur = db.execute(
                 "INSERT INTO jobs (name, team, priority, backend, state, spec, submitted_at, updated_at, env)"
                 " VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (spec.name, spec.team, spec.priority, backend, spec.model_dump_json(), now, now, json.dumps(env or {})),
+                (spec.name, spec.team, spec.priority, backend, stored, now, now, json.dumps(env or {})),
             )
             job_id = int(cur.lastrowid or 0)
             db.execute(
@@ -148,19 +158,33 @@ class Store:
         return job_id
 
     def _job(self, row: sqlite3.Row) -> Job:
+        state, reason = row["state"], row["reason"]
+        try:
+            spec = parse_spec(json.loads(row["spec"]), source=f"job {row['id']}")
+        except (ValueError, SpecError) as err:
+            # One unreadable job must not stop the others from being listed, priced or scheduled.
+            spec = _placeholder_spec(row["name"], row["team"])
+            reason = f"broken: its stored spec does not validate ({str(err).splitlines()[0][:200]})"
+            if state not in TERMINAL:
+                state = "failed"
+                self.set_job_state(row["id"], state, reason=reason)
+        try:
+            env = json.loads(row["env"])
+        except ValueError:
+            env = {}
         return Job(
             id=row["id"],
             name=row["name"],
             team=row["team"],
             priority=row["priority"],
             backend=row["backend"],
-            state=row["state"],
-            spec=parse_spec(json.loads(row["spec"]), source=f"job {row['id']}"),
+            state=state,
+            spec=spec,
             submitted_at=row["submitted_at"],
             updated_at=row["updated_at"],
             restarts=row["restarts"],
-            reason=row["reason"],
-            env=json.loads(row["env"]),
+            reason=reason,
+            env=env if isinstance(env, dict) else {},
             events_offset=row["events_offset"],
             backend_ref=row["backend_ref"],
         )
@@ -179,7 +203,8 @@ class Store:
         if team:
             sql += " AND team=?"
             args.append(team)
-        return [self._job(r) for r in self._db.execute(sql + " ORDER BY id", args)]
+        found = [self._job(r) for r in self._db.execute(sql + " ORDER BY id", args).fetchall()]
+        return [j for j in found if not states or j.state in states]  # a broken job was just failed
 
     def has_active(self, backend: str) -> bool:
         """Whether any job of ``backend`` has not ended (one indexed query, no spec parsing)."""
@@ -319,6 +344,15 @@ class Store:
             ).fetchall()
             db.execute("UPDATE requests SET handled_at=? WHERE handled_at IS NULL", (time.time(),))
         return [(r["job_id"], r["kind"], r["grace"]) for r in rows]
+
+
+def _placeholder_spec(name: str, team: str) -> JobSpec:
+    """A valid stand-in for a job whose stored spec no longer validates (it is shown, never run)."""
+    fields = {"name": name, "team": team, "entrypoint": "gpufleet.broken:spec"}
+    try:
+        return parse_spec(fields)
+    except SpecError:
+        return parse_spec({**fields, "name": "broken", "team": "default"})
 
 
 def latest_step(store: Store, job_id: int) -> int | None:

@@ -28,7 +28,7 @@ from typing import IO
 from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, check_environment, entry_argv, exit_reason, job_environment
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Job, Store
 
@@ -118,6 +118,7 @@ def ensure_scheduler(home: Path) -> None:
     """Start a detached scheduler for ``home`` unless one holds the lock."""
     if scheduler_pid(home) is not None:
         return
+    check_environment(os.environ)  # a bad GPUFLEET_SCHEDULER_IDLE_S would kill it at start
     home.mkdir(parents=True, exist_ok=True)
     with (home / "scheduler.log").open("ab") as log:
         # The launcher forks the scheduler off and exits at once: we reap it here, and the
@@ -274,7 +275,7 @@ class LocalScheduler:
                 state, reason = "failed", f"{outcome} after {job.restarts} restarts (max_restarts)"
         else:
             outcome, state = "failed", "failed"
-            reason = f"exit code {code}" if code > 0 else f"killed by {signal.Signals(-code).name}"
+            reason = exit_reason(code)
         self.store.update_attempt(job.id, n, state="ended", ended_at=now, exit_code=code, outcome=outcome)
         restarts = job.restarts + 1 if state == "queued" else None
         self.store.set_job_state(job.id, state, reason=reason, restarts=restarts)

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, exit_reason, job_environment
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import TERMINAL
 
@@ -137,12 +137,7 @@ def _failure(code: int | None) -> str:
         return "lost"
     if code == NOT_STARTED:
         return f"exit code {code}: the entrypoint could not be started (see the attempt log)"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
+    return exit_reason(code)
 
 
 def end_attempt(status: RunStatus, code: int | None, stop: str | None, now: float, max_restarts: int) -> RunStatus:

@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,28 +58,76 @@ class EventLog:
             self._fh = None
 
 
-def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Read complete lines from ``offset``; return them and the offset after the last one.
+MAX_TS = 1e11
+"""Event times are Unix seconds; anything past the year 5000 is a hostile or broken line."""
+MAX_ATTEMPT = 1_000_000
 
-    A torn last line (the writer was killed mid-write) is left for a later read, and a line that
-    is not a JSON object is skipped: the file is written by user processes, so it is untrusted.
+
+def event_problem(event: Any) -> str | None:
+    """Why a decoded line cannot be an event (``None`` when it can): the file is written by user code."""
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    kind, ts, attempt = event.get("kind"), event.get("ts"), event.get("attempt")
+    if not isinstance(kind, str) or not 0 < len(kind) <= 64:
+        return "kind is not a string of 1-64 characters"
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        return "ts is not a number"
+    if isinstance(ts, int) and not 0 <= ts <= MAX_TS:
+        return "ts is out of range"
+    if isinstance(ts, float) and not (math.isfinite(ts) and 0 <= ts <= MAX_TS):
+        return "ts is not a finite time"
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+        return "attempt is not an integer"
+    if isinstance(attempt, int) and not 0 <= attempt <= MAX_ATTEMPT:
+        return "attempt is out of range"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedLine:
+    """A line of an event log that is not an event: where it is, why, and how it starts."""
+
+    offset: int
+    reason: str
+    preview: str
+
+
+def read_events_checked(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], list[RejectedLine], int]:
+    """Read complete lines from ``offset``: the events, the lines rejected, and the offset after the last.
+
+    A torn last line (the writer was killed mid-write) is left for a later read. Every other line
+    is either a valid event (:func:`event_problem`) or rejected with its reason, never fatal.
     """
     try:
         with path.open("rb") as fh:
             fh.seek(offset)
             data = fh.read()
     except FileNotFoundError:
-        return [], offset
+        return [], [], offset
     end = data.rfind(b"\n") + 1
     events: list[dict[str, Any]] = []
-    for line in data[:end].splitlines():
+    rejected: list[RejectedLine] = []
+    position = offset
+    for line in data[:end].split(b"\n")[:-1]:
+        here, position = position, position + len(line) + 1
+        if not line.strip():
+            continue
         try:
             event = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(event, dict) and isinstance(event.get("kind"), str) and isinstance(event.get("ts"), (int, float)):
+            problem = event_problem(event)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            event, problem = None, "not valid JSON"
+        if problem is None:
             events.append(event)
-    return events, offset + end
+        else:
+            rejected.append(RejectedLine(here, problem, line[:120].decode("utf-8", "replace")))
+    return events, rejected, offset + end
+
+
+def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Valid events from ``offset`` and the offset after the last complete line (see ``read_events_checked``)."""
+    events, _, end = read_events_checked(path, offset)
+    return events, end
 
 
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from gpufleet.errors import UsageError
 
@@ -39,6 +41,8 @@ class FaultPlan:
         return cls(faults)
 
     def apply(self, loss: torch.Tensor, data_position: int) -> torch.Tensor:
+        import torch
+
         kind = self.faults.get(data_position)
         if kind == "nan":
             return loss * float("nan")

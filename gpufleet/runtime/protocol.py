@@ -5,11 +5,15 @@ The backend exports these variables to every attempt; ``TrainSession.from_env`` 
 
 from __future__ import annotations
 
+import math
 import re
+import signal
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 
 if TYPE_CHECKING:
@@ -28,6 +32,38 @@ ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
 
 
+def _number(raw: str, *, low: float, integer: bool = False) -> bool:
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value >= low
+
+
+_CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "GPUFLEET_SCHEDULER_IDLE_S": (lambda v: _number(v, low=0), "seconds, 0 or more (e.g. 10)"),
+    ENV_LOG_EVERY_S: (lambda v: _number(v, low=0), "seconds between step events, 0 or more (e.g. 1)"),
+    "GPUFLEET_METRICS_PORT": (
+        lambda v: _number(v, low=0, integer=True) and int(v) <= 65535,
+        "a TCP port 0-65535 (0 picks a free one)",
+    ),
+    "GPUFLEET_LOCAL_SLOTS": (lambda v: _number(v, low=1, integer=True), "a positive number of virtual GPU slots"),
+    "GPUFLEET_RESUME": (lambda v: v in ("auto", "never", "must"), "auto, never or must"),
+}
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse a bad ``GPUFLEET_*`` value where it is first read (submit), not when a process dies of it."""
+    for name, (valid, hint) in _CHECKS.items():
+        raw = env.get(name)
+        if raw is not None and raw != "" and not valid(raw.strip()):
+            raise UsageError(f"{name}={raw!r} is invalid: give {hint}, or unset it")
+    if env.get(ENV_FAULT):
+        from gpufleet.runtime.faults import FaultPlan
+
+        FaultPlan.parse(env[ENV_FAULT])
+
+
 def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dict[str, str]:
     """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside)."""
     folder = job_dir(home, job_id)
@@ -44,6 +80,16 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
         "GPUFLEET_BACKEND": backend,
         "OMP_NUM_THREADS": str(spec.resources.cpus),
     }
+
+
+def exit_reason(code: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL``; a signal outside Python's enum (a real-time one) by number."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 PYTHON_RE = re.compile(r"^python(?:3(?:\.\d+)?)?$")

@@ -1,0 +1,126 @@
+"""States the embedded scheduler must never be stuck in: each pinned by a test that failed before."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.errors import SpecError, UsageError
+from gpufleet.runtime.events import read_events_checked
+from gpufleet.spec import parse_spec
+
+
+def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        scheduler.tick()
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def local(home: Path) -> Any:
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
+    yield backend, scheduler
+    scheduler.shutdown(grace_s=5)
+
+
+def command(name: str, code: str, **fields: Any) -> Any:
+    return parse_spec({"name": name, "entrypoint": [sys.executable, "-c", code], **fields})
+
+
+def test_an_infinite_interval_is_refused_at_submit(local: Any) -> None:
+    backend, _ = local
+    with pytest.raises(SpecError, match="every_seconds"):
+        parse_spec({"name": "a", "entrypoint": "m:f", "checkpoint": {"every_steps": None, "every_seconds": "inf"}})
+    with pytest.raises(SpecError, match="does not read back"):
+        backend.submit(parse_spec({"name": "a", "entrypoint": "m:f", "args": {"x": [float("inf")]}}))
+    assert backend.store.jobs() == []
+
+
+def test_one_unreadable_job_does_not_stop_the_others(local: Any, home: Path) -> None:
+    backend, scheduler = local
+    broken = backend.submit(command("broken", "pass"))
+    with sqlite3.connect(home / "state.db") as db:  # what an older gpufleet could have stored
+        stored = json.loads(db.execute("SELECT spec FROM jobs WHERE id=?", (broken,)).fetchone()[0])
+        stored["checkpoint"] = {"every_steps": None, "every_seconds": None, "keep": 3, "grace_seconds": 30}
+        db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(stored), broken))
+    ok = backend.submit(command("fine", "pass"))
+    drive(scheduler, lambda: backend.store.job(ok).state == "completed")
+    states = {j.id: (j.state, j.reason) for j in backend.store.jobs()}
+    assert states[ok] == ("completed", None)
+    assert states[broken][0] == "failed" and "broken" in (states[broken][1] or "")
+    assert backend.store.attempts(broken) == []
+
+
+def test_a_hostile_event_line_is_quarantined_not_fatal(local: Any) -> None:
+    backend, scheduler = local
+    code = (
+        "import os\n"
+        "with open(os.environ['GPUFLEET_EVENTS'], 'a') as fh:\n"
+        "    fh.write('{\"ts\": 1' + '0' * 400 + ', \"kind\": \"x\"}\\n')\n"
+        "    fh.write('{\"ts\": 1.5, \"kind\": \"x\", \"attempt\": ' + '9' * 31 + '}\\n')\n"
+        "    fh.write('{\"ts\": 2.5, \"kind\": \"fine\", \"attempt\": 1}\\n')\n"
+    )
+    job = backend.submit(command("hostile", code))
+    drive(scheduler, lambda: backend.store.job(job).state == "completed")
+    kinds = [e.kind for e in backend.store.events(job)]
+    assert "fine" in kinds and "x" not in kinds
+    rejected = backend.store.last_event(job, "events_rejected")
+    assert rejected is not None and rejected.data["lines"] == 2 and rejected.data["reason"] == "ts is out of range"
+
+
+def test_read_events_checked_names_each_problem(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('not json\n[1]\n{"ts": "x", "kind": "a"}\n{"ts": 1, "kind": "ok"}\n{"ts": 2, "kind"')
+    events, rejected, offset = read_events_checked(path)
+    assert [e["kind"] for e in events] == ["ok"]
+    assert [r.reason for r in rejected] == ["not valid JSON", "not a JSON object", "ts is not a number"]
+    assert offset == path.read_bytes().rfind(b"\n") + 1  # the torn last line waits
+
+
+def test_a_real_time_signal_does_not_kill_the_scheduler(local: Any) -> None:
+    backend, scheduler = local
+    job = backend.submit(command("rt", "import os, signal; os.kill(os.getpid(), signal.SIGRTMIN + 1)"))
+    drive(scheduler, lambda: backend.store.job(job).state == "failed")
+    assert (backend.store.job(job).reason or "").startswith("killed by signal ")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GPUFLEET_SCHEDULER_IDLE_S", "abc"),
+        ("GPUFLEET_LOG_EVERY_S", "-1"),
+        ("GPUFLEET_METRICS_PORT", "70000"),
+        ("GPUFLEET_FAULT", "nan@x"),
+        ("GPUFLEET_RESUME", "sometimes"),
+    ],
+)
+def test_bad_environment_values_are_refused_at_submit(
+    local: Any, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    backend, _ = local
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=name if name != "GPUFLEET_FAULT" else "invalid fault"):
+        backend.submit(command("a", "pass"))
+    assert backend.store.jobs() == []
+
+
+def test_home_and_job_folders_are_private(local: Any, home: Path) -> None:
+    backend, _ = local
+    job = backend.submit(command("secret", "pass", env={"TOKEN": "s3cr3t"}))
+    folder = home / "jobs" / str(job)
+    for path in (home, home / "jobs", folder):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    for path in (folder / "spec.json", home / "state.db"):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
