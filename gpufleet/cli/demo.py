@@ -21,8 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.cli.render import console, emit_json, print_cost
+from gpufleet.cli.render import console, emit_json, gpu_time, money, print_cost
 from gpufleet.cli.watch import JobWatcher, make_progress
+from gpufleet.cost.ledger import Cost
 from gpufleet.cost.report import cost_report
 from gpufleet.errors import UsageError
 from gpufleet.paths import gpufleet_home
@@ -62,6 +63,22 @@ def demo_specs() -> tuple[JobSpec, JobSpec]:
         source="demo",
     )
     return low, high
+
+
+def closing_lines(job_id: int, attempts: int, cost: Cost, currency: str) -> tuple[str, str]:
+    """What preemption cost the preempted job, in full (lost work is the smallest part), then the redone work."""
+    parts = {k: gpu_time(v) for k, v in cost.preemption_gpu_hours.items()}
+    overhead = (
+        f"job #{job_id} ran {attempts} attempts; preemption cost it {gpu_time(cost.preemption_overhead_gpu_hours)} "
+        f"of GPU time ({cost.preemption_share:.1%} of the job, {money(cost.preemption_money, currency)}): "
+        f"{parts['lost']} lost work, {parts['startup']} restart start-up and shut-down, "
+        f"{parts['restore']} restore, {parts['checkpoint']} save at the signal."
+    )
+    redone = (
+        f"{gpu_time(cost.gpu_hours['lost'])} of GPU time went to work redone after preemption and rollback "
+        f"({cost.steps_redone} steps)."
+    )
+    return overhead, redone
 
 
 def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | None = None) -> bool:
@@ -125,11 +142,9 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
         )
         return ok
     print_cost(report)
-    lost = report.ledger.total.gpu_hours["lost"] * 3600
-    console.print(
-        f"job #{low} ran {len(low_attempts)} attempts; {lost:.1f} GPU-seconds were lost to preemption and "
-        f"rollback ({report.ledger.total.steps_redone} steps redone). Demo took {time.monotonic() - started:.0f}s."
-    )
+    overhead, redone = closing_lines(low, len(low_attempts), report.ledger.jobs[low], report.ledger.currency)
+    console.print(overhead, soft_wrap=True)
+    console.print(f"{redone} Demo took {time.monotonic() - started:.0f}s.", soft_wrap=True)
     prog = "gpufleet" if shutil.which("gpufleet") else sys.argv[0]
     console.print(f"explore it:  export GPUFLEET_HOME={home}; {prog} jobs; {prog} show {low}; {prog} cost")
     if not ok:

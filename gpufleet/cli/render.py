@@ -66,23 +66,41 @@ def duration(seconds: float | None) -> str:
 def _cost_cells(c: Cost, currency: str) -> list[object]:
     share = c.gpu_hours["lost"] / c.total_gpu_hours if c.total_gpu_hours else 0.0
     lost = f"{gpu_time(c.gpu_hours['lost'])} ({share:.0%})"
+    overhead = f"{gpu_time(c.preemption_overhead_gpu_hours)} ({c.preemption_share:.0%})"
     return [
         c.preemptions,
         gpu_time(c.total_gpu_hours),
         lost,
         c.steps_redone,
+        overhead,
+        money(c.preemption_money, currency),
         money(c.money, currency),
         money(c.on_demand_money, currency),
     ]
 
 
 def print_cost(report: CostReport) -> None:
-    """The per-team cost table, the unpriced warning and the note's path."""
+    """The per-team and per-job cost tables, the unpriced warning and the note's path.
+
+    ``preemption overhead`` sits beside ``lost``: lost work alone hides what a preemption costs
+    (the restart's start-up and restore, the save at the signal); see ``gpufleet.cost.ledger``.
+    """
     cur = report.ledger.currency
+    head = [
+        "preempted",
+        "GPU time",
+        "lost",
+        "redone steps",
+        "preemption overhead",
+        "overhead cost",
+        "cost",
+        "on-demand",
+    ]
     rows = [[team, *_cost_cells(c, cur)] for team, c in report.ledger.teams.items()]
     rows.append(["[bold]total[/]", *_cost_cells(report.ledger.total, cur)])
-    head = ["team", "preempted", "GPU time", "lost", "redone steps", "cost", "on-demand"]
-    console.print(table("cost per team", head, rows))
+    console.print(table("cost per team", ["team", *head], rows))
+    jobs = [[f"#{j} {report.names.get(j, '?')}", *_cost_cells(c, cur)] for j, c in report.ledger.jobs.items()]
+    console.print(table("cost per job", ["job", *head], jobs))
     if report.ledger.total.unpriced:
         console.print(f"[yellow]no rate for {', '.join(report.ledger.total.unpriced)}: counted in hours, not money[/]")
     if report.note is not None:

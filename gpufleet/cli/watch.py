@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpufleet.cli.render import console
@@ -66,15 +67,28 @@ def describe(event: Event) -> str | None:
     return None
 
 
+PLAIN_EVERY = 10
+"""Without a terminal, one plain progress line per job each time it passes another tenth of its steps."""
+
+
 class JobWatcher:
-    """Progress bars and event lines for a set of jobs; ``follow`` can be called repeatedly."""
+    """Progress bars and event lines for a set of jobs; ``follow`` can be called repeatedly.
+
+    Rich redraws its bars only on a terminal; piped to a file or a CI log it shows them once, at the
+    end, so a slow run looks hung. Without a terminal the watcher therefore also prints a plain line
+    per job every tenth of its steps (``PLAIN_EVERY``), in order with the event lines.
+    """
 
     def __init__(self, store: Store, progress: Progress, *, quiet: bool = False) -> None:
         self.store = store
         self.progress = progress
         self.quiet = quiet
+        self.plain = not quiet and not progress.console.is_terminal
         self.tasks: dict[int, TaskID] = {}
         self.seen: dict[int, int] = {}
+        self.totals: dict[int, int] = {}
+        self.printed: dict[int, int] = {}
+        """Per job, the highest tenth of its steps already printed as a plain line."""
 
     def refresh(self, job_id: int, lines: list[tuple[float, str]]) -> bool:
         """Update one job's bar, collect its new notable events; true once the job has ended."""
@@ -87,11 +101,26 @@ class JobWatcher:
             if line:
                 lines.append((ev.ts, f"  #{job_id} {job.name}: {line}"))
             if ev.kind == "session_start" and isinstance(ev.data.get("total_steps"), int):
+                self.totals[job_id] = ev.data["total_steps"]
                 self.progress.update(self.tasks[job_id], total=ev.data["total_steps"])
         self.seen[job_id] = len(events)
         step = latest_step(self.store, job_id)
-        self.progress.update(self.tasks[job_id], completed=step or 0, state=f"{job.state} ({job.team})")
+        state = f"{job.state} ({job.team})"
+        self.progress.update(self.tasks[job_id], completed=step or 0, state=state)
+        if self.plain:
+            self._plain_line(job_id, job.name, step or 0, state, lines)
         return job.state in TERMINAL
+
+    def _plain_line(self, job_id: int, name: str, step: int, state: str, lines: list[tuple[float, str]]) -> None:
+        """A line when the job first reaches another tenth of its steps (none until its total is known)."""
+        total = self.totals.get(job_id)
+        if not total or total <= 0:
+            return
+        tenth = min(PLAIN_EVERY, step * PLAIN_EVERY // total)
+        if tenth <= self.printed.get(job_id, 0):
+            return
+        self.printed[job_id] = tenth
+        lines.append((time.time(), f"  #{job_id} {name}: step {step}/{total} ({100 * step // total}%), {state}"))
 
     def follow(
         self,
@@ -129,14 +158,15 @@ def watch_jobs(
         JobWatcher(store, progress, quiet=quiet).follow(job_ids, poll_s=poll_s, tick=tick)
 
 
-def make_progress(quiet: bool = False) -> Progress:
+def make_progress(quiet: bool = False, *, to: Console | None = None) -> Progress:
+    """One bar per job on ``to`` (the CLI's stdout console unless given)."""
     return Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("steps  {task.fields[state]:<24}"),
         TimeElapsedColumn(),
-        console=console,
+        console=to or console,
         disable=quiet,
         transient=False,
     )

@@ -15,6 +15,20 @@ Every second an attempt held its GPUs falls in exactly one bucket::
 GPU-seconds are wall seconds times the attempt's GPUs. Money is GPU-hours times the rate card's
 price for the attempt's (gpu_type, provider, spot); ``on_demand_money`` prices the same hours at
 the on-demand rate, to show what spot saved (or cost, once preemption losses are counted).
+
+**Preemption overhead** is derived, not a sixth bucket: the seconds, taken from the buckets above,
+that a job spent only because it was preempted. Lost work alone understates it: a preempted
+attempt usually saves at the signal and loses almost nothing, while the restart pays the full
+process start-up and the restore again. So, per attempt::
+
+    preemption = lost work of a preempted attempt (rollbacks excluded)
+               + its shut-down after the session ended (part of ``startup``)
+               + the checkpoint saved at the preemption signal (part of ``checkpoint``)
+               + all the start-up of an attempt that restarted after a preemption
+               + the restore of that restart (rollback restores excluded)
+
+A rollback's lost work and restore are in ``lost`` and ``restore`` but not in the overhead: a NaN
+costs them whether or not the job is ever preempted.
 """
 
 from __future__ import annotations
@@ -25,6 +39,10 @@ from dataclasses import dataclass, field
 from gpufleet.cost.rates import RateCard
 
 BUCKETS = ("useful", "lost", "checkpoint", "restore", "startup")
+PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "startup")
+"""The buckets a preemption's overhead is drawn from (``useful`` never is)."""
+PREEMPTED_OUTCOMES = ("preempted", "requeued", "lost")
+"""Outcomes of an attempt that ended because the job was taken away from its GPUs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,24 +77,58 @@ class AttemptUsage:
     """Unix times at which checkpoints became durable (for the timeline)."""
     rollbacks: tuple[float, ...] = ()
     """Unix times of rollbacks to the last healthy checkpoint (for the timeline)."""
+    after_preemption: bool = False
+    """This attempt restarted the job after an earlier attempt was preempted: its start-up and
+    restore are preemption overhead."""
+    shutdown_s: float = 0.0
+    """Of ``startup_s``, the process exit after a session ended on purpose (saved at the signal)."""
+    preempt_save_s: float = 0.0
+    """Of ``checkpoint_s``, the checkpoint saved at the preemption signal (``reason: preempt``)."""
+    rollback_lost_s: float = 0.0
+    """Of ``lost_s``, the steps discarded by rollbacks (the rest is lost to the attempt's end)."""
+    rollback_restore_s: float = 0.0
+    """Of ``restore_s``, reloading a healthy checkpoint after a rollback."""
 
     @property
     def wall_s(self) -> float:
         return max(0.0, self.end - self.start)
 
+    def _scale(self) -> float:
+        """Measured overheads can exceed the wall (clock skew, sacct's whole seconds): shrink them to fit."""
+        spent = self.lost_s + self.checkpoint_s + self.restore_s + self.startup_s
+        return self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
+
     def seconds(self) -> dict[str, float]:
         """Wall seconds by bucket; ``useful`` absorbs the rest and is never negative."""
+        scale = self._scale()
         overhead = {
             "lost": self.lost_s,
             "checkpoint": self.checkpoint_s,
             "restore": self.restore_s,
             "startup": self.startup_s,
         }
-        spent = sum(overhead.values())
-        scale = self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
         out = {k: v * scale for k, v in overhead.items()}
         out["useful"] = max(0.0, self.wall_s - sum(out.values()))
         return out
+
+    def preemption_seconds(self) -> dict[str, float]:
+        """Wall seconds of each bucket that were spent because of a preemption (see the module doc).
+
+        Each part is clamped to its bucket and scaled like ``seconds()``, so the overhead never
+        exceeds the wall time, nor any bucket's share of it.
+        """
+        preempted = self.outcome in PREEMPTED_OUTCOMES
+        lost = self.lost_s - self.rollback_lost_s if preempted else 0.0
+        startup = self.startup_s if self.after_preemption else self.shutdown_s if preempted else 0.0
+        restore = self.restore_s - self.rollback_restore_s if self.after_preemption else 0.0
+        parts = {
+            "lost": (lost, self.lost_s),
+            "checkpoint": (self.preempt_save_s, self.checkpoint_s),
+            "restore": (restore, self.restore_s),
+            "startup": (startup, self.startup_s),
+        }
+        scale = self._scale()
+        return {k: min(max(0.0, part), bucket) * scale for k, (part, bucket) in parts.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +136,10 @@ class Cost:
     """GPU-hours by bucket, and money; the unit of every row in the ledger."""
 
     gpu_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    preemption_gpu_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PREEMPTION_BUCKETS, 0.0))
+    """GPU-hours spent because of preemptions, by the bucket they also count in."""
+    preemption_money: float = 0.0
+    """``preemption_gpu_hours`` priced at each attempt's own rate."""
     money: float = 0.0
     on_demand_money: float = 0.0
     attempts: int = 0
@@ -101,9 +157,23 @@ class Cost:
         total = self.total_gpu_hours
         return self.money * self.gpu_hours["lost"] / total if total > 0 else 0.0
 
+    @property
+    def preemption_overhead_gpu_hours(self) -> float:
+        return sum(self.preemption_gpu_hours.values())
+
+    @property
+    def preemption_share(self) -> float:
+        """The preemption overhead as a fraction of all GPU-hours (0 when there are none)."""
+        total = self.total_gpu_hours
+        return self.preemption_overhead_gpu_hours / total if total > 0 else 0.0
+
     def __add__(self, other: Cost) -> Cost:
         return Cost(
             gpu_hours={k: self.gpu_hours[k] + other.gpu_hours[k] for k in BUCKETS},
+            preemption_gpu_hours={
+                k: self.preemption_gpu_hours[k] + other.preemption_gpu_hours[k] for k in PREEMPTION_BUCKETS
+            },
+            preemption_money=self.preemption_money + other.preemption_money,
             money=self.money + other.money,
             on_demand_money=self.on_demand_money + other.on_demand_money,
             attempts=self.attempts + other.attempts,
@@ -127,6 +197,13 @@ class Cost:
             "preemptions": self.preemptions,
             "steps_redone": self.steps_redone,
             "unpriced": list(self.unpriced),
+            "preemption_overhead_gpu_hours": _sig(self.preemption_overhead_gpu_hours),
+            "preemption_overhead_gpu_seconds": _sig(self.preemption_overhead_gpu_hours * 3600.0),
+            "preemption_overhead_money": _sig(self.preemption_money),
+            "preemption_overhead_share": _sig(self.preemption_share),
+            "preemption_overhead_gpu_seconds_by_bucket": {
+                k: _sig(v * 3600.0) for k, v in self.preemption_gpu_hours.items()
+            },
         }
 
 
@@ -138,16 +215,19 @@ def _sig(value: float, digits: int = 6) -> float:
 def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     """Price one attempt. An attempt with no rate is counted in hours and listed as unpriced."""
     hours = {k: v * usage.gpus / 3600.0 for k, v in usage.seconds().items()}
+    preemption = {k: v * usage.gpus / 3600.0 for k, v in usage.preemption_seconds().items()}
     total = sum(hours.values())
     price = rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
     on_demand = rates.price(usage.gpu_type, usage.provider, spot=False)
     key = f"{usage.gpu_type}/{usage.provider}/{'spot' if usage.spot else 'on-demand'}"
     return Cost(
         gpu_hours=hours,
+        preemption_gpu_hours=preemption,
+        preemption_money=sum(preemption.values()) * price if price is not None else 0.0,
         money=total * price if price is not None else 0.0,
         on_demand_money=total * (on_demand if on_demand is not None else price or 0.0),
         attempts=1,
-        preemptions=1 if usage.outcome in ("preempted", "requeued", "lost") else 0,
+        preemptions=1 if usage.outcome in PREEMPTED_OUTCOMES else 0,
         steps_redone=usage.steps_redone,
         unpriced=() if price is not None else (key,),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +34,16 @@ that did not finish (preempted, killed, lost), plus the steps discarded by a rol
 **Useful** is the rest. GPU-seconds are wall seconds times the attempt's GPUs; money is GPU-hours \
 times the rate card's price for the attempt's GPU type, provider, and spot or on-demand, and \
 *on-demand* prices the same hours at the on-demand rate, to show what spot saved (or cost, once \
-preemption losses are counted). Lost money is the lost share of the money, at the average rate."""
+preemption losses are counted). Lost money is the lost share of the money, at the average rate.
+
+**Preemption overhead** is not a sixth bucket but the part of four of them that a job spent only \
+because it was preempted: the lost work of each preempted attempt (rollbacks excluded), the checkpoint \
+it saved at the preemption signal, its shut-down after saving, and all the start-up and the restore \
+of each attempt that restarted after a preemption. Lost work alone understates a preemption: an \
+attempt that saves at the signal loses almost nothing, but its restart pays the start-up (a new \
+process, imports, data) and the restore again. Its money is those GPU-hours at each attempt's own \
+rate; its share is of the row's GPU-hours. A rollback's lost work and restore count as lost and \
+restore, not as preemption overhead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,8 @@ def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
         "steps_done": u.steps_done,
         "steps_redone": u.steps_redone,
         "seconds": {k: round(v, 6) for k, v in u.seconds().items()},
+        "after_preemption": u.after_preemption,
+        "preemption_seconds": {k: round(v, 6) for k, v in u.preemption_seconds().items()},
     }
 
 
@@ -160,6 +171,7 @@ def _note_markdown(
     summary = (
         f"{_plural(len(ledger.jobs), 'job')} from {_plural(len(ledger.teams), 'team')} used {hours} "
         f"over {_plural(total.attempts, 'attempt')} and cost **{_money(total.money, cur)}**. "
+        f"{_preemption_sentence(total, cur, amount, unit)} "
         f"Of those hours, **{_num(total.gpu_hours['lost'] * (3600.0 if seconds else 1.0))} {unit} "
         f"({_pct(total.gpu_hours['lost'], total.total_gpu_hours)})** were lost to work redone after "
         f"{_plural(total.preemptions, 'preemption')} and {_plural(rollbacks, 'rollback')}, about "
@@ -176,10 +188,21 @@ def _note_markdown(
     def cost_cells(c: Cost) -> list[str]:
         useful, checkpoint = amount(c.gpu_hours["useful"]), amount(c.gpu_hours["checkpoint"])
         lost = f"{amount(c.gpu_hours['lost'])} ({_pct(c.gpu_hours['lost'], c.total_gpu_hours)})"
+        overhead = c.preemption_overhead_gpu_hours
+        preemption = [f"{amount(overhead)} ({_pct(overhead, c.total_gpu_hours)})", _money(c.preemption_money, cur)]
         money = [_money(c.money, cur), _money(c.on_demand_money, cur)]
-        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *money]
+        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *preemption, *money]
 
-    head = ["GPU-hours", f"Useful ({unit})", f"Lost ({unit})", f"Checkpoint ({unit})", "Money", "On-demand"]
+    head = [
+        "GPU-hours",
+        f"Useful ({unit})",
+        f"Lost ({unit})",
+        f"Checkpoint ({unit})",
+        f"Preemption overhead ({unit})",
+        "Preemption money",
+        "Money",
+        "On-demand",
+    ]
     rows = [[_cell(team), *cost_cells(c)] for team, c in ledger.teams.items()]
     out += ["## By team", "", *_table(["Team", *head], rows, right_from=1), ""]
     rows = []
@@ -206,6 +229,21 @@ def _note_markdown(
         out.append("_None recorded._")
     out += ["", "## How to read this", "", _HOW_TO_READ, ""]
     return "\n".join(out)
+
+
+def _preemption_sentence(total: Cost, currency: str, amount: Callable[[float], str], unit: str) -> str:
+    """The headline's overhead sentence: what preemptions cost beyond the work they threw away."""
+    overhead = total.preemption_overhead_gpu_hours
+    if total.preemptions == 0 and overhead == 0:
+        return "No attempt was preempted."
+    parts = total.preemption_gpu_hours
+    return (
+        f"{_plural(total.preemptions, 'preemption')} cost **{amount(overhead)} {unit} "
+        f"({_pct(overhead, total.total_gpu_hours)}) of preemption overhead**, about "
+        f"{_money(total.preemption_money, currency)}: {amount(parts['lost'])} {unit} of lost work, "
+        f"{amount(parts['startup'])} {unit} of restart start-up and shut-down, {amount(parts['restore'])} {unit} "
+        f"of restore and {amount(parts['checkpoint'])} {unit} of saving at the signal."
+    )
 
 
 def _table(head: list[str], rows: list[list[str]], *, right_from: int) -> list[str]:

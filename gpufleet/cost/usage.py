@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpufleet.cost.ledger import AttemptUsage
+from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
 from gpufleet.store import Attempt, Event, Job, Store
 
 
@@ -15,8 +15,16 @@ def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: float) -> AttemptUsage:
-    """Split one attempt's wall time into the ledger's buckets, from its runtime events."""
+def attempt_usage(
+    job: Job, attempt: Attempt, events: Sequence[Event], now: float, *, after_preemption: bool = False
+) -> AttemptUsage:
+    """Split one attempt's wall time into the ledger's buckets, from its runtime events.
+
+    ``after_preemption`` says the attempt before this one was preempted (``job_usages`` knows the
+    attempts; this function sees one): its start-up and restore then count as preemption overhead.
+    The wall is the attempt's ``started_at``..``ended_at`` as its backend recorded it (for Slurm,
+    sacct's Start and End); events outside it are clamped in, so no bucket outgrows the wall.
+    """
     start = attempt.started_at
     end = attempt.ended_at if attempt.ended_at is not None else now
     outcome = attempt.outcome or "running"
@@ -25,17 +33,19 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
     train_start = next((e for e in mine if e.kind == "train_start"), None)
     checkpoints = [e for e in mine if e.kind == "checkpoint"]
     rollbacks = [e for e in mine if e.kind == "rollback"]
-    restore_s = (_num(restore.data, "seconds") if restore else 0.0) + sum(
-        _num(e.data, "restore_seconds") for e in rollbacks
-    )
+    rollback_restore_s = sum(_num(e.data, "restore_seconds") for e in rollbacks)
+    restore_s = (_num(restore.data, "seconds") if restore else 0.0) + rollback_restore_s
     if train_start is None:
-        startup_s = end - start  # never reached the first step: all of it was start-up
+        startup_s = max(0.0, end - start)  # never reached the first step: all of it was start-up
         first_step = None
     else:
-        startup_s = max(0.0, train_start.ts - start - (_num(restore.data, "seconds") if restore else 0.0))
+        first = min(max(train_start.ts, start), end)
+        startup_s = max(0.0, first - start - (_num(restore.data, "seconds") if restore else 0.0))
         first_step = int(_num(train_start.data, "step"))
     checkpoint_s = sum(_num(e.data, "seconds") for e in checkpoints)
-    lost_s = sum(_num(e.data, "redone_seconds") for e in rollbacks)
+    preempt_save_s = sum(_num(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
+    rollback_lost_s = lost_s = sum(_num(e.data, "redone_seconds") for e in rollbacks)
+    shutdown_s = 0.0
     steps = [int(_num(e.data, "step")) for e in mine if e.kind in ("step", "checkpoint", "session_end")]
     last_step = max(steps) if steps else first_step
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
@@ -47,13 +57,14 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
     if last_step is not None:
         steps_done += max(0, last_step - segment_start)
     if outcome not in ("completed", "running") and train_start is not None:
-        durable = max([e.ts for e in checkpoints], default=train_start.ts)
+        durable = min(max([e.ts for e in checkpoints], default=train_start.ts), end)
         # A session that ended on purpose after its last checkpoint trained nothing after it:
         # from there to the process exit is shut-down, not lost work.
         ended = [e.ts for e in mine if e.kind == "session_end" and e.ts >= durable]
-        stop = ended[0] if ended else end
+        stop = min(ended[0], end) if ended else end
         lost_s += max(0.0, stop - durable)
-        startup_s += max(0.0, end - stop)
+        shutdown_s = max(0.0, end - stop)
+        startup_s += shutdown_s
         durable_step = int(_num(checkpoints[-1].data, "step")) if checkpoints else segment_start
         steps_redone += max(0, (last_step or 0) - durable_step)
     spec = job.spec
@@ -79,13 +90,27 @@ def attempt_usage(job: Job, attempt: Attempt, events: Sequence[Event], now: floa
         last_step=last_step,
         checkpoints=tuple(e.ts for e in checkpoints),
         rollbacks=tuple(e.ts for e in rollbacks),
+        after_preemption=after_preemption,
+        shutdown_s=shutdown_s,
+        preempt_save_s=preempt_save_s,
+        rollback_lost_s=rollback_lost_s,
+        rollback_restore_s=rollback_restore_s,
     )
+
+
+def attempt_usages(job: Job, attempts: Sequence[Attempt], events: Sequence[Event], now: float) -> list[AttemptUsage]:
+    """Every attempt of one job, each told whether the attempt before it was preempted."""
+    ordered = sorted(attempts, key=lambda a: a.n)
+    out: list[AttemptUsage] = []
+    for i, attempt in enumerate(ordered):
+        after = i > 0 and (ordered[i - 1].outcome or "") in PREEMPTED_OUTCOMES
+        out.append(attempt_usage(job, attempt, events, now, after_preemption=after))
+    return out
 
 
 def job_usages(store: Store, job: Job, now: float | None = None) -> list[AttemptUsage]:
     now = time.time() if now is None else now
-    events = store.events(job.id)
-    return [attempt_usage(job, a, events, now) for a in store.attempts(job.id)]
+    return attempt_usages(job, store.attempts(job.id), store.events(job.id), now)
 
 
 def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] | None = None) -> list[AttemptUsage]:

@@ -202,3 +202,86 @@ def test_bad_rate_card_is_a_usage_error(tmp_path: Path, text: str) -> None:
 def test_missing_rate_card_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read rate card"):
         load_rates(tmp_path / "nope.yaml")
+
+
+# --- preemption overhead -----------------------------------------------------------------------
+
+
+def preempted_three_times() -> list[AttemptUsage]:
+    """One job (1 H100 spot at lambda, 1.5/h) preempted three times, saving at each signal.
+
+    Lost work is tiny (0.0624 s in all), the restarts' start-up and restore are not. Attempt 4 also
+    rolls back once (5 s redone, 1.2 s to reload): lost and restore, but not preemption overhead.
+    """
+    job = usage(spot=True, first_step=0)
+    return [
+        replace(job, attempt=1, start=0.0, end=100.0, outcome="preempted", startup_s=10.0, shutdown_s=2.0,
+                checkpoint_s=1.5, preempt_save_s=1.0, lost_s=0.02),
+        replace(job, attempt=2, start=110.0, end=200.0, outcome="requeued", after_preemption=True, startup_s=9.0,
+                shutdown_s=1.5, restore_s=0.8, checkpoint_s=1.0, preempt_save_s=1.0, lost_s=0.03),
+        replace(job, attempt=3, start=210.0, end=300.0, outcome="preempted", after_preemption=True, startup_s=8.5,
+                shutdown_s=0.5, restore_s=0.7, checkpoint_s=0.9, preempt_save_s=0.9, lost_s=0.0124),
+        replace(job, attempt=4, start=310.0, end=400.0, outcome="completed", after_preemption=True, startup_s=7.0,
+                restore_s=0.5 + 1.2, rollback_restore_s=1.2, checkpoint_s=0.5, lost_s=5.0, rollback_lost_s=5.0),
+    ]  # fmt: skip
+
+
+# Worked by hand from the attempts above, in GPU-seconds.
+OVERHEAD_LOST = 0.02 + 0.03 + 0.0124  # = 0.0624: all the headline used to show
+OVERHEAD_STARTUP = 2.0 + 9.0 + 8.5 + 7.0  # attempt 1's shut-down, all of each restart's start-up
+OVERHEAD_RESTORE = 0.8 + 0.7 + 0.5  # the restarts' restores, not the rollback's 1.2
+OVERHEAD_SAVE = 1.0 + 1.0 + 0.9  # the saves at the signal, not the periodic or final ones
+OVERHEAD = OVERHEAD_LOST + OVERHEAD_STARTUP + OVERHEAD_RESTORE + OVERHEAD_SAVE  # 31.4624
+WALL = 100.0 + 90.0 + 90.0 + 90.0
+
+
+def test_preemption_overhead_counts_restart_startup_restore_and_the_save_at_the_signal() -> None:
+    ledger = build_ledger(preempted_three_times(), CARD)
+    job = ledger.jobs[1]
+    assert job.preemptions == 3
+    assert job.gpu_hours["lost"] * 3600 == pytest.approx(OVERHEAD_LOST + 5.0)
+    parts = {k: v * 3600 for k, v in job.preemption_gpu_hours.items()}
+    assert parts == pytest.approx(
+        {"lost": OVERHEAD_LOST, "startup": OVERHEAD_STARTUP, "restore": OVERHEAD_RESTORE, "checkpoint": OVERHEAD_SAVE}
+    )
+    assert job.preemption_overhead_gpu_hours * 3600 == pytest.approx(OVERHEAD) == pytest.approx(31.4624)
+    assert job.preemption_share == pytest.approx(OVERHEAD / WALL)
+    assert job.preemption_money == pytest.approx(OVERHEAD / 3600 * 1.5)
+
+    d = job.to_dict()  # six significant digits, like every other value there
+    assert d["preemption_overhead_gpu_seconds"] == 31.4624
+    assert d["preemption_overhead_gpu_hours"] == pytest.approx(OVERHEAD / 3600, rel=1e-5)
+    assert d["preemption_overhead_money"] == pytest.approx(OVERHEAD / 3600 * 1.5, rel=1e-5)
+    assert d["preemption_overhead_share"] == pytest.approx(OVERHEAD / WALL, rel=1e-5)
+    assert d["preemption_overhead_gpu_seconds_by_bucket"] == {"lost": 0.0624, "checkpoint": 2.9, "restore": 2.0,
+                                                              "startup": 26.5}  # fmt: skip
+    assert d["lost_gpu_hours"] == pytest.approx((OVERHEAD_LOST + 5.0) / 3600, rel=1e-5)  # the old keys stay
+    assert ledger.total.to_dict()["preemption_overhead_gpu_seconds"] == d["preemption_overhead_gpu_seconds"]
+
+
+def test_preemption_overhead_uses_the_attempts_rate_and_gpus() -> None:
+    # 2 GPUs at lambda on-demand (3.0/h) next to a 1-GPU spot job (1.5/h): each priced at its own rate.
+    spot = usage(spot=True, outcome="preempted", start=0.0, end=3600.0, preempt_save_s=360.0, checkpoint_s=360.0)
+    demand = usage(job_id=2, gpus=2, after_preemption=True, start=0.0, end=3600.0, startup_s=180.0)
+    ledger = build_ledger([spot, demand], CARD)
+    assert ledger.total.preemption_overhead_gpu_hours == pytest.approx(0.1 + 0.1)
+    assert ledger.total.preemption_money == pytest.approx(0.1 * 1.5 + 0.1 * 3.0)
+
+
+def test_no_preemption_no_overhead() -> None:
+    plain = usage(start=0.0, end=100.0, startup_s=10.0, restore_s=2.0, checkpoint_s=3.0, lost_s=4.0)
+    assert plain.preemption_seconds() == {"lost": 0.0, "checkpoint": 0.0, "restore": 0.0, "startup": 0.0}
+    cost = attempt_cost(plain, CARD)
+    assert cost.preemption_overhead_gpu_hours == 0.0 and cost.preemption_share == 0.0
+    assert cost.to_dict()["preemption_overhead_money"] == 0.0
+
+
+def test_preemption_overhead_never_exceeds_its_buckets_or_the_wall() -> None:
+    # Parts claimed beyond their bucket are clamped; buckets beyond the wall are scaled like seconds().
+    u = usage(start=0.0, end=10.0, outcome="preempted", after_preemption=True, startup_s=15.0, restore_s=5.0,
+              checkpoint_s=1.0, preempt_save_s=3.0, lost_s=4.0, shutdown_s=99.0)  # fmt: skip
+    parts = u.preemption_seconds()
+    scale = 10.0 / (15.0 + 5.0 + 1.0 + 4.0)
+    assert parts == pytest.approx({"startup": 15.0 * scale, "restore": 5.0 * scale, "checkpoint": 1.0 * scale,
+                                   "lost": 4.0 * scale})  # fmt: skip
+    assert sum(parts.values()) == pytest.approx(u.wall_s)

@@ -186,3 +186,62 @@ def test_markdown_table_cells_are_escaped(tmp_path: Path) -> None:
     paths = write_cost_note(tmp_path, [odd], build_ledger([odd], load_rates()), generated_at=GENERATED)
     md = paths.markdown.read_text(encoding="utf-8")
     assert "a\\|b" in md and "t\\|1" in md
+
+
+def preempted_three_times() -> list[AttemptUsage]:
+    """A job preempted three times: 0.0624 s of lost work, 31.5 s of preemption overhead in all.
+
+    Overhead by hand: lost 0.02 + 0.03 + 0.0124 = 0.0624; start-up 2 (attempt 1's shut-down) + 9 + 8.5 + 7
+    = 26.5; restore 0.8 + 0.7 + 0.5 = 2.0; saves at the signal 1.0 + 1.0 + 0.9 = 2.9; total 31.4624 of a
+    370 s wall (8.5 %). Attempt 4's rollback (5 s redone, 1.2 s reload) is lost and restore, not overhead.
+    """
+    job = AttemptUsage(job_id=4, job_name="lm-spot", team="nlp", attempt=1, gpu_type="H100", provider="lambda",
+                       spot=True, gpus=1, start=T0, end=T0 + 100, outcome="preempted", first_step=0)  # fmt: skip
+    return [
+        replace(job, attempt=1, startup_s=10.0, shutdown_s=2.0, checkpoint_s=1.5, preempt_save_s=1.0, lost_s=0.02),
+        replace(job, attempt=2, start=T0 + 110, end=T0 + 200, outcome="requeued", after_preemption=True,
+                startup_s=9.0, shutdown_s=1.5, restore_s=0.8, checkpoint_s=1.0, preempt_save_s=1.0, lost_s=0.03),
+        replace(job, attempt=3, start=T0 + 210, end=T0 + 300, after_preemption=True, startup_s=8.5, shutdown_s=0.5,
+                restore_s=0.7, checkpoint_s=0.9, preempt_save_s=0.9, lost_s=0.0124),
+        replace(job, attempt=4, start=T0 + 310, end=T0 + 400, outcome="completed", after_preemption=True,
+                startup_s=7.0, restore_s=1.7, rollback_restore_s=1.2, checkpoint_s=0.5, lost_s=5.0,
+                rollback_lost_s=5.0, rollbacks=(T0 + 350,)),
+    ]  # fmt: skip
+
+
+def test_headline_counts_the_whole_preemption_overhead(tmp_path: Path) -> None:
+    usages = preempted_three_times()
+    ledger = build_ledger(usages, load_rates())
+    paths = write_cost_note(tmp_path, usages, ledger, generated_at=GENERATED)
+    md = paths.markdown.read_text(encoding="utf-8")
+    assert ledger.total.preemption_money == pytest.approx(31.4624 / 3600 * 1.49)  # H100 spot on the default card
+    headline = (
+        "3 preemptions cost **31.5 GPU-s (8.5 %) of preemption overhead**, about $0.013: 0.0624 GPU-s of lost "
+        "work, 26.5 GPU-s of restart start-up and shut-down, 2.00 GPU-s of restore and 2.90 GPU-s of saving at "
+        "the signal."
+    )
+    assert headline in md
+    assert "**5.06 GPU-s (1.4 %)** were lost to work redone after 3 preemptions and 1 rollback" in md
+    assert "| 31.5 (8.5 %) |" in md  # the team's and the job's rows
+    assert "**Preemption overhead**" in md  # and how to read it
+
+    data = json.loads(paths.json.read_text(encoding="utf-8"))
+    (job,) = data["jobs"]
+    assert job["preemption_overhead_gpu_seconds"] == data["total"]["preemption_overhead_gpu_seconds"] == 31.4624
+    assert job["preemption_overhead_gpu_seconds_by_bucket"] == {
+        "lost": 0.0624,
+        "checkpoint": 2.9,
+        "restore": 2.0,
+        "startup": 26.5,
+    }
+    assert job["preemption_overhead_share"] == pytest.approx(31.4624 / 370, rel=1e-5)
+    assert job["lost_gpu_hours"] == pytest.approx(5.0624 / 3600, rel=1e-5)
+    last = job["attempts"][3]
+    assert last["after_preemption"] is True
+    assert last["preemption_seconds"] == {"lost": 0.0, "checkpoint": 0.0, "restore": 0.5, "startup": 7.0}
+
+
+def test_headline_without_preemptions_says_so(tmp_path: Path) -> None:
+    usages = [u for u in sample_usages() if u.job_id == 2]
+    paths = write_cost_note(tmp_path, usages, build_ledger(usages, load_rates()), generated_at=GENERATED)
+    assert "No attempt was preempted." in paths.markdown.read_text(encoding="utf-8")

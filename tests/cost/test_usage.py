@@ -1,0 +1,83 @@
+"""From stored attempts and runtime events to ledger buckets and the preemption overhead (usage.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.cost.ledger import build_ledger
+from gpufleet.cost.rates import load_rates
+from gpufleet.cost.usage import job_usages
+from gpufleet.spec import parse_spec
+from gpufleet.store import Attempt, Store
+
+SPEC = parse_spec({"name": "lm", "team": "nlp", "entrypoint": "gpufleet.workloads.toy:train"})
+OUTCOMES = ("preempted", "requeued", "preempted", "completed")
+
+
+def attempt_events(n: int, start: float) -> list[dict[str, Any]]:
+    """One attempt's runtime events at hand-picked times: 8 s to the first step, a periodic save,
+    then either a save at the signal and an exit 2.97 s after the session ended, or the end."""
+    first = n == 1
+    events: list[dict[str, Any]] = [
+        {"ts": start + 1.0, "kind": "session_start", "total_steps": 100},
+        {"ts": start + 6.0, "kind": "restore", "step": None if first else 10 * (n - 1),
+         "seconds": 0.0 if first else 0.5, "cause": "start"},
+        {"ts": start + 8.0, "kind": "train_start", "step": 0 if first else 10 * (n - 1)},
+        {"ts": start + 50.0, "kind": "checkpoint", "step": 10 * n - 5, "seconds": 0.4, "reason": "periodic"},
+    ]  # fmt: skip
+    if OUTCOMES[n - 1] == "completed":
+        events += [{"ts": start + 90.0, "kind": "session_end", "status": "completed", "step": 100}]
+    else:
+        events += [
+            {"ts": start + 60.0, "kind": "preempt_signal", "step": 10 * n, "signal": "SIGTERM"},
+            {"ts": start + 60.01, "kind": "checkpoint", "step": 10 * n, "seconds": 0.7, "reason": "preempt"},
+            {"ts": start + 60.03, "kind": "session_end", "status": "requeue", "step": 10 * n},
+        ]
+    return [{**e, "attempt": n} for e in events]
+
+
+def test_three_preemptions_from_stored_events(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    job_id = store.add_job(SPEC, "local")
+    events: list[dict[str, Any]] = []
+    for n, outcome in enumerate(OUTCOMES, start=1):
+        start = 1000.0 * n
+        end = start + (91.0 if outcome == "completed" else 63.0)
+        store.upsert_attempt(Attempt(job_id, n, "ended", None, start, end, 0, outcome, None, None))
+        events += attempt_events(n, start)
+    store.add_runtime_events(job_id, events, offset=1)
+    usages = job_usages(store, store.job(job_id), now=10_000.0)
+
+    assert [u.after_preemption for u in usages] == [False, True, True, True]
+    assert [u.preempt_save_s for u in usages] == pytest.approx([0.7, 0.7, 0.7, 0.0])
+    assert [u.checkpoint_s for u in usages] == pytest.approx([1.1, 1.1, 1.1, 0.4])
+    assert [u.lost_s for u in usages] == pytest.approx([0.02, 0.02, 0.02, 0.0])
+    assert [u.shutdown_s for u in usages] == pytest.approx([2.97, 2.97, 2.97, 0.0])
+    assert [u.startup_s for u in usages] == pytest.approx([8.0 + 2.97, 7.5 + 2.97, 7.5 + 2.97, 7.5])
+
+    cost = build_ledger(usages, load_rates()).jobs[job_id]
+    parts = {k: v * 3600 for k, v in cost.preemption_gpu_hours.items()}
+    # lost 3 x 0.02; start-up: attempt 1's shut-down, then every restart's start-up and shut-down;
+    # restore: the three restarts; checkpoint: the three saves at the signal.
+    expected = {"lost": 0.06, "startup": 2.97 + 2 * (7.5 + 2.97) + 7.5, "restore": 1.5, "checkpoint": 2.1}
+    assert parts == pytest.approx(expected)
+    assert cost.gpu_hours["lost"] * 3600 == pytest.approx(0.06)  # what the headline used to call the whole cost
+    assert cost.preemption_overhead_gpu_hours * 3600 == pytest.approx(sum(expected.values()))
+    assert cost.preemption_share == pytest.approx(sum(expected.values()) / (3 * 63.0 + 91.0))
+
+
+def test_events_outside_the_recorded_wall_are_clamped_in(tmp_path: Path) -> None:
+    """Slurm's End is truncated to the second: the save at the signal and the session's end may come
+    after it. They are clamped into the wall: no lost work, no shut-down, and the buckets still sum to it."""
+    store = Store(tmp_path / "state.db")
+    job_id = store.add_job(SPEC, "slurm")
+    store.upsert_attempt(Attempt(job_id, 1, "ended", None, 1000.0, 1060.0, 0, "preempted", None, None))
+    events = attempt_events(1, 1000.0 + 0.25)  # the save at 1060.26, the session's end at 1060.28
+    store.add_runtime_events(job_id, events, offset=1)
+    (u,) = job_usages(store, store.job(job_id), now=10_000.0)
+    assert u.wall_s == 60.0 and u.lost_s == 0.0 and u.shutdown_s == 0.0
+    assert u.startup_s == pytest.approx(8.25)
+    assert sum(u.seconds().values()) == pytest.approx(60.0)
