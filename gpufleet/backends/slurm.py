@@ -15,6 +15,9 @@ SIGTERM and SIGKILL is the cluster's ``KillWait``/``GraceTime``.
 
 State is pulled: ``sync()`` asks ``sacct --duplicates`` for every run of every active job and
 rewrites the attempts in the store, so ``jobs``, ``show``, ``logs`` and ``cost`` work unchanged.
+An attempt's wall is its run's sacct ``Start``..``End``, the very seconds Slurm bills, not the
+runtime's first and last events: the interpreter start before the first event is start-up the
+GPUs were held for (see ``slurm_usage``).
 ``$GPUFLEET_HOME`` must be on a file system the compute nodes share.
 """
 
@@ -25,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -137,10 +141,12 @@ class SacctRun:
     end: float | None
     exit_code: int
     elapsed_s: int
+    """``ElapsedRaw``: the seconds Slurm bills, ``End - Start`` for a run that ended."""
     alloc_tres: str
+    account: str
 
 
-SACCT_FIELDS = "JobIDRaw,State,Start,End,ExitCode,ElapsedRaw,AllocTRES"
+SACCT_FIELDS = "JobIDRaw,State,Start,End,ExitCode,ElapsedRaw,AllocTRES,Account"
 
 
 def _epoch(text: str) -> float | None:
@@ -154,7 +160,7 @@ def parse_sacct(text: str) -> list[SacctRun]:
     runs = []
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 7 or not parts[0].isdigit():
+        if len(parts) != 8 or not parts[0].isdigit():
             continue
         code = parts[4].split(":")[0]
         runs.append(
@@ -166,6 +172,7 @@ def parse_sacct(text: str) -> list[SacctRun]:
                 exit_code=int(code) if code.isdigit() else 0,
                 elapsed_s=int(parts[5] or 0),
                 alloc_tres=parts[6],
+                account=parts[7],
             )
         )
     return runs
@@ -243,15 +250,20 @@ class SlurmBackend(Backend):
             self._apply(job, sorted((r for r in runs if r.job_ref == job.backend_ref), key=lambda r: r.start or 0))
 
     def _apply(self, job: Job, runs: list[SacctRun]) -> None:
-        starts = {e.attempt: e.ts for e in self.store.events(job.id, kinds=("attempt_start",)) if e.attempt}
-        ends = {e.attempt: e.ts for e in self.store.events(job.id, kinds=("session_end",)) if e.attempt}
+        """Rewrite the job's attempts from its runs: attempt n is the n-th run that started.
+
+        The wall is sacct's ``Start`` and ``End`` of that run, unchanged: whole seconds (slurmctld
+        keeps ``time_t``, truncated), exactly those whose difference Slurm bills as ``ElapsedRaw``.
+        The runtime's events (attempt start, first step, session end) fall inside it and only split
+        it into buckets.
+        """
         started = [r for r in runs if r.start is not None and r.state != "PENDING"]
         for n, run in enumerate(started, start=1):
             outcome = OUTCOME.get(run.state)
             if run.exit_code == REQUEUE_EXIT_CODE and outcome == "failed":
                 outcome = "requeued"
-            start = starts.get(n, run.start or 0.0)
-            end = None if outcome is None else (ends.get(n) or run.end)
+            start = run.start or 0.0
+            end = None if outcome is None else (run.end if run.end is not None else start + run.elapsed_s)
             self.store.upsert_attempt(
                 Attempt(
                     job_id=job.id,
@@ -291,58 +303,59 @@ def _tres_units(tres: str) -> tuple[str, int]:
     return "cpu", int(cpus) if cpus.isdigit() else 0
 
 
-def slurm_usage(store: Store, tolerance_s: float = 3.0) -> dict[str, Any]:
+def slurm_usage(store: Store, runner: Runner = run_slurm) -> dict[str, Any]:
     """Resource-hours per account from sacct (every run), beside the same from gpufleet's ledger.
 
-    Slurm counts from its job start to its end; gpufleet from the batch script's first line to the
-    runtime's last event. Each attempt may differ by ``tolerance_s`` (sacct has one-second
-    resolution, plus interpreter start-up); a larger difference is reported, never hidden.
+    They agree by construction, not within a tolerance: ``sync`` takes each attempt's wall from
+    its run's sacct ``Start`` and ``End``, and Slurm bills ``ElapsedRaw = End - Start``, in whole
+    seconds that gpufleet neither rounds nor shifts. So a finished run counts the same seconds
+    on both sides, however long the interpreter took to write its first event (that time is the
+    attempt's start-up). The one allowed gap is a run still going: sacct measures it to its own
+    "now" and the ledger to a later one, so each may differ by the seconds between the two
+    readings plus one (sacct truncates to the second). Sync the store first (the CLI does):
+    an attempt that ended after the last sync is still running in the ledger.
     """
     from gpufleet.cost.usage import store_usages
 
     jobs = {j.backend_ref: j for j in store.jobs() if j.backend == "slurm" and j.backend_ref}
     if not jobs:
         return {"accounts": [], "ok": True}
-    out = run_slurm(
-        [
-            "sacct",
-            "-X",
-            "--duplicates",
-            "--parsable2",
-            "--noheader",
-            "-j",
-            ",".join(jobs),
-            "-o",
-            "JobIDRaw,Account,State,ElapsedRaw,AllocTRES",
-        ]
-    )
-    sacct: dict[tuple[str, str], float] = {}
-    attempts: dict[str, int] = {}
-    for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) != 5 or parts[0] not in jobs or parts[2].startswith("PENDING"):
-            continue
-        resource, units = _tres_units(parts[4])
-        key = (parts[1], resource)
-        sacct[key] = sacct.get(key, 0.0) + int(parts[3] or 0) * units / 3600.0
-        attempts[parts[1]] = attempts.get(parts[1], 0) + 1
-    ledger: dict[str, float] = {}
+    asked = time.time()
+    argv = ["sacct", "-X", "--duplicates", "--parsable2", "--noheader", "-j", ",".join(jobs), "-o", SACCT_FIELDS]
+    runs = [r for r in parse_sacct(runner(argv).stdout) if r.job_ref in jobs and r.state != "PENDING"]
+    sacct: dict[tuple[str, str], int] = {}
+    resource_of: dict[int, str] = {}
+    running: dict[tuple[str, str], int] = {}
+    for run in runs:
+        resource, units = _tres_units(run.alloc_tres)
+        key = (run.account, resource)
+        sacct[key] = sacct.get(key, 0) + run.elapsed_s * units
+        resource_of[jobs[run.job_ref].id] = resource
+        if OUTCOME.get(run.state) is None:
+            running[key] = running.get(key, 0) + units
+    ledger: dict[tuple[str, str], float] = {}
     for usage in store_usages(store, job_ids=[j.id for j in jobs.values()]):
         job = store.job(usage.job_id)
-        units = job.spec.resources.gpus if any(k == (job.team, "gpu") for k in sacct) else job.spec.resources.cpus
-        ledger[job.team] = ledger.get(job.team, 0.0) + usage.wall_s * units / 3600.0
+        resource = resource_of.get(job.id, "gpu" if job.spec.resources.gpus > 0 else "cpu")
+        units = job.spec.resources.gpus if resource == "gpu" else job.spec.resources.cpus
+        key = (job.team, resource)
+        ledger[key] = ledger.get(key, 0.0) + usage.wall_s * units
+    between = time.time() - asked
     rows = []
-    for (account, resource), hours in sorted(sacct.items()):
-        mine = ledger.get(account, 0.0)
-        allowed = tolerance_s * attempts.get(account, 1) * 2 / 3600.0
+    for account, resource in sorted(set(sacct) | set(ledger)):
+        billed, mine = sacct.get((account, resource), 0), ledger.get((account, resource), 0.0)
+        allowed = running.get((account, resource), 0) * (1.0 + between)
         rows.append(
             {
                 "account": account,
                 "resource": resource,
-                "sacct_hours": round(hours, 6),
-                "ledger_hours": round(mine, 6),
-                "difference_hours": round(mine - hours, 6),
-                "ok": abs(mine - hours) <= allowed + 0.02 * hours,
+                "sacct_hours": round(billed / 3600.0, 6),
+                "ledger_hours": round(mine / 3600.0, 6),
+                "difference_hours": round((mine - billed) / 3600.0, 6),
+                "sacct_seconds": billed,
+                "ledger_seconds": round(mine, 3),
+                "allowed_seconds": round(allowed, 3),
+                "ok": abs(mine - billed) <= allowed + 1e-6,
             }
         )
     return {"accounts": rows, "ok": all(r["ok"] for r in rows)}

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.backends.slurm import run_slurm, slurm_usage
+from gpufleet.backends.slurm import SlurmBackend, run_slurm, slurm_usage
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError
 from gpufleet.paths import check_name, gpufleet_home
@@ -119,14 +119,17 @@ def resume(node: Annotated[str, typer.Argument(help="Node name or hostlist.")], 
 @slurm_app.command()
 def usage(json_out: JsonOpt = False) -> None:
     """GPU-/CPU-hours per account from sacct, reconciled with gpufleet's own ledger; exit 1 on a mismatch."""
-    report = slurm_usage(Store(gpufleet_home() / "state.db"))
+    home = gpufleet_home()
+    backend = SlurmBackend(home)
+    backend.sync()  # an attempt that ended since the last sync would still be running in the ledger
+    report = slurm_usage(backend.store)
     if json_out:
         emit_json(report)
     else:
         console.print(
             table(
                 "Slurm accounting vs gpufleet ledger (resource-hours, every attempt)",
-                ["account", "resource", "sacct h", "gpufleet h", "difference h", "ok"],
+                ["account", "resource", "sacct h", "gpufleet h", "difference h", "sacct s", "gpufleet s", "ok"],
                 [
                     [
                         a["account"],
@@ -134,6 +137,8 @@ def usage(json_out: JsonOpt = False) -> None:
                         fmt(a["sacct_hours"]),
                         fmt(a["ledger_hours"]),
                         fmt(a["difference_hours"]),
+                        f"{a['sacct_seconds']:,.0f}",
+                        f"{a['ledger_seconds']:,.0f}",
                         a["ok"],
                     ]
                     for a in report["accounts"]

@@ -81,6 +81,11 @@ def test_preempted_by_high_tier_requeued_resumed_bit_exact(
     report = slurm_usage(store)
     assert report["ok"], report
     assert {a["account"] for a in report["accounts"]} == {"perception", "planning"}
+    for row in report["accounts"]:  # every run ended: the ledger counts sacct's own seconds, however loaded the host
+        assert row["ledger_seconds"] == row["sacct_seconds"] and row["allowed_seconds"] == 0, row
+    first = attempts[0]
+    start_event = next(e for e in store.events(low, kinds=("attempt_start",)) if e.attempt == 1)
+    assert first.started_at == int(first.started_at) <= start_event.ts  # sacct's whole-second Start, before Python ran
 
 
 def test_unknown_account_is_a_clear_error(slurm: dict[str, str], home: Path) -> None:
