@@ -256,6 +256,51 @@ class Store:
     def _attempt(self, row: sqlite3.Row) -> Attempt:
         return Attempt(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
 
+    def begin_attempt(self, job_id: int, n: int, started_at: float) -> None:
+        """Record the intent to launch attempt ``n`` (no PID yet) and the job running, in one transaction.
+
+        Written before the process starts, so a scheduler that dies in between finds the attempt
+        on restart and looks for its process instead of launching the same attempt twice.
+        """
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO attempts (job_id, n, state, pid, started_at) VALUES (?, ?, 'launching', NULL, ?)",
+                (job_id, n, started_at),
+            )
+            db.execute("UPDATE jobs SET state='running', updated_at=? WHERE id=?", (started_at, job_id))
+
+    def set_attempt_pid(self, job_id: int, n: int, pid: int) -> None:
+        self._db.execute("UPDATE attempts SET pid=?, state='running' WHERE job_id=? AND n=?", (pid, job_id, n))
+
+    def end_attempt(
+        self,
+        job_id: int,
+        n: int,
+        *,
+        ended_at: float,
+        exit_code: int,
+        outcome: str,
+        job_state: str,
+        reason: str | None,
+        restarts: int | None,
+    ) -> None:
+        """Close an attempt and move its job on, in one transaction (no crash leaves one without the other)."""
+        insert = "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, 'backend', ?)"
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE attempts SET state='ended', ended_at=?, exit_code=?, outcome=? WHERE job_id=? AND n=?",
+                (ended_at, exit_code, outcome, job_id, n),
+            )
+            db.execute(
+                "UPDATE jobs SET state=?, reason=COALESCE(?, reason), restarts=COALESCE(?, restarts), updated_at=?"
+                " WHERE id=?",
+                (job_state, reason, restarts, ended_at, job_id),
+            )
+            db.execute(
+                insert, (job_id, n, ended_at, "attempt_end", json.dumps({"exit_code": exit_code, "outcome": outcome}))
+            )
+            db.execute(insert, (job_id, n, ended_at, "requeued" if job_state == "queued" else job_state, "{}"))
+
     def add_attempt(self, job_id: int, n: int, pid: int, started_at: float) -> None:
         with self.transaction() as db:
             db.execute(
@@ -279,7 +324,9 @@ class Store:
         return [self._attempt(r) for r in rows]
 
     def running_attempts(self) -> list[Attempt]:
-        return [self._attempt(r) for r in self._db.execute("SELECT * FROM attempts WHERE state='running'")]
+        """Attempts not yet ended: launching, running or stopping (what a new scheduler must recover)."""
+        rows = self._db.execute("SELECT * FROM attempts WHERE state IN ('launching', 'running', 'stopping')")
+        return [self._attempt(r) for r in rows]
 
     # ---- events --------------------------------------------------------------------------
     def add_event(

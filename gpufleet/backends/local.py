@@ -14,7 +14,6 @@ attempts it left, kills them by PID and requeues their jobs (their checkpoints a
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
@@ -26,9 +25,18 @@ from pathlib import Path
 from typing import IO
 
 from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
+from gpufleet.backends.lifecycle import (
+    NOT_STARTED,
+    alive,
+    attempt_argv,
+    attempt_processes,
+    exit_from_events,
+    failure_reason,
+    signal_group,
+)
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, check_environment, entry_argv, exit_reason, job_environment
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, check_environment, entry_argv, job_environment
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Job, Store
 
@@ -147,11 +155,6 @@ class _Running:
     kill_at: float | None = None
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
 class LocalScheduler:
     """Owns the attempts of one ``$GPUFLEET_HOME``; call ``tick`` in a loop, or ``run``."""
 
@@ -210,7 +213,7 @@ class LocalScheduler:
             self._enforce_grace()
             time.sleep(0.05)
         for run in list(self.running.values()):
-            _signal_group(run.proc.pid, signal.SIGKILL)
+            signal_group(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
         self._reap()
 
@@ -230,7 +233,7 @@ class LocalScheduler:
         grace_s = grace if grace is not None else run.job.spec.checkpoint.grace_seconds
         now = time.time()
         run.stop, run.kill_at = outcome, time.monotonic() + grace_s
-        _signal_group(run.proc.pid, signal.SIGTERM)
+        signal_group(run.proc.pid, signal.SIGTERM)
         self.store.update_attempt(run.job.id, run.n, state="stopping", sigterm_at=now)
         self.store.add_event(run.job.id, "sigterm", attempt=run.n, ts=now, reason=outcome, grace=grace_s)
 
@@ -238,7 +241,7 @@ class LocalScheduler:
         now = time.monotonic()
         for run in self.running.values():
             if run.kill_at is not None and now >= run.kill_at and run.proc.poll() is None:
-                _signal_group(run.proc.pid, signal.SIGKILL)
+                signal_group(run.proc.pid, signal.SIGKILL)
                 self.store.update_attempt(run.job.id, run.n, kill_at=time.time())
                 self.store.add_event(run.job.id, "sigkill", attempt=run.n, reason="grace time expired")
                 run.kill_at = None
@@ -256,7 +259,7 @@ class LocalScheduler:
             code = run.proc.poll()
             if code is None:
                 continue
-            _signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
+            signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
             run.log.close()
             del self.running[job_id]
             self._ingest(self.store.job(job_id))
@@ -275,21 +278,34 @@ class LocalScheduler:
                 state, reason = "failed", f"{outcome} after {job.restarts} restarts (max_restarts)"
         else:
             outcome, state = "failed", "failed"
-            reason = exit_reason(code)
-        self.store.update_attempt(job.id, n, state="ended", ended_at=now, exit_code=code, outcome=outcome)
+            reason = failure_reason(code)
         restarts = job.restarts + 1 if state == "queued" else None
-        self.store.set_job_state(job.id, state, reason=reason, restarts=restarts)
-        self.store.add_event(job.id, "attempt_end", attempt=n, ts=now, exit_code=code, outcome=outcome)
-        self.store.add_event(job.id, "requeued" if state == "queued" else state, attempt=n, ts=now)
+        self.store.end_attempt(
+            job.id, n, ended_at=now, exit_code=code, outcome=outcome, job_state=state, reason=reason, restarts=restarts
+        )
 
-    def adopt_orphans(self) -> None:
-        """Attempts a dead scheduler left: kill them by PID and requeue their jobs."""
+    def adopt_orphans(self, grace_s: float = 30.0) -> None:
+        """Recover every attempt a dead scheduler left open (launching, running or stopping).
+
+        Its processes (by PID, or found by their ``GPUFLEET_*`` variables when the scheduler died
+        before recording the PID) got SIGTERM from the kernel when it died, and are given it again
+        with ``grace_s`` to save before SIGKILL. How the attempt ended is read from its own
+        ``session_end`` event: one that completed while nobody watched is completed, not re-run.
+        """
         for attempt in self.store.running_attempts():
-            if attempt.pid:
-                _signal_group(attempt.pid, signal.SIGKILL)
             job = self.store.job(attempt.job_id)
+            pids = [attempt.pid] if attempt.pid else attempt_processes(self.home, job.id, attempt.n)
+            for pid in pids:
+                signal_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + min(grace_s, job.spec.checkpoint.grace_seconds)
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for pid in pids:
+                signal_group(pid, signal.SIGKILL)
             self._ingest(job)
-            self._finish(self.store.job(job.id), attempt.n, -int(signal.SIGKILL), "lost")
+            code = exit_from_events(job_dir(self.home, job.id) / "events.jsonl", attempt.n)
+            stop = "lost" if code is None else ("preempted" if attempt.state == "stopping" else None)
+            self._finish(self.store.job(job.id), attempt.n, -int(signal.SIGKILL) if code is None else code, stop)
 
     def _launch(self, job: Job) -> None:
         spec = job.spec
@@ -305,9 +321,10 @@ class LocalScheduler:
         argv = entry_argv(spec)
         log = (folder / "logs" / f"attempt-{n}.log").open("ab")
         started = time.time()
+        self.store.begin_attempt(job.id, n, started)  # intent first: a crash now cannot launch it twice
         try:
             proc = subprocess.Popen(
-                argv,
+                attempt_argv(argv, signal.SIGTERM),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -317,10 +334,23 @@ class LocalScheduler:
             )
         except OSError as err:
             log.close()
-            self.store.set_job_state(job.id, "failed", reason=f"cannot start {argv[0]!r}: {err.strerror}")
-            self.store.add_event(job.id, "failed", attempt=n, error=str(err))
+            reason = f"cannot start {argv[0]!r}: {err.strerror}"
+            self.store.end_attempt(
+                job.id,
+                n,
+                ended_at=time.time(),
+                exit_code=NOT_STARTED,
+                outcome="failed",
+                job_state="failed",
+                reason=reason,
+                restarts=None,
+            )
             return
-        self.store.add_attempt(job.id, n, proc.pid, started)
+        try:
+            self.store.set_attempt_pid(job.id, n, proc.pid)
+        except BaseException:  # the store failed us: the next scheduler finds the process by its variables
+            log.close()
+            raise
         self.store.add_event(job.id, "attempt_start", attempt=n, ts=started, pid=proc.pid)
         self.running[job.id] = _Running(job, n, proc, log)
 

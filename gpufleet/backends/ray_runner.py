@@ -34,16 +34,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpufleet.backends.lifecycle import attempt_argv, failure_reason, signal_group
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, exit_reason, job_environment
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import TERMINAL
 
@@ -132,14 +133,6 @@ def start_attempt(status: RunStatus, pid: int, node: str, now: float) -> RunStat
     return status.model_copy(update={"state": "running", "attempts": (*status.attempts, record)})
 
 
-def _failure(code: int | None) -> str:
-    if code is None:
-        return "lost"
-    if code == NOT_STARTED:
-        return f"exit code {code}: the entrypoint could not be started (see the attempt log)"
-    return exit_reason(code)
-
-
 def end_attempt(status: RunStatus, code: int | None, stop: str | None, now: float, max_restarts: int) -> RunStatus:
     """Close the open attempt: the same outcomes and requeue rule as the local scheduler."""
     last = status.open_attempt()
@@ -155,40 +148,13 @@ def end_attempt(status: RunStatus, code: int | None, stop: str | None, now: floa
         if status.restarts >= max_restarts:
             state, reason = "failed", f"{outcome} after {status.restarts} restarts (max_restarts)"
     else:
-        outcome, state, reason = "failed", "failed", _failure(code)
+        outcome, state, reason = "failed", "failed", failure_reason(code)
     restarts = status.restarts + 1 if state == "queued" else status.restarts
     ended = status.with_last(ended_at=now, exit_code=code, outcome=outcome)
     return ended.model_copy(update={"state": state, "reason": reason, "restarts": restarts})
 
 
 # ---- the actor ---------------------------------------------------------------------------------
-
-# Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
-_PDEATHSIG = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"  # PR_SET_PDEATHSIG
-    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
-    "try:\n"
-    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
-    "except OSError as err:\n"
-    "    print(f'gpufleet: cannot start {sys.argv[2]!r}: {err.strerror}', file=sys.stderr, flush=True)\n"
-    "    os._exit(127)\n"
-)
-NOT_STARTED = 127
-"""The shim's exit status when the entrypoint cannot be executed (as a shell's)."""
-
-
-def attempt_argv(argv: Sequence[str]) -> list[str]:
-    """``argv``, behind a PR_SET_PDEATHSIG shim on Linux (elsewhere as it is)."""
-    if not sys.platform.startswith("linux"):
-        return list(argv)
-    return [sys.executable, "-I", "-c", _PDEATHSIG, str(os.getpid()), *argv]
-
-
-def _signal_group(pid: int | None, sig: int) -> None:
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
 
 
 def _current_actor_id() -> str | None:
@@ -245,7 +211,7 @@ class JobRunner:
         lost = status.open_attempt()
         if lost is not None:  # this actor is a restart: its predecessor died with an attempt running
             if lost.node == self.node:
-                _signal_group(lost.pid, signal.SIGKILL)
+                signal_group(lost.pid, signal.SIGKILL)
             status = end_attempt(status, None, "lost", time.time(), self.spec.max_restarts)
         self.status = status
         self._save()
@@ -285,7 +251,7 @@ class JobRunner:
         first = last is not None and last.stop is None
         if first:
             self._kill_at = time.monotonic() + grace_s
-            _signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
         changes: dict[str, Any] = {"stop": why}
         if first:
             changes.update(sigterm_at=time.time(), grace=grace_s)
@@ -354,7 +320,7 @@ class JobRunner:
         while (code := proc.poll()) is None:
             with self._lock:
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                     self._kill_at = None
                     self.status = self.status.with_last(kill_at=time.time())
                     self._save()
@@ -364,7 +330,7 @@ class JobRunner:
     def _finish(self, started: tuple[subprocess.Popen[bytes], IO[bytes]], code: int) -> None:
         proc, log = started
         with self._lock:
-            _signal_group(proc.pid, signal.SIGKILL)  # leave no stray children behind
+            signal_group(proc.pid, signal.SIGKILL)  # leave no stray children behind
             log.close()
             last = self.status.open_attempt()
             stop = last.stop if last is not None else None

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from gpufleet.backends.lifecycle import attempt_argv
 from gpufleet.backends.ray import RayBackend, actor_options, find_cluster, plan_sync
 from gpufleet.backends.ray_runner import (
     AttemptRecord,
     JobRunner,
     RunnerArgs,
     RunStatus,
-    attempt_argv,
     end_attempt,
     read_status,
     status_path,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +18,9 @@ import pytest
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import SpecError, UsageError
 from gpufleet.runtime.events import read_events_checked
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.spec import parse_spec
+from gpufleet.store import latest_step
 
 
 def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 90.0) -> None:
@@ -69,8 +73,8 @@ def test_a_hostile_event_line_is_quarantined_not_fatal(local: Any) -> None:
         "import os\n"
         "with open(os.environ['GPUFLEET_EVENTS'], 'a') as fh:\n"
         "    fh.write('{\"ts\": 1' + '0' * 400 + ', \"kind\": \"x\"}\\n')\n"
-        "    fh.write('{\"ts\": 1.5, \"kind\": \"x\", \"attempt\": ' + '9' * 31 + '}\\n')\n"
-        "    fh.write('{\"ts\": 2.5, \"kind\": \"fine\", \"attempt\": 1}\\n')\n"
+        '    fh.write(\'{"ts": 1.5, "kind": "x", "attempt": \' + \'9\' * 31 + \'}\\n\')\n'
+        '    fh.write(\'{"ts": 2.5, "kind": "fine", "attempt": 1}\\n\')\n'
     )
     job = backend.submit(command("hostile", code))
     drive(scheduler, lambda: backend.store.job(job).state == "completed")
@@ -124,3 +128,76 @@ def test_home_and_job_folders_are_private(local: Any, home: Path) -> None:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     for path in (folder / "spec.json", home / "state.db"):
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+
+def toy(name: str, steps: int, step_seconds: float = 0.02) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "entrypoint": "gpufleet.workloads.toy:train",
+            "args": {"steps": steps, "step_seconds": step_seconds},
+            "checkpoint": {"every_steps": 10, "grace_seconds": 20},
+        }
+    )
+
+
+def test_a_crash_while_stopping_is_recovered(home: Path) -> None:
+    """The scheduler dies after SIGTERM (attempt 'stopping'): the next one finishes the job."""
+    backend = LocalBackend(home, spawn=False)
+    crashed = LocalScheduler(home, slots=1, poll_s=0.02)
+    job = backend.submit(toy("stopping", 200))
+    drive(crashed, lambda: (latest_step(backend.store, job) or 0) >= 5)
+    backend.preempt(job)
+    drive(crashed, lambda: backend.store.attempts(job)[0].state == "stopping")
+    crashed.running[job].proc.wait(timeout=60)  # it saves and exits; nobody records it
+    crashed.running[job].log.close()
+    survivor = LocalScheduler(home, slots=1, poll_s=0.02)
+    survivor.adopt_orphans()
+    assert backend.store.attempts(job)[0].outcome == "preempted"
+    drive(survivor, lambda: backend.store.job(job).state == "completed")
+    assert [a.outcome for a in backend.store.attempts(job)] == ["preempted", "completed"]
+    survivor.shutdown()
+
+
+def test_a_crash_before_the_pid_is_recorded_does_not_launch_the_attempt_twice(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = LocalBackend(home, spawn=False)
+    crashed = LocalScheduler(home, slots=1, poll_s=0.02)
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def keep(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    def crash(*args: Any) -> None:
+        raise KeyboardInterrupt("the scheduler dies here")
+
+    monkeypatch.setattr(subprocess, "Popen", keep)
+    monkeypatch.setattr(crashed.store, "set_attempt_pid", crash)
+    job = backend.submit(toy("twice", 40))
+    with pytest.raises(KeyboardInterrupt):
+        crashed.tick()
+    assert backend.store.attempts(job)[0].state == "launching" and backend.store.attempts(job)[0].pid is None
+    survivor = LocalScheduler(home, slots=1, poll_s=0.02)
+    survivor.adopt_orphans()  # finds the process by its GPUFLEET_* variables and stops it
+    assert started[0].wait(timeout=60) in (REQUEUE_EXIT_CODE, -signal.SIGTERM, -signal.SIGKILL)
+    drive(survivor, lambda: backend.store.job(job).state == "completed")
+    assert [a.n for a in backend.store.attempts(job)] == [1, 2]
+    assert len(started) == 2  # attempt 1 once (by the crashed scheduler), attempt 2 once
+    survivor.shutdown()
+
+
+def test_an_attempt_that_finished_unwatched_is_adopted_not_rerun(home: Path) -> None:
+    backend = LocalBackend(home, spawn=False)
+    crashed = LocalScheduler(home, slots=1, poll_s=0.02)
+    job = backend.submit(toy("unwatched", 15, 0.0))
+    drive(crashed, lambda: backend.store.attempts(job) != [])
+    assert crashed.running[job].proc.wait(timeout=60) == 0  # done while "nobody" watched
+    crashed.running[job].log.close()
+    survivor = LocalScheduler(home, slots=1, poll_s=0.02)
+    survivor.adopt_orphans()
+    assert backend.store.job(job).state == "completed"
+    assert [a.outcome for a in backend.store.attempts(job)] == ["completed"]

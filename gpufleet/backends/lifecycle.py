@@ -1,0 +1,106 @@
+"""The pieces of an attempt's life that every backend shares: start, signal, find, judge its end.
+
+An attempt is one process (and its process group). A backend starts it behind a small shim that
+asks the kernel to signal it when the process that started it dies (``PR_SET_PDEATHSIG``), so a
+scheduler that crashes never leaves an attempt training unwatched for long: the local scheduler
+asks for SIGTERM (the runtime saves and exits 75), the Ray actor for SIGKILL (Ray restarts the
+actor, which resumes from the checkpoint).
+
+After a crash, a new scheduler finds an attempt it never knew the PID of by the variables every
+attempt carries (``GPUFLEET_JOB_ID``, ``GPUFLEET_ATTEMPT``, ``GPUFLEET_HOME``), and judges how an
+attempt that ended unwatched ended from its own ``session_end`` event, not from a guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpufleet.runtime.events import read_events
+from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
+
+# Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
+_PDEATHSIG = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]))\n"  # PR_SET_PDEATHSIG
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[3], sys.argv[3:])\n"
+    "except OSError as err:\n"
+    "    print(f'gpufleet: cannot start {sys.argv[3]!r}: {err.strerror}', file=sys.stderr, flush=True)\n"
+    "    os._exit(127)\n"
+)
+NOT_STARTED = 127
+"""The shim's exit status when the entrypoint cannot be executed (as a shell's)."""
+
+SESSION_EXIT = {"completed": 0, "requeue": REQUEUE_EXIT_CODE, "failed": 1}
+"""The exit status an attempt's ``session_end`` status stands for."""
+
+
+def failure_reason(code: int | None) -> str:
+    """Why an attempt that exited with ``code`` (``None``: it vanished) failed, in words."""
+    if code is None:
+        return "lost"
+    if code == NOT_STARTED:
+        return f"exit code {code}: the entrypoint could not be started (cannot start it; see the attempt log)"
+    return exit_reason(code)
+
+
+def attempt_argv(argv: Sequence[str], death_signal: int = signal.SIGKILL) -> list[str]:
+    """``argv`` behind a shim that delivers ``death_signal`` when the starting process dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-c", _PDEATHSIG, str(os.getpid()), str(int(death_signal)), *argv]
+
+
+def signal_group(pid: int | None, sig: int) -> None:
+    """Signal an attempt's process group (it was started in a session of its own); gone is fine."""
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def attempt_processes(home: Path, job_id: int, attempt: int) -> list[int]:
+    """PIDs of the processes of attempt ``attempt`` of job ``job_id`` under ``home`` (Linux ``/proc``)."""
+    want = {
+        f"{ENV_JOB_ID}={job_id}".encode(),
+        f"{ENV_ATTEMPT}={attempt}".encode(),
+        f"GPUFLEET_HOME={home}".encode(),
+    }
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if want <= environ:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def exit_from_events(events_path: Path, attempt: int) -> int | None:
+    """The exit status an attempt's last ``session_end`` stands for, or ``None`` if it has none."""
+    events, _ = read_events(events_path)
+    ends = [e for e in events if e["kind"] == "session_end" and e.get("attempt") == attempt]
+    return SESSION_EXIT.get(str(ends[-1].get("status"))) if ends else None
