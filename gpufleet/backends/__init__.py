@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.backends.base import Backend, get_backend, register
+from gpufleet.backends.base import Backend, Feature, get_backend, register, registered
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.ray import RayBackend
 from gpufleet.backends.slurm import SlurmBackend
@@ -13,25 +13,25 @@ from gpufleet.store import Store
 
 __all__ = [
     "Backend",
+    "Feature",
     "LocalBackend",
     "LocalScheduler",
     "RayBackend",
     "SlurmBackend",
     "get_backend",
     "register",
+    "registered",
     "sync_remote",
 ]
 
-REMOTE: tuple[type[SlurmBackend] | type[RayBackend], ...] = (SlurmBackend, RayBackend)
-
 
 def sync_remote(home: Path, store: Store) -> None:
-    """Refresh the store from remote schedulers that have active jobs (the local one pushes).
+    """Refresh the store from every scheduler that has active jobs (``Backend.sync``).
 
     Every scheduler is asked even when one of them is unreachable; the first problem is raised after.
     """
     problems: list[UsageError] = []
-    for backend in REMOTE:
+    for backend in registered().values():
         if store.has_active(backend.name):
             try:
                 backend(home).sync()

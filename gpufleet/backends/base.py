@@ -7,42 +7,116 @@ and shown the same way.
 
 from __future__ import annotations
 
+import enum
+import math
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import job_dir, private_dir
 from gpufleet.runtime.events import read_events_checked
 from gpufleet.runtime.protocol import check_environment
 from gpufleet.spec import JobSpec
-from gpufleet.store import Job, Store
+from gpufleet.store import TERMINAL, Job, Store
 
 B = TypeVar("B", bound="type[Backend]")
 _REGISTRY: dict[str, type[Backend]] = {}
 
 
+class Feature(enum.Enum):
+    """What a backend may or may not support beyond submit, preempt and cancel (declared as data)."""
+
+    PREEMPT_GRACE = "a grace time per preemption (--grace): this scheduler applies its own (Slurm's KillWait)"
+
+
 class Backend(ABC):
-    """Submit, preempt and cancel jobs; states and events land in the store."""
+    """Submit, preempt and cancel jobs; states and events land in the store.
+
+    The public methods hold the guards every backend needs (the job exists, is this backend's,
+    has not ended, is running before a preemption, the grace is valid and supported; a submit the
+    scheduler refuses leaves nothing behind) and call the hooks: subclasses override the hooks,
+    not these methods.
+    """
 
     name: ClassVar[str]
+    features: ClassVar[frozenset[Feature]] = frozenset()
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        self.store = Store(home / "state.db")
 
-    @abstractmethod
+    # ---- the contract -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
-        """Queue a job; return its id."""
+        """Queue a job; return its id. A refused job leaves no row and no folder."""
+        spec = self._admit(spec, env)
+        job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
+        try:
+            self._start(job_id, folder, spec)
+        except GpufleetError:
+            self.store.delete_job(job_id)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return job_id
 
-    @abstractmethod
     def preempt(self, job_id: int, grace: float | None = None) -> None:
         """SIGTERM the running attempt, SIGKILL after ``grace``, then requeue the job."""
+        if grace is not None:
+            if not (math.isfinite(grace) and grace > 0):
+                raise UsageError(f"--grace {grace} is invalid: give a positive number of seconds")
+            self.require(Feature.PREEMPT_GRACE)
+        job = self.active(job_id)
+        if job.state != "running":
+            raise UsageError(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
+        self._preempt(job, grace)
 
-    @abstractmethod
     def cancel(self, job_id: int) -> None:
         """Stop the job for good."""
+        self._cancel(self.active(job_id))
+
+    def sync(self) -> None:
+        """Bring the store up to date with the scheduler (nothing to do where it writes the store itself)."""
+        return None
+
+    def active(self, job_id: int) -> Job:
+        """The job, as fresh as the backend can make it; ``UsageError`` when it is another's or has ended."""
+        job = self.store.job(job_id)
+        if job.backend != self.name:
+            raise UsageError(f"job {job_id} runs on the {job.backend} backend, not {self.name}")
+        if job.state not in TERMINAL:
+            job = self._refresh(job)
+        if job.state in TERMINAL:
+            raise UsageError(f"job {job_id} is already {job.state}")
+        return job
+
+    def require(self, feature: Feature) -> None:
+        """Refuse what this backend cannot do, instead of ignoring it."""
+        if feature not in self.features:
+            raise UsageError(f"the {self.name} backend does not support {feature.value}")
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        """Check the job fits before anything is written; the spec to store."""
+        return spec
+
+    @abstractmethod
+    def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
+        """Hand the recorded job to the scheduler (a ``GpufleetError`` undoes the submit)."""
+
+    @abstractmethod
+    def _preempt(self, job: Job, grace: float | None) -> None:
+        """Preempt a running job (its grace already checked)."""
+
+    @abstractmethod
+    def _cancel(self, job: Job) -> None:
+        """Cancel a job that has not ended."""
+
+    def _refresh(self, job: Job) -> Job:
+        """The job as the scheduler sees it now (default: as stored)."""
+        return job
 
 
 def add_job_folder(
@@ -88,12 +162,23 @@ def ingest_events(store: Store, home: Path, job: Job) -> None:
 
 
 def register(name: str) -> Callable[[B], B]:
+    """Class decorator: make a backend available as ``--backend NAME``; a name is taken once."""
+
     def deco(cls: B) -> B:
+        taken = _REGISTRY.get(name)
+        # The same class defined again (its module run as __main__, or reloaded) is not a clash.
+        if taken is not None and taken.__qualname__ != cls.__qualname__:
+            raise ValueError(f"backend name {name!r} is already registered by {taken.__qualname__}")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
 
     return deco
+
+
+def registered() -> dict[str, type[Backend]]:
+    """Every backend by name (a copy)."""
+    return dict(_REGISTRY)
 
 
 def get_backend(name: str, home: Path) -> Backend:

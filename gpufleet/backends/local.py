@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
+from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import (
     NOT_STARTED,
     alive,
@@ -62,44 +62,45 @@ def store_for(home: Path) -> Store:
 class LocalBackend(Backend):
     """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
 
+    features = frozenset({Feature.PREEMPT_GRACE})
+
     def __init__(self, home: Path, *, spawn: bool = True) -> None:
         super().__init__(home)
-        self.store = store_for(home)
         self.spawn = spawn
 
-    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+    def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
         slots = configured_slots()
         if spec.resources.gpus > slots:
             raise UsageError(
                 f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s); "
                 "lower it or set GPUFLEET_LOCAL_SLOTS"
             )
-        job_id, _ = add_job_folder(self.store, self.home, spec, self.name, env)
-        if self.spawn:
-            ensure_scheduler(self.home)
-        return job_id
+        return spec
 
-    def _require_active(self, job_id: int) -> Job:
-        job = self.store.job(job_id)
-        if job.state in TERMINAL:
-            raise UsageError(f"job {job_id} is already {job.state}")
-        return job
+    def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
+        self._wake()
 
-    def preempt(self, job_id: int, grace: float | None = None) -> None:
-        job = self._require_active(job_id)
-        if job.state != "running":
-            raise UsageError(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
-        if grace is not None and grace <= 0:
-            raise UsageError(f"--grace {grace} is invalid: give a positive number of seconds")
-        self.store.add_request(job_id, "preempt", grace)
+    def _preempt(self, job: Job, grace: float | None) -> None:
+        self.store.add_request(job.id, "preempt", grace)
+        self._wake()
+
+    def _cancel(self, job: Job) -> None:
+        self.store.add_request(job.id, "cancel")
+        self._wake()
+
+    def _wake(self) -> None:
         if self.spawn:
             ensure_scheduler(self.home)
 
-    def cancel(self, job_id: int) -> None:
-        self._require_active(job_id)
-        self.store.add_request(job_id, "cancel")
-        if self.spawn:
+    def sync(self) -> None:
+        """The scheduler writes the store itself; if it died with jobs to run, start a new one and say so."""
+        died = (self.home / "scheduler.pid").exists()  # a scheduler that exits cleanly removes it
+        if self.spawn and died and self.store.has_active(self.name) and scheduler_pid(self.home) is None:
             ensure_scheduler(self.home)
+            raise UsageError(
+                f"the local scheduler of {self.home} was not running (it died?); a new one was started "
+                "and recovers its jobs"
+            )
 
 
 # ---- the scheduler process ------------------------------------------------------------------

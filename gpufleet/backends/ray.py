@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import sys
 import time
@@ -39,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
+from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.ray_runner import AttemptRecord, JobRunner, RunnerArgs, RunStatus, read_status, status_path
 from gpufleet.errors import UsageError
 from gpufleet.spec import JobSpec
-from gpufleet.store import TERMINAL, Attempt, Job, Store
+from gpufleet.store import TERMINAL, Attempt, Job
 
 NAMESPACE = "gpufleet"
 CALL_TIMEOUT_S = 30.0
@@ -344,9 +343,10 @@ class RayCluster:
 class RayBackend(Backend):
     """Submit jobs as Ray actors; attempts and states come back through ``sync``."""
 
+    features = frozenset({Feature.PREEMPT_GRACE})
+
     def __init__(self, home: Path, cluster: Cluster | None = None) -> None:
         super().__init__(home)
-        self.store = Store(home / "state.db")
         self._cluster = cluster
 
     def cluster(self) -> Cluster:
@@ -355,42 +355,24 @@ class RayBackend(Backend):
             self._cluster = RayCluster.connect(self.home)
         return self._cluster
 
-    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+    def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        actor_options(spec, self.cluster().resources())  # fits the cluster, before anything is written
+        return spec.copy_with(env={**spec.env, **(env or {})}) if spec.env or env else spec
+
+    def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
         cluster = self.cluster()
-        options = actor_options(spec, cluster.resources())
-        if spec.env or env:
-            spec = spec.copy_with(env={**spec.env, **(env or {})})
-        job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
         args = RunnerArgs(str(self.home), job_id, spec.model_dump_json(), spec.workdir or os.getcwd())
-        try:
-            ref = cluster.start(args, options)
-        except UsageError:
-            self.store.delete_job(job_id)  # refused: nothing of it stays behind
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
+        ref = cluster.start(args, actor_options(spec, cluster.resources()))
         self.store.set_backend_ref(job_id, ref)
         self.store.add_event(job_id, "submitted", actor=actor_name(job_id), ray_actor_id=ref, address=cluster.address)
-        return job_id
 
-    def _active(self, job_id: int) -> Job:
-        """The job, refreshed from its status file; ``UsageError`` when it has ended."""
-        job = self.store.job(job_id)
-        if job.backend != self.name:
-            raise UsageError(f"job {job_id} is not a Ray job (backend {job.backend})")
-        if job.state not in TERMINAL:
-            self._apply(job, gone=False)
-            job = self.store.job(job_id)
-        if job.state in TERMINAL:
-            raise UsageError(f"job {job_id} is already {job.state}")
-        return job
+    def _refresh(self, job: Job) -> Job:
+        self._apply(job, gone=False)  # the actor's status file, not the last one stored
+        return self.store.job(job.id)
 
-    def preempt(self, job_id: int, grace: float | None = None) -> None:
+    def _preempt(self, job: Job, grace: float | None) -> None:
         """The actor SIGTERMs the attempt, SIGKILLs it after ``grace``, and starts the next one."""
-        if grace is not None and grace <= 0:
-            raise UsageError(f"--grace {grace} is invalid: give a positive number of seconds")
-        job = self._active(job_id)
-        if job.state != "running":
-            raise UsageError(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
+        job_id = job.id
         try:
             attempt = self.cluster().call(job_id, "preempt", grace, timeout=CALL_TIMEOUT_S)
         except LookupError:
@@ -403,9 +385,9 @@ class RayBackend(Backend):
         if attempt is None:
             raise UsageError(f"job {job_id} has no running attempt: only a running job can be preempted")
 
-    def cancel(self, job_id: int) -> None:
+    def _cancel(self, job: Job) -> None:
         """A started job stops like a preemption but for good; a queued one's actor is removed."""
-        job = self._active(job_id)
+        job_id = job.id
         cluster = self.cluster()
         started = status_path(self.home, job_id).exists()
         if started:

@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufleet.backends.base import Backend, add_job_folder, ingest_events, register
+from gpufleet.backends.base import Backend, ingest_events, register
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -199,42 +199,36 @@ class SlurmBackend(Backend):
 
     def __init__(self, home: Path, runner: Runner = run_slurm) -> None:
         super().__init__(home)
-        self.store = Store(home / "state.db")
         self.run = runner
 
-    def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
-        if spec.env or env:
-            spec = spec.copy_with(env={**spec.env, **(env or {})})
-        job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
+    def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        return spec.copy_with(env={**spec.env, **(env or {})}) if spec.env or env else spec
+
+    def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
         script = folder / "job.sbatch"
         script.write_text(batch_script(spec, job_id, self.home), encoding="utf-8")
-        script.chmod(0o755)
-        try:
-            out = self.run(sbatch_argv(spec, job_id, self.home, script))
-        except UsageError:
-            self.store.delete_job(job_id)  # refused: nothing of it stays behind
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
+        script.chmod(0o700)
+        out = self.run(sbatch_argv(spec, job_id, self.home, script))
         ref = out.stdout.strip().split(";")[0]
         self.store.set_backend_ref(job_id, ref)
         self.store.add_event(job_id, "submitted", slurm_job_id=ref, partition=partition_for(spec))
-        return job_id
 
-    def _ref(self, job_id: int) -> str:
-        job = self.store.job(job_id)
-        if job.backend != self.name or not job.backend_ref:
-            raise UsageError(f"job {job_id} is not a Slurm job (backend {job.backend})")
-        if job.state in TERMINAL:
-            raise UsageError(f"job {job_id} is already {job.state}")
+    def _refresh(self, job: Job) -> Job:
+        self.sync()  # Slurm's view, not the last one stored
+        return self.store.job(job.id)
+
+    def _ref(self, job: Job) -> str:
+        if not job.backend_ref:
+            raise UsageError(f"job {job.id} has no Slurm job id: it was never accepted by sbatch")
         return job.backend_ref
 
-    def preempt(self, job_id: int, grace: float | None = None) -> None:
+    def _preempt(self, job: Job, grace: float | None) -> None:
         """``scontrol requeue``: Slurm sends SIGTERM, then SIGKILL after KillWait, and requeues."""
-        self.run(["scontrol", "requeue", self._ref(job_id)])
-        self.store.add_event(job_id, "sigterm", reason="preempted", via="scontrol requeue")
+        self.run(["scontrol", "requeue", self._ref(job)])
+        self.store.add_event(job.id, "sigterm", reason="preempted", via="scontrol requeue")
 
-    def cancel(self, job_id: int) -> None:
-        self.run(["scancel", self._ref(job_id)])
+    def _cancel(self, job: Job) -> None:
+        self.run(["scancel", self._ref(job)])
 
     # ---- following ---------------------------------------------------------------------------
     def sync(self) -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.backends import Backend, get_backend, sync_remote
+from gpufleet.backends.local import ensure_scheduler
 from gpufleet.cli.debug import debug_app, profile_command
 from gpufleet.cli.drift import drift_command, embedding_lab_command, seasonal_lab_command
 from gpufleet.cli.estimate import estimate_app
@@ -124,7 +125,8 @@ def submit(
         return
     from gpufleet.cli.watch import watch_jobs
 
-    tick = (lambda: sync_remote(home, store)) if backend != "local" else None
+    # A remote scheduler is polled; a local one that died while we wait is started again.
+    tick = (lambda: sync_remote(home, store)) if backend != "local" else (lambda: ensure_scheduler(home))
     watch_jobs(store, [job_id], quiet=json_out, tick=tick)
     job = store.job(job_id)
     if json_out:

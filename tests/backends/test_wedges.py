@@ -201,3 +201,56 @@ def test_an_attempt_that_finished_unwatched_is_adopted_not_rerun(home: Path) -> 
     survivor.adopt_orphans()
     assert backend.store.job(job).state == "completed"
     assert [a.outcome for a in backend.store.attempts(job)] == ["completed"]
+
+
+def test_slurm_refuses_a_grace_it_would_ignore_and_a_preemption_of_a_queued_job(home: Path) -> None:
+    from gpufleet.backends.slurm import SlurmBackend
+
+    calls: list[list[str]] = []
+
+    def fake(argv: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        out = "4242\n" if argv[0] == "sbatch" else "4242|PENDING|Unknown|Unknown|0:0|0||default\n"
+        return subprocess.CompletedProcess(list(argv), 0, out if argv[0] in ("sbatch", "sacct") else "", "")
+
+    backend = SlurmBackend(home, runner=fake)
+    job = backend.submit(command("queued", "pass"))
+    with pytest.raises(UsageError, match="slurm backend does not support a grace time"):
+        backend.preempt(job, grace=5)
+    with pytest.raises(UsageError, match="is queued, not running"):
+        backend.preempt(job)
+    assert not any(c[0] == "scontrol" for c in calls)
+
+
+def test_a_backend_name_is_registered_once() -> None:
+    from gpufleet.backends import Backend, LocalBackend, register, registered
+
+    assert registered()["local"] is LocalBackend
+    with pytest.raises(ValueError, match="already registered by LocalBackend"):
+
+        @register("local")
+        class Impostor(Backend):  # pragma: no cover - refused at definition
+            def _start(self, job_id: int, folder: Path, spec: Any) -> None: ...
+            def _preempt(self, job: Any, grace: float | None) -> None: ...
+            def _cancel(self, job: Any) -> None: ...
+
+    assert registered()["local"] is LocalBackend
+
+
+def test_a_dead_local_scheduler_is_noticed_and_replaced(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler that died left its pid file; reading the store starts a new one, which runs the job."""
+    from gpufleet.backends import sync_remote
+    from gpufleet.backends.local import scheduler_pid
+
+    monkeypatch.setenv("GPUFLEET_SCHEDULER_IDLE_S", "1")
+    backend = LocalBackend(home, spawn=False)
+    job = backend.submit(command("waiting", "pass"))
+    (home / "scheduler.pid").write_text("999999999")  # what a killed scheduler leaves behind
+    with pytest.raises(UsageError, match="was not running"):
+        sync_remote(home, backend.store)
+    deadline = time.monotonic() + 90
+    while backend.store.job(job).state != "completed":
+        assert time.monotonic() < deadline, "the new scheduler did not run the job"
+        time.sleep(0.05)
+    while scheduler_pid(home) is not None and time.monotonic() < deadline:  # it idles out by itself
+        time.sleep(0.05)
