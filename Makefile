@@ -52,6 +52,7 @@ test: lint typecheck unit
 
 soak: dev
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
+	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
 
 bench: install
 	$(BIN)/python bench/checkpoint_save.py

@@ -320,9 +320,9 @@ class LocalScheduler:
             "GPUFLEET_ATTEMPT": str(n),
         }
         argv = entry_argv(spec)
-        log = (folder / "logs" / f"attempt-{n}.log").open("ab")
         started = time.time()
         self.store.begin_attempt(job.id, n, started)  # intent first: a crash now cannot launch it twice
+        log = (folder / "logs" / f"attempt-{n}.log").open("ab")
         try:
             proc = subprocess.Popen(
                 attempt_argv(argv, signal.SIGTERM),
@@ -347,13 +347,11 @@ class LocalScheduler:
                 restarts=None,
             )
             return
-        try:
-            self.store.set_attempt_pid(job.id, n, proc.pid)
-        except BaseException:  # the store failed us: the next scheduler finds the process by its variables
-            log.close()
-            raise
-        self.store.add_event(job.id, "attempt_start", attempt=n, ts=started, pid=proc.pid)
+        # Ours before anything else can fail: if the store does, the next scheduler finds the process
+        # by its GPUFLEET_* variables.
         self.running[job.id] = _Running(job, n, proc, log)
+        self.store.set_attempt_pid(job.id, n, proc.pid)
+        self.store.add_event(job.id, "attempt_start", attempt=n, ts=started, pid=proc.pid)
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
