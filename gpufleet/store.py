@@ -53,6 +53,23 @@ CREATE TABLE IF NOT EXISTS requests (
 """
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that turns SQLite's "disk is full" into one clear ``StoreError``."""
+
+    where: Path = Path(".")
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.OperationalError as err:
+            if "full" in str(err):
+                raise StoreError(
+                    f"no space left on {self.where}: the state database cannot be written ({err}); "
+                    "free some space there and gpufleet carries on"
+                ) from None
+            raise
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: int
@@ -105,7 +122,8 @@ class Store:
         if not path.exists():
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         try:
-            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, factory=_Connection)
+            self._db.where = path.parent
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import GpufleetError, StoreError, UsageError
 from gpufleet.paths import job_dir, private_dir
 from gpufleet.runtime.events import read_events_checked
 from gpufleet.runtime.protocol import check_environment
@@ -133,10 +133,15 @@ def add_job_folder(
     folder = job_dir(home, job_id)
     private_dir(folder.parent)
     private_dir(folder)
-    (folder / "logs").mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(folder / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(spec.model_dump_json(indent=2))
+    try:
+        (folder / "logs").mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(folder / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(spec.model_dump_json(indent=2))
+    except OSError as err:
+        store.delete_job(job_id)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise StoreError(f"cannot lay out {folder}: {err.strerror}; free some space or fix its permissions") from None
     return job_id, folder
 
 

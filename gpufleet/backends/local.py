@@ -34,7 +34,7 @@ from gpufleet.backends.lifecycle import (
     failure_reason,
     signal_group,
 )
-from gpufleet.errors import UsageError
+from gpufleet.errors import StoreError, UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, check_environment, entry_argv, job_environment
 from gpufleet.spec import JobSpec
@@ -185,8 +185,20 @@ class LocalScheduler:
         signal.signal(signal.SIGINT, _stop)
         self.adopt_orphans()
         idle_since = time.monotonic()
+        full_since: float | None = None
         while not stop:
-            self.tick()
+            try:
+                self.tick()
+                if full_since is not None:
+                    print(f"gpufleet scheduler: {self.home} is writable again; scheduling resumes", flush=True)
+                full_since = None
+            except StoreError as err:  # a full disk: keep the attempts, try again, never die of it
+                if full_since is None:
+                    print(f"gpufleet scheduler: {err}", flush=True)
+                    full_since = time.monotonic()
+                idle_since = time.monotonic()
+                time.sleep(1.0)
+                continue
             if self.running or self.store.jobs(states=("queued",)):
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > self.idle_exit_s:
@@ -261,10 +273,11 @@ class LocalScheduler:
             if code is None:
                 continue
             signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
-            run.log.close()
-            del self.running[job_id]
+            # Recorded before it is forgotten: a store that fails here (a full disk) is retried next tick.
             self._ingest(self.store.job(job_id))
             self._finish(self.store.job(job_id), run.n, code, run.stop)
+            run.log.close()
+            del self.running[job_id]
 
     def _finish(self, job: Job, n: int, code: int, stop: str | None) -> None:
         now = time.time()

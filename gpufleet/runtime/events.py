@@ -7,8 +7,10 @@ Lines are ``{"ts": <unix time>, "attempt": <n>, "kind": <str>, ...}``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ class EventLog:
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         """Called with every event after it is written (metrics exporters)."""
         self._fh: IO[str] | None = None
+        self.dropped = 0
+        """Events that could not be written (a full disk)."""
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = path.open("a", encoding="utf-8")
@@ -46,15 +50,21 @@ class EventLog:
         if self._fh is None:
             self.memory.append(event)
         else:
-            self._fh.write(json.dumps(event, separators=(",", ":")) + "\n")
-            self._fh.flush()
+            try:
+                self._fh.write(json.dumps(event, separators=(",", ":")) + "\n")
+                self._fh.flush()
+            except OSError as err:  # a full disk loses detail, never the training: say it once
+                if not self.dropped:
+                    print(f"gpufleet: events not recorded in {self.path}: {err.strerror}", file=sys.stderr, flush=True)
+                self.dropped += 1
         for listener in self.listeners:
             listener(event)
         return event
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            with contextlib.suppress(OSError):
+                self._fh.close()
             self._fh = None
 
 

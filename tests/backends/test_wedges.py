@@ -184,6 +184,8 @@ def test_a_crash_before_the_pid_is_recorded_does_not_launch_the_attempt_twice(
     survivor = LocalScheduler(home, slots=1, poll_s=0.02)
     survivor.adopt_orphans()  # finds the process by its GPUFLEET_* variables and stops it
     assert started[0].wait(timeout=60) in (REQUEUE_EXIT_CODE, -signal.SIGTERM, -signal.SIGKILL)
+    for run in crashed.running.values():
+        run.log.close()
     drive(survivor, lambda: backend.store.job(job).state == "completed")
     assert [a.n for a in backend.store.attempts(job)] == [1, 2]
     assert len(started) == 2  # attempt 1 once (by the crashed scheduler), attempt 2 once
@@ -254,3 +256,62 @@ def test_a_dead_local_scheduler_is_noticed_and_replaced(home: Path, monkeypatch:
         time.sleep(0.05)
     while scheduler_pid(home) is not None and time.monotonic() < deadline:  # it idles out by itself
         time.sleep(0.05)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 4 MiB tmpfs (root only), unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with filler.open("wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_home_is_one_clear_error_and_scheduling_resumes(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufleet.errors import StoreError
+
+    home = small_disk / "home"
+    monkeypatch.setenv("GPUFLEET_HOME", str(home))
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
+    job = backend.submit(command("before", "print('x' * 1000)"))
+    filler = fill(small_disk)
+    with pytest.raises(StoreError, match=f"no space left on {home}"):
+        for _ in range(50):  # whatever write hits the full disk first: a submit, an event
+            backend.submit(command("during", "pass"))
+    with pytest.raises(StoreError, match="no space left"):
+        for _ in range(200):
+            scheduler.tick()  # the one-line error the daemon loop logs and retries, never a crash
+            time.sleep(0.01)
+    filler.unlink()
+    drive(scheduler, lambda: backend.store.job(job).state == "completed")
+    scheduler.shutdown()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_loses_event_lines_not_the_training(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpufleet.runtime.events import EventLog
+
+    log = EventLog(Path("/dev/full"))
+    log.emit("step", step=1)
+    log.emit("step", step=2)
+    log.close()
+    assert log.dropped == 2
+    assert capsys.readouterr().err.count("events not recorded") == 1
