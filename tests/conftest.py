@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -12,9 +13,28 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
+from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.slurm import slurm_env
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Tick an in-process local scheduler until ``until()`` holds (the timeout is only a safety net)."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        scheduler.tick()
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def local(home: Path) -> Iterator[tuple[LocalBackend, LocalScheduler]]:
+    """A local backend that spawns nothing, and a one-slot scheduler the test ticks itself."""
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
+    yield backend, scheduler
+    scheduler.shutdown(grace_s=5)
 
 
 @pytest.fixture

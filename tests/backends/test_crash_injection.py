@@ -10,12 +10,12 @@ process, and the ledger prices every attempt.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
@@ -64,14 +64,6 @@ def writes(store: Store, name: str, args: tuple[Any, ...]) -> bool:
     if name == "add_runtime_events":
         return bool(args[1])
     return True
-
-
-def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        scheduler.tick()
-        time.sleep(0.02)
 
 
 SPEC = parse_spec(

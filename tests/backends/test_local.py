@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import UsageError
@@ -31,22 +30,6 @@ def toy(name: str, priority: int = 0, **overrides: Any) -> JobSpec:
     }
     spec.update(overrides)
     return parse_spec(spec)
-
-
-def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        scheduler.tick()
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def local(home: Path) -> Any:
-    backend = LocalBackend(home, spawn=False)
-    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
-    yield backend, scheduler
-    scheduler.shutdown(grace_s=5)
 
 
 def state_of(backend: LocalBackend, job_id: int) -> str:

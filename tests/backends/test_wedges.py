@@ -9,11 +9,11 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import SpecError, UsageError
@@ -21,22 +21,6 @@ from gpufleet.runtime.events import read_events_checked
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.spec import parse_spec
 from gpufleet.store import latest_step
-
-
-def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        scheduler.tick()
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def local(home: Path) -> Any:
-    backend = LocalBackend(home, spawn=False)
-    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
-    yield backend, scheduler
-    scheduler.shutdown(grace_s=5)
 
 
 def command(name: str, code: str, **fields: Any) -> Any:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.rates import load_rates
@@ -135,22 +135,6 @@ def test_oom_from_the_log_tail() -> None:
 
 
 # --- end to end: oom@N through the local backend -------------------------------------------------
-
-
-@pytest.fixture
-def local(home: Path) -> Iterator[tuple[LocalBackend, LocalScheduler]]:
-    backend = LocalBackend(home, spawn=False)
-    scheduler = LocalScheduler(home, slots=1, poll_s=0.02)
-    yield backend, scheduler
-    scheduler.shutdown(grace_s=5)
-
-
-def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        scheduler.tick()
-        time.sleep(0.02)
 
 
 def test_oom_fault_counts_as_an_oom_attempt(local: tuple[LocalBackend, LocalScheduler], home: Path) -> None:
