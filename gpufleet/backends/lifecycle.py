@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.runtime.events import read_events
@@ -48,6 +49,37 @@ def failure_reason(code: int | None) -> str:
     if code == NOT_STARTED:
         return f"exit code {code}: the entrypoint could not be started (cannot start it; see the attempt log)"
     return exit_reason(code)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """What an ended attempt means for its job: the attempt's outcome, the job's next state and why."""
+
+    outcome: str
+    """``completed``, ``cancelled``, ``preempted``, ``lost``, ``requeued`` or ``failed``."""
+    state: str
+    """The job's next state: ``completed``, ``cancelled``, ``queued`` (requeued) or ``failed``."""
+    reason: str | None
+    requeued: bool
+
+
+def attempt_end(code: int | None, stop: str | None, *, attempt: int, restarts: int, max_restarts: int) -> AttemptEnd:
+    """The one rule every backend applies when an attempt ends with ``code`` (``None``: it vanished).
+
+    ``stop`` is why the backend stopped it (``preempted``, ``cancelled``) or ``lost`` (nobody saw it
+    end). A cancellation wins; exit 0 completes; a preemption, a loss or exit 75 requeues the job
+    until ``max_restarts`` requeues are spent; anything else fails it with the reason in words.
+    """
+    if stop == "cancelled":
+        return AttemptEnd("cancelled", "cancelled", "cancelled by request", False)
+    if code == 0:
+        return AttemptEnd("completed", "completed", None, False)
+    if stop in ("preempted", "lost") or code == REQUEUE_EXIT_CODE or code is None:
+        outcome = stop or ("requeued" if code == REQUEUE_EXIT_CODE else "lost")
+        if restarts >= max_restarts:
+            return AttemptEnd(outcome, "failed", f"{outcome} after {restarts} restarts (max_restarts)", False)
+        return AttemptEnd(outcome, "queued", f"{outcome} at attempt {attempt}", True)
+    return AttemptEnd("failed", "failed", failure_reason(code), False)
 
 
 def attempt_argv(argv: Sequence[str], death_signal: int = signal.SIGKILL) -> list[str]:

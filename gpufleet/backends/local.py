@@ -29,14 +29,14 @@ from gpufleet.backends.lifecycle import (
     NOT_STARTED,
     alive,
     attempt_argv,
+    attempt_end,
     attempt_processes,
     exit_from_events,
-    failure_reason,
     signal_group,
 )
 from gpufleet.errors import StoreError, UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, check_environment, entry_argv, job_environment
+from gpufleet.runtime.protocol import check_environment, entry_argv, job_environment
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Job, Store
 
@@ -280,22 +280,16 @@ class LocalScheduler:
             del self.running[job_id]
 
     def _finish(self, job: Job, n: int, code: int, stop: str | None) -> None:
-        now = time.time()
-        if stop == "cancelled":
-            outcome, state, reason = "cancelled", "cancelled", "cancelled by request"
-        elif code == 0:
-            outcome, state, reason = "completed", "completed", None
-        elif stop == "preempted" or code == REQUEUE_EXIT_CODE or stop == "lost":
-            outcome = stop or "requeued"
-            state, reason = "queued", f"{outcome} at attempt {n}"
-            if job.restarts >= job.spec.max_restarts:
-                state, reason = "failed", f"{outcome} after {job.restarts} restarts (max_restarts)"
-        else:
-            outcome, state = "failed", "failed"
-            reason = failure_reason(code)
-        restarts = job.restarts + 1 if state == "queued" else None
+        end = attempt_end(code, stop, attempt=n, restarts=job.restarts, max_restarts=job.spec.max_restarts)
         self.store.end_attempt(
-            job.id, n, ended_at=now, exit_code=code, outcome=outcome, job_state=state, reason=reason, restarts=restarts
+            job.id,
+            n,
+            ended_at=time.time(),
+            exit_code=code,
+            outcome=end.outcome,
+            job_state=end.state,
+            reason=end.reason,
+            restarts=job.restarts + 1 if end.requeued else None,
         )
 
     def adopt_orphans(self, grace_s: float = 30.0) -> None:

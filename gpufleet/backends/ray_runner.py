@@ -41,10 +41,10 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpufleet.backends.lifecycle import attempt_argv, failure_reason, signal_group
+from gpufleet.backends.lifecycle import attempt_argv, attempt_end, signal_group
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.runtime.protocol import entry_argv, job_environment
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import TERMINAL
 
@@ -138,18 +138,9 @@ def end_attempt(status: RunStatus, code: int | None, stop: str | None, now: floa
     last = status.open_attempt()
     if last is None:
         return status
-    if stop == "cancelled":
-        outcome, state, reason = "cancelled", "cancelled", "cancelled by request"
-    elif code == 0:
-        outcome, state, reason = "completed", "completed", None
-    elif stop in ("preempted", "lost") or code == REQUEUE_EXIT_CODE:
-        outcome = stop or "requeued"
-        state, reason = "queued", f"{outcome} at attempt {last.n}"
-        if status.restarts >= max_restarts:
-            state, reason = "failed", f"{outcome} after {status.restarts} restarts (max_restarts)"
-    else:
-        outcome, state, reason = "failed", "failed", failure_reason(code)
-    restarts = status.restarts + 1 if state == "queued" else status.restarts
+    end = attempt_end(code, stop, attempt=last.n, restarts=status.restarts, max_restarts=max_restarts)
+    outcome, state, reason = end.outcome, end.state, end.reason
+    restarts = status.restarts + 1 if end.requeued else status.restarts
     ended = status.with_last(ended_at=now, exit_code=code, outcome=outcome)
     return ended.model_copy(update={"state": state, "reason": reason, "restarts": restarts})
 
