@@ -7,6 +7,7 @@ requests (preempt, cancel), which the scheduler acts on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -15,11 +16,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import SpecError, StoreError, UsageError
 from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec, parse_spec
+
+if TYPE_CHECKING:
+    from gpufleet.backends.lifecycle import SyncPlan
 
 SCHEMA_VERSION = 1
 TERMINAL = ("completed", "failed", "cancelled")
@@ -111,6 +115,13 @@ class Event:
     kind: str
     source: str
     data: dict[str, Any]
+
+
+_UPSERT_ATTEMPT = (
+    "INSERT OR REPLACE INTO attempts (job_id, n, state, pid, started_at, ended_at, exit_code, outcome,"
+    " sigterm_at, kill_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+"""Every field of :class:`Attempt`, in its order."""
 
 
 class Store:
@@ -250,22 +261,7 @@ class Store:
 
     def upsert_attempt(self, attempt: Attempt) -> None:
         """Insert or replace an attempt as a remote scheduler reports it."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO attempts (job_id, n, state, pid, started_at, ended_at, exit_code, outcome,"
-            " sigterm_at, kill_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                attempt.job_id,
-                attempt.n,
-                attempt.state,
-                attempt.pid,
-                attempt.started_at,
-                attempt.ended_at,
-                attempt.exit_code,
-                attempt.outcome,
-                attempt.sigterm_at,
-                attempt.kill_at,
-            ),
-        )
+        self._db.execute(_UPSERT_ATTEMPT, dataclasses.astuple(attempt))
 
     def set_events_offset(self, job_id: int, offset: int) -> None:
         self._db.execute("UPDATE jobs SET events_offset=? WHERE id=?", (offset, job_id))
@@ -354,6 +350,20 @@ class Store:
             "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, 'backend', ?)",
             (job_id, attempt, ts or time.time(), kind, json.dumps(data)),
         )
+
+    def apply_sync(self, job: Job, plan: SyncPlan) -> None:
+        """Write what a remote backend's sync found (attempts, events, the job's state) in one transaction."""
+        insert = "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, 'backend', ?)"
+        with self.transaction() as db:
+            for attempt in plan.attempts:
+                db.execute(_UPSERT_ATTEMPT, dataclasses.astuple(attempt))
+            for ev in plan.events:
+                db.execute(insert, (job.id, ev.attempt, ev.ts, ev.kind, json.dumps(ev.data)))
+            if plan.moves(job):
+                db.execute(
+                    "UPDATE jobs SET state=?, reason=COALESCE(?, reason), restarts=?, updated_at=? WHERE id=?",
+                    (plan.state, plan.reason, plan.restarts, time.time(), job.id),
+                )
 
     def add_runtime_events(self, job_id: int, events: Sequence[dict[str, Any]], offset: int) -> None:
         """Ingest lines from the job's event log and move its read offset, in one transaction."""

@@ -17,12 +17,14 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpufleet.runtime.events import read_events
 from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
+from gpufleet.store import TERMINAL, Attempt, Job
 
 # Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
 _PDEATHSIG = (
@@ -80,6 +82,82 @@ def attempt_end(code: int | None, stop: str | None, *, attempt: int, restarts: i
             return AttemptEnd(outcome, "failed", f"{outcome} after {restarts} restarts (max_restarts)", False)
         return AttemptEnd(outcome, "queued", f"{outcome} at attempt {attempt}", True)
     return AttemptEnd("failed", "failed", failure_reason(code), False)
+
+
+REQUEUED_OUTCOMES = ("preempted", "requeued", "lost")
+"""Outcomes after which the job goes back to the queue (while restarts remain)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncEvent:
+    """A backend event a sync records (``attempt_start``, ``sigterm``, ``attempt_end``, ...)."""
+
+    kind: str
+    attempt: int | None
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """What one sync of a remote backend writes, in one transaction (:meth:`Store.apply_sync`)."""
+
+    attempts: tuple[Attempt, ...]
+    """Attempts that changed since the store last saw them."""
+    events: tuple[SyncEvent, ...]
+    state: str
+    reason: str | None
+    restarts: int
+
+    def moves(self, job: Job) -> bool:
+        """Whether the job row changes."""
+        return (self.state, self.restarts) != (job.state, job.restarts) or self.reason not in (None, job.reason)
+
+
+def plan_sync(
+    job: Job,
+    stored: Sequence[Attempt],
+    seen: Sequence[Attempt],
+    *,
+    state: str,
+    reason: str | None,
+    restarts: int,
+    now: float,
+    details: Mapping[tuple[int, str], dict[str, Any]] | None = None,
+) -> SyncPlan:
+    """The store rows and events that bring ``stored`` to what the scheduler reports (``seen``).
+
+    Events are derived from the difference (an attempt that appeared started, one whose SIGTERM,
+    SIGKILL or end is new), so a second sync of the same report adds none, and a sync killed
+    before its transaction committed is simply done again. ``details`` adds data to an event by
+    ``(attempt, kind)`` (the node an attempt ran on, the grace of a SIGTERM).
+    """
+    details = details or {}
+    before = {a.n: a for a in stored}
+    attempts, events = [], []
+
+    def event(kind: str, n: int, ts: float, **data: Any) -> None:
+        events.append(SyncEvent(kind, n, ts, {**data, **details.get((n, kind), {})}))
+
+    for new in seen:
+        old = before.get(new.n)
+        if old != new:
+            attempts.append(new)
+        if old is None:
+            event("attempt_start", new.n, new.started_at, pid=new.pid)
+        if new.sigterm_at is not None and (old is None or old.sigterm_at is None):
+            event("sigterm", new.n, new.sigterm_at)
+        if new.kill_at is not None and (old is None or old.kill_at is None):
+            event("sigkill", new.n, new.kill_at, reason="grace time expired")
+        if new.ended_at is not None and (old is None or old.ended_at is None):
+            event("attempt_end", new.n, new.ended_at, exit_code=new.exit_code, outcome=new.outcome)
+            if new.outcome in REQUEUED_OUTCOMES and (new.n < len(seen) or state in ("queued", "running")):
+                event("requeued", new.n, new.ended_at)
+    if state in TERMINAL and job.state not in TERMINAL:
+        last = seen[-1] if seen else None
+        ts = last.ended_at if last is not None and last.ended_at is not None else now
+        events.append(SyncEvent(state, last.n if last else None, ts, {"reason": reason}))
+    return SyncPlan(tuple(attempts), tuple(events), state, reason, restarts)
 
 
 def attempt_argv(argv: Sequence[str], death_signal: int = signal.SIGKILL) -> list[str]:

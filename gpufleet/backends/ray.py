@@ -34,11 +34,13 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
+from gpufleet.backends.lifecycle import SyncPlan
 from gpufleet.backends.ray_runner import AttemptRecord, JobRunner, RunnerArgs, RunStatus, read_status, status_path
 from gpufleet.errors import UsageError
 from gpufleet.spec import JobSpec
@@ -47,7 +49,6 @@ from gpufleet.store import TERMINAL, Attempt, Job
 NAMESPACE = "gpufleet"
 CALL_TIMEOUT_S = 30.0
 START_HINT = "start the development cluster with `scripts/dev-ray up`, or set GPUFLEET_RAY_ADDRESS to a running one"
-REQUEUED = ("preempted", "requeued", "lost")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -56,25 +57,6 @@ def actor_name(job_id: int) -> str:
 
 
 # ---- from the status file to the store (pure) --------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StoreEvent:
-    kind: str
-    attempt: int | None
-    ts: float
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncPlan:
-    """What one sync writes: attempts to upsert, backend events to add, and the job's new state."""
-
-    attempts: tuple[Attempt, ...]
-    events: tuple[StoreEvent, ...]
-    state: str
-    reason: str | None
-    restarts: int
 
 
 def _as_attempt(job_id: int, rec: AttemptRecord) -> Attempt:
@@ -95,9 +77,8 @@ def _as_attempt(job_id: int, rec: AttemptRecord) -> Attempt:
 def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, gone: bool, now: float) -> SyncPlan:
     """Compare the store with the actor's status file: what changed since the last sync.
 
-    Events are derived from the difference, so a second sync of the same file adds none. When
-    the actor is ``gone`` (Ray gave up restarting it, or the cluster was replaced) and its file
-    does not say the job ended, the open attempt is ``lost`` and the job ``failed``.
+    When the actor is ``gone`` (Ray gave up restarting it, or the cluster was replaced) and its
+    file does not say the job ended, the open attempt is ``lost`` and the job ``failed``.
     """
     status = status or RunStatus(job_id=job.id)
     if gone and status.state not in TERMINAL:
@@ -105,29 +86,20 @@ def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, 
         if status.open_attempt() is not None:
             status = status.with_last(ended_at=now, outcome="lost")
         status = status.model_copy(update={"state": "failed", "reason": why})
-    before = {a.n: a for a in stored}
-    attempts, events = [], []
+    details: dict[tuple[int, str], dict[str, Any]] = {}
     for rec in status.attempts:
-        old = before.get(rec.n)
-        new = _as_attempt(job.id, rec)
-        if old != new:
-            attempts.append(new)
-        if old is None:
-            events.append(StoreEvent("attempt_start", rec.n, rec.started_at, {"pid": rec.pid, "node": rec.node}))
-        if rec.sigterm_at is not None and (old is None or old.sigterm_at is None):
-            events.append(StoreEvent("sigterm", rec.n, rec.sigterm_at, {"reason": rec.stop, "grace": rec.grace}))
-        if rec.kill_at is not None and (old is None or old.kill_at is None):
-            events.append(StoreEvent("sigkill", rec.n, rec.kill_at, {"reason": "grace time expired"}))
-        if rec.ended_at is not None and (old is None or old.ended_at is None):
-            data = {"exit_code": rec.exit_code, "outcome": rec.outcome}
-            events.append(StoreEvent("attempt_end", rec.n, rec.ended_at, data))
-            if rec.outcome in REQUEUED and (rec.n < len(status.attempts) or status.state in ("queued", "running")):
-                events.append(StoreEvent("requeued", rec.n, rec.ended_at))
-    if status.state in TERMINAL and job.state not in TERMINAL:
-        last = status.attempts[-1] if status.attempts else None
-        ts = last.ended_at if last is not None and last.ended_at is not None else now
-        events.append(StoreEvent(status.state, last.n if last else None, ts, {"reason": status.reason}))
-    return SyncPlan(tuple(attempts), tuple(events), status.state, status.reason, status.restarts)
+        details[(rec.n, "attempt_start")] = {"node": rec.node}
+        details[(rec.n, "sigterm")] = {"reason": rec.stop, "grace": rec.grace}
+    return lifecycle.plan_sync(
+        job,
+        stored,
+        [_as_attempt(job.id, rec) for rec in status.attempts],
+        state=status.state,
+        reason=status.reason,
+        restarts=status.restarts,
+        now=now,
+        details=details,
+    )
 
 
 # ---- the cluster ---------------------------------------------------------------------------------
@@ -428,10 +400,4 @@ class RayBackend(Backend):
     def _apply(self, job: Job, *, gone: bool) -> None:
         ingest_events(self.store, self.home, job)
         status = read_status(status_path(self.home, job.id))
-        plan = plan_sync(job, self.store.attempts(job.id), status, gone=gone, now=time.time())
-        for attempt in plan.attempts:
-            self.store.upsert_attempt(attempt)
-        for ev in plan.events:
-            self.store.add_event(job.id, ev.kind, attempt=ev.attempt, ts=ev.ts, **ev.data)
-        if (plan.state, plan.restarts) != (job.state, job.restarts) or plan.reason not in (None, job.reason):
-            self.store.set_job_state(job.id, plan.state, reason=plan.reason, restarts=plan.restarts)
+        self.store.apply_sync(job, plan_sync(job, self.store.attempts(job.id), status, gone=gone, now=time.time()))

@@ -35,7 +35,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.backends.lifecycle import AttemptEnd, SyncPlan, attempt_end
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -162,14 +164,18 @@ def parse_sacct(text: str) -> list[SacctRun]:
         parts = line.split("|")
         if len(parts) != 8 or not parts[0].isdigit():
             continue
-        code = parts[4].split(":")[0]
+        code, _, sig = parts[4].partition(":")
+        status = int(code) if code.isdigit() else 0
+        if status == 0 and sig.isdigit() and 0 < int(sig) < 128:
+            status = -int(sig)  # killed by a signal: negative, as Python reports a child's
+        ran = bool(parts[6])  # a job cancelled while pending has a Start (its cancel time) but no AllocTRES
         runs.append(
             SacctRun(
                 job_ref=parts[0],
                 state=parts[1].split()[0],
-                start=_epoch(parts[2]),
+                start=_epoch(parts[2]) if ran else None,
                 end=_epoch(parts[3]),
-                exit_code=int(code) if code.isdigit() else 0,
+                exit_code=status,
                 elapsed_s=int(parts[5] or 0),
                 alloc_tres=parts[6],
                 account=parts[7],
@@ -190,7 +196,85 @@ OUTCOME = {
     "BOOT_FAIL": "lost",
     "DEADLINE": "failed",
 }
-JOB_STATE = {"completed": "completed", "failed": "failed", "cancelled": "cancelled"}
+"""The Slurm states of a run that ended (any other: it has not, or it never started)."""
+STOP = {"PREEMPTED": "preempted", "REQUEUED": "preempted", "NODE_FAIL": "lost", "BOOT_FAIL": "lost"}
+
+
+def run_end(run: SacctRun, *, n: int, max_restarts: int) -> AttemptEnd | None:
+    """What run ``n`` of a job means under the one rule of :func:`attempt_end`; ``None`` while it goes on.
+
+    Exit 75 asks for a requeue whatever Slurm called the run (``FAILED``, or ``REQUEUED`` once it
+    was); a run Slurm preempted, requeued or lost with its node requeues; a time or memory limit
+    fails with Slurm's word for it.
+    """
+    if run.state not in OUTCOME:
+        return None
+    if run.state == "CANCELLED":
+        return attempt_end(None, "cancelled", attempt=n, restarts=n - 1, max_restarts=max_restarts)
+    if run.exit_code == REQUEUE_EXIT_CODE and run.state in ("FAILED", "REQUEUED"):
+        return attempt_end(REQUEUE_EXIT_CODE, None, attempt=n, restarts=n - 1, max_restarts=max_restarts)
+    if run.state in STOP:
+        return attempt_end(None, STOP[run.state], attempt=n, restarts=n - 1, max_restarts=max_restarts)
+    if run.state == "COMPLETED":
+        return attempt_end(0, None, attempt=n, restarts=n - 1, max_restarts=max_restarts)
+    end = attempt_end(run.exit_code or 1, None, attempt=n, restarts=n - 1, max_restarts=max_restarts)
+    if run.state != "FAILED":
+        return AttemptEnd(end.outcome, end.state, f"Slurm ended the run {run.state}", False)
+    return end
+
+
+def plan_slurm(
+    job: Job, stored: Sequence[Attempt], runs: Sequence[SacctRun], now: float
+) -> tuple[SyncPlan, str | None]:
+    """The store rows for a job's sacct runs, and what Slurm must be told: ``requeue``, ``cancel`` or nothing.
+
+    Attempt ``n`` is the ``n``-th run that started; its wall is sacct's ``Start`` and ``End`` of
+    that run, unchanged: whole seconds (slurmctld keeps ``time_t``, truncated), exactly those
+    whose difference Slurm bills as ``ElapsedRaw``. The runtime's events fall inside it and only
+    split it into buckets. Slurm and gpufleet's rule can disagree on what comes next: a run that
+    exited 75 on a cluster without ``RequeueExit=75`` has ended for Slurm (gpufleet requeues it);
+    a job preempted once more than its ``max_restarts`` is pending again for Slurm (gpufleet
+    cancels it).
+    """
+    started = sorted((r for r in runs if r.start is not None and r.state != "PENDING"), key=lambda r: r.start or 0)
+    pending = any(r.state == "PENDING" for r in runs)
+    seen = []
+    end: AttemptEnd | None = None
+    for n, run in enumerate(started, start=1):
+        end = run_end(run, n=n, max_restarts=job.spec.max_restarts)
+        start = run.start or 0.0
+        stop = None if end is None else (run.end if run.end is not None else start + run.elapsed_s)
+        seen.append(
+            Attempt(
+                job_id=job.id,
+                n=n,
+                state="ended" if end else "running",
+                pid=None,
+                started_at=start,
+                ended_at=max(stop, start) if stop is not None else None,
+                exit_code=run.exit_code if end else None,
+                outcome=end.outcome if end else None,
+                sigterm_at=None,
+                kill_at=None,
+            )
+        )
+    action = None
+    reason = f"slurm state {started[-1].state}" if started else None
+    if not started:
+        cancelled = any(r.state == "CANCELLED" for r in runs)
+        state, reason = ("cancelled", "cancelled while queued") if cancelled else ("queued", None)
+    elif end is None:
+        state = "running"
+    else:
+        state, reason = end.state, end.reason or reason
+        if end.requeued and not pending and started[-1].state == "FAILED":
+            action = "requeue"
+        elif state == "failed" and pending:
+            action = "cancel"
+    plan = lifecycle.plan_sync(
+        job, stored, seen, state=state, reason=reason, restarts=max(0, len(started) - 1), now=now
+    )
+    return plan, action
 
 
 @register("slurm")
@@ -244,47 +328,21 @@ class SlurmBackend(Backend):
             self._apply(job, sorted((r for r in runs if r.job_ref == job.backend_ref), key=lambda r: r.start or 0))
 
     def _apply(self, job: Job, runs: list[SacctRun]) -> None:
-        """Rewrite the job's attempts from its runs: attempt n is the n-th run that started.
+        """Record what sacct says of the job's runs, after telling Slurm what gpufleet's rule decided.
 
-        The wall is sacct's ``Start`` and ``End`` of that run, unchanged: whole seconds (slurmctld
-        keeps ``time_t``, truncated), exactly those whose difference Slurm bills as ``ElapsedRaw``.
-        The runtime's events (attempt start, first step, session end) fall inside it and only split
-        it into buckets.
+        Slurm is told first: a sync that dies after a requeue finds the job pending next time, and
+        one that dies after a cancellation finds it cancelled (which a failed job stays).
         """
-        started = [r for r in runs if r.start is not None and r.state != "PENDING"]
-        for n, run in enumerate(started, start=1):
-            outcome = OUTCOME.get(run.state)
-            if run.exit_code == REQUEUE_EXIT_CODE and outcome == "failed":
-                outcome = "requeued"
-            start = run.start or 0.0
-            end = None if outcome is None else (run.end if run.end is not None else start + run.elapsed_s)
-            self.store.upsert_attempt(
-                Attempt(
-                    job_id=job.id,
-                    n=n,
-                    state="ended" if outcome else "running",
-                    pid=None,
-                    started_at=start,
-                    ended_at=max(end, start) if end is not None else None,
-                    exit_code=run.exit_code if outcome else None,
-                    outcome=outcome,
-                    sigterm_at=None,
-                    kill_at=None,
-                )
-            )
-        final = started[-1] if started else None
-        restarts = max(0, len(started) - 1)
-        if final is None:
-            state = "queued"
-        else:
-            outcome = OUTCOME.get(final.state)
-            state = JOB_STATE.get(outcome or "", "running" if outcome is None else "queued")
-        if state != job.state or restarts != job.restarts:
-            self.store.set_job_state(
-                job.id, state, restarts=restarts, reason=f"slurm state {final.state}" if final else None
-            )
-            if state in TERMINAL:
-                self.store.add_event(job.id, state, attempt=len(started))
+        plan, action = plan_slurm(job, self.store.attempts(job.id), runs, time.time())
+        if action == "requeue":
+            try:
+                self.run(["scontrol", "requeue", self._ref(job)])
+            except UsageError as err:
+                if "pending" not in str(err).lower():  # already requeued, its record not yet in sacct
+                    raise
+        elif action == "cancel":
+            self.run(["scancel", self._ref(job)])
+        self.store.apply_sync(job, plan)
 
 
 def _tres_units(tres: str) -> tuple[str, int]:

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpufleet.backends.slurm import SlurmBackend, batch_script, parse_sacct, sbatch_argv, slurm_usage
+from gpufleet.backends.slurm import SlurmBackend, batch_script, parse_sacct, plan_slurm, sbatch_argv, slurm_usage
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
 from gpufleet.spec import parse_spec
+from gpufleet.store import Store
 
 SPEC = parse_spec(
     {
@@ -165,3 +166,50 @@ def test_usage_reports_a_ledger_that_outgrew_the_bill(home: Path) -> None:
     fake.sacct = BILLED.replace("|30|", "|29|")  # Slurm bills one second less than its own Start..End
     report = slurm_usage(backend.store, runner=fake)
     assert not report["ok"] and report["accounts"][0]["ledger_seconds"] - report["accounts"][0]["sacct_seconds"] == 1
+
+
+def _runs(*states: str) -> list[Any]:
+    """sacct runs of job 4242, one per ``STATE`` or ``STATE:exit``, a minute apart."""
+    lines = []
+    for i, item in enumerate(states):
+        state, _, code = item.partition(":")
+        if state == "PENDING":
+            lines.append("4242|PENDING|Unknown|Unknown|0:0|0||perception")
+            continue
+        start = f"2026-12-02T10:{i:02d}:00"
+        lines.append(f"4242|{state}|{start}|{start[:-2]}30|{code or 0}:0|30|billing=1,cpu=1,node=1|perception")
+    return parse_sacct("\n".join(lines))
+
+
+@pytest.mark.parametrize(
+    ("states", "max_restarts", "expect"),
+    [
+        # exit 75 on a cluster without RequeueExit=75: Slurm has ended the job, gpufleet requeues it
+        (("FAILED:75",), 5, ("queued", "requeue", ["requeued"])),
+        # ... once: the requeued run is pending again
+        (("REQUEUED:75", "PENDING"), 5, ("queued", None, ["requeued"])),
+        # preempted once more than max_restarts allows: Slurm would run it again, gpufleet cancels it
+        (("PREEMPTED", "PREEMPTED", "PREEMPTED", "PENDING"), 2, ("failed", "cancel", ["preempted"] * 3)),
+        (("PREEMPTED", "COMPLETED"), 2, ("completed", None, ["preempted", "completed"])),
+        (("TIMEOUT",), 2, ("failed", None, ["failed"])),
+        (("RUNNING",), 2, ("running", None, [None])),
+    ],
+)
+def test_plan_follows_the_one_attempt_rule(
+    home: Path, states: tuple[str, ...], max_restarts: int, expect: tuple[str, str | None, list[str | None]]
+) -> None:
+    store = Store(home / "state.db")
+    job_id = store.add_job(SPEC.copy_with(max_restarts=max_restarts), "slurm")
+    plan, action = plan_slurm(store.job(job_id), [], _runs(*states), now=0.0)
+    assert (plan.state, action, [a.outcome for a in plan.attempts]) == expect
+    if states == ("TIMEOUT",):
+        assert plan.reason == "Slurm ended the run TIMEOUT"
+
+
+def test_signals_and_never_started_runs_in_sacct() -> None:
+    runs = parse_sacct(
+        "4242|FAILED|2026-12-02T10:00:00|2026-12-02T10:00:01|0:35|1|billing=1,cpu=1,node=1|perception\n"
+        "4243|CANCELLED by 0|2026-12-02T10:00:05|2026-12-02T10:00:05|0:0|0||perception\n"
+    )
+    assert runs[0].exit_code == -35 and runs[0].start is not None
+    assert runs[1].state == "CANCELLED" and runs[1].start is None  # cancelled while pending: never ran
