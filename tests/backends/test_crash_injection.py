@@ -10,61 +10,17 @@ process, and the ledger prices every attempt.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from backend_contract import Killed, kill_at_write
 from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.events import read_events
 from gpufleet.spec import parse_spec
-from gpufleet.store import Store, latest_step
-
-WRITES = (
-    "begin_attempt",
-    "set_attempt_pid",
-    "end_attempt",
-    "update_attempt",
-    "set_job_state",
-    "add_event",
-    "add_runtime_events",
-    "take_requests",
-)
-
-
-class Killed(BaseException):
-    """The scheduler process dies here (BaseException: nothing in it may catch this)."""
-
-
-def kill_at_write(store: Store, k: int) -> list[str]:
-    """Make the ``k``-th write through ``store`` raise ``Killed``; return the log of writes made."""
-    made: list[str] = []
-    for name in WRITES:
-        real = getattr(store, name)
-
-        def wrapped(*args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
-            if not writes(store, _name, args):
-                return _real(*args, **kwargs)
-            if len(made) + 1 == k:
-                raise Killed(f"killed at write {k} ({_name})")
-            made.append(_name)
-            return _real(*args, **kwargs)
-
-        setattr(store, name, wrapped)
-    return made
-
-
-def writes(store: Store, name: str, args: tuple[Any, ...]) -> bool:
-    """Whether a call changes the store (taking no request, or ingesting no event, changes nothing)."""
-    if name == "take_requests":
-        return store._db.execute("SELECT 1 FROM requests WHERE handled_at IS NULL LIMIT 1").fetchone() is not None
-    if name == "add_runtime_events":
-        return bool(args[1])
-    return True
-
+from gpufleet.store import latest_step
 
 SPEC = parse_spec(
     {
