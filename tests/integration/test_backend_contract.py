@@ -31,6 +31,9 @@ class RealLocal(Harness):
         self.backend = LocalBackend(home)
         self.writer = self.backend.store
 
+    def advance(self) -> None:
+        self.backend.sync()
+
     def refused(self) -> tuple[JobSpec, str]:
         return command_spec("pass", resources={"cpus": 1, "gpus": 4}), "exceeds the local backend's 1 virtual GPU"
 
