@@ -21,7 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpufleet.config import read_yaml, validate
 from gpufleet.errors import SpecError
@@ -29,6 +30,12 @@ from gpufleet.paths import NAME_HINT, NAME_RE
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _field_error(model: str, loc: tuple[str, ...], value: Any, message: str) -> ValidationError:
+    """A validation error of a cross-field rule, located at the field the user has to change."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data(model, [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
 class _Frozen(BaseModel):
@@ -42,9 +49,11 @@ class Resources(_Frozen):
     gpu_type: str = "cpu"
     """Accelerator model used for pricing and placement (``cpu`` for none)."""
     gpus: int = Field(default=1, ge=0, le=1024)
-    """Number of GPUs (virtual slots on the local backend)."""
+    """GPUs per node (virtual slots on the local backend)."""
     cpus: int = Field(default=1, ge=1, le=1024)
-    """CPU threads given to the process (``torch.set_num_threads``)."""
+    """CPU threads per node, shared by its ranks (``torch.set_num_threads(cpus // ranks)``)."""
+    nodes: int = Field(default=1, ge=1, le=1024)
+    """Nodes the job spans; more than one needs a ``distributed`` block."""
 
 
 class KeepBest(_Frozen):
@@ -174,6 +183,18 @@ class Placement(_Frozen):
         return self
 
 
+class Distributed(_Frozen):
+    """A job of several ranks: ``resources.gpus`` ranks per node (one on a node without GPUs)."""
+
+    strategy: Literal["none", "ddp", "fsdp"] = "none"
+    """What the script does with the model (informational, for the runtime and the estimators)."""
+    launcher: Literal["torchrun", "script"] = "torchrun"
+    """``torchrun``: gpufleet starts the ranks with torchrun; ``script``: the command launches its
+    own ranks, and gpufleet starts it once per node."""
+    timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
+    """Process-group timeout: a lost or stuck rank fails every collective within it."""
+
+
 class JobSpec(_Frozen):
     """One training job, as a user writes it."""
 
@@ -199,6 +220,8 @@ class JobSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     telemetry: Telemetry = Field(default_factory=Telemetry)
     placement: Placement = Field(default_factory=Placement)
+    distributed: Distributed | None = None
+    """Set for a job of more than one rank (see :attr:`world_size`); absent, the job is one process."""
 
     @field_validator("name", "team", "provider")
     @classmethod
@@ -236,6 +259,42 @@ class JobSpec(_Frozen):
             if isinstance(item, float) and not math.isfinite(item):
                 raise ValueError(f"args.{key} must be finite, got {item}")
         return value
+
+    @model_validator(mode="after")
+    def _world(self) -> JobSpec:
+        nodes, gpus = self.resources.nodes, self.resources.gpus
+        if self.distributed is None and nodes > 1:
+            raise _field_error(
+                "JobSpec",
+                ("resources", "nodes"),
+                nodes,
+                f"{nodes} nodes need a `distributed` block (e.g. `distributed: {{strategy: ddp}}`): "
+                "add one, or set resources.nodes to 1",
+            )
+        if self.distributed is not None and self.world_size < 2:
+            raise _field_error(
+                "JobSpec",
+                ("distributed",),
+                self.distributed.model_dump(),
+                f"resources.gpus={gpus} on 1 node is a world of 1 rank: drop the `distributed` block, "
+                "or raise resources.gpus to 2 or more (one rank per GPU)",
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Processes per node: one per GPU (one on a node without GPUs) when ``distributed`` is set, else 1."""
+        return max(self.resources.gpus, 1) if self.distributed is not None else 1
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job: ``nodes * max(gpus, 1)`` with a ``distributed`` block, else 1."""
+        return self.resources.nodes * self.ranks_per_node
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the whole job holds (``gpus`` per node times ``nodes``): what GPU-hours are counted over."""
+        return self.resources.gpus * self.resources.nodes
 
     @property
     def callable_entrypoint(self) -> str | None:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +87,64 @@ def test_spec_is_frozen_and_copy_validates() -> None:
     assert spec.copy_with(priority=3).priority == 3
     with pytest.raises(SpecError, match="priority"):
         spec.copy_with(priority=10_000)
+
+
+def test_distributed_block_and_world_size() -> None:
+    plain = parse_spec({"name": "a", "entrypoint": "m:f", "resources": {"gpus": 2}})
+    assert plain.distributed is None and plain.resources.nodes == 1
+    assert (plain.world_size, plain.ranks_per_node, plain.total_gpus) == (1, 1, 2)  # one process, two GPUs
+    ddp = parse_spec({"name": "a", "entrypoint": "m:f", "resources": {"gpus": 4}, "distributed": {"strategy": "ddp"}})
+    assert ddp.distributed is not None
+    assert (ddp.distributed.launcher, ddp.distributed.timeout_seconds) == ("torchrun", 300.0)
+    assert (ddp.world_size, ddp.ranks_per_node, ddp.total_gpus) == (4, 4, 4)
+    nodes = ddp.copy_with(resources={"gpus": 8, "nodes": 2}, distributed={"strategy": "fsdp", "launcher": "script"})
+    assert (nodes.world_size, nodes.total_gpus) == (16, 16)
+    cpu_nodes = ddp.copy_with(resources={"gpus": 0, "nodes": 3})
+    assert (cpu_nodes.world_size, cpu_nodes.ranks_per_node, cpu_nodes.total_gpus) == (3, 1, 0)
+
+
+def test_distributed_spec_round_trips_and_old_specs_parse() -> None:
+    spec = parse_spec(
+        {
+            "name": "a",
+            "entrypoint": "m:f",
+            "resources": {"gpus": 2, "nodes": 1},
+            "distributed": {"strategy": "ddp", "timeout_seconds": 12.5},
+        }
+    )
+    assert parse_spec(json.loads(spec.model_dump_json())) == spec
+    old = {"name": "a", "entrypoint": "m:f", "resources": {"gpu_type": "cpu", "gpus": 1, "cpus": 1}}
+    assert parse_spec(old).world_size == 1
+    assert parse_spec(json.loads(parse_spec(old).model_dump_json())) == parse_spec(old)
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "fix"),
+    [
+        ({"resources": {"gpus": 0}, "distributed": {}}, "distributed:", "drop the `distributed` block, or raise"),
+        ({"resources": {"gpus": 1}, "distributed": {}}, "distributed:", "raise resources.gpus to 2 or more"),
+        (
+            {"resources": {"gpus": 1, "nodes": 2}},
+            "resources.nodes:",
+            "add one, or set resources.nodes to 1",
+        ),
+        ({"resources": {"nodes": 0}}, "resources.nodes:", "greater than or equal to 1"),
+        ({"resources": {"nodes": 2000}, "distributed": {}}, "resources.nodes:", "less than or equal to 1024"),
+        ({"resources": {"gpus": 2}, "distributed": {"strategy": "zero"}}, "distributed.strategy:", "'ddp'"),
+        ({"resources": {"gpus": 2}, "distributed": {"launcher": "mpirun"}}, "distributed.launcher:", "'torchrun'"),
+        ({"resources": {"gpus": 2}, "distributed": {"timeout_seconds": 0}}, "distributed.timeout_seconds:", "0"),
+        ({"resources": {"gpus": 2}, "distributed": {"timeout_seconds": 1e6}}, "distributed.timeout_seconds:", "86400"),
+        (
+            {"resources": {"gpus": 2}, "distributed": {"timeout_seconds": math.inf}},
+            "distributed.timeout_seconds:",
+            "finite",
+        ),
+        ({"resources": {"gpus": 2}, "distributed": {"nodes": 2}}, "distributed.nodes:", "unknown field"),
+    ],
+)
+def test_bad_distributed_specs_name_the_field_and_the_fix(data: dict[str, Any], field: str, fix: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec({"name": "a", "entrypoint": "m:f", **data})
+    message = str(err.value)
+    assert f"<spec>: {field}" in message and fix in message
+    assert "\n" not in message

@@ -31,6 +31,8 @@ class Feature(enum.Enum):
     """What a backend may or may not support beyond submit, preempt and cancel (declared as data)."""
 
     PREEMPT_GRACE = "a grace time per preemption (--grace): this scheduler applies its own (Slurm's KillWait)"
+    MULTI_RANK = "jobs of more than one rank (distributed: with gpus > 1)"
+    MULTI_NODE = "jobs over more than one node (resources.nodes > 1)"
 
 
 class Backend(ABC):
@@ -52,6 +54,10 @@ class Backend(ABC):
     # ---- the contract -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
         """Queue a job; return its id. A refused job leaves no row and no folder."""
+        if spec.world_size > 1:
+            self.require(Feature.MULTI_RANK)
+        if spec.resources.nodes > 1:
+            self.require(Feature.MULTI_NODE)
         spec = self._admit(spec, env)
         job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
         try:

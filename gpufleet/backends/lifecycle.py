@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.runtime.events import read_events
+from gpufleet.runtime.events import SESSION_EXIT as SESSION_EXIT  # re-exported: it moved to the runtime
+from gpufleet.runtime.events import exit_from_events as exit_from_events
 from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
 from gpufleet.store import TERMINAL, Attempt, Job
 
@@ -39,9 +40,6 @@ _PDEATHSIG = (
 )
 NOT_STARTED = 127
 """The shim's exit status when the entrypoint cannot be executed (as a shell's)."""
-
-SESSION_EXIT = {"completed": 0, "requeue": REQUEUE_EXIT_CODE, "failed": 1}
-"""The exit status an attempt's ``session_end`` status stands for."""
 
 
 def failure_reason(code: int | None) -> str:
@@ -207,10 +205,3 @@ def attempt_processes(home: Path, job_id: int, attempt: int) -> list[int]:
         if want <= environ:
             found.append(int(entry.name))
     return sorted(found)
-
-
-def exit_from_events(events_path: Path, attempt: int) -> int | None:
-    """The exit status an attempt's last ``session_end`` stands for, or ``None`` if it has none."""
-    events, _ = read_events(events_path)
-    ends = [e for e in events if e["kind"] == "session_end" and e.get("attempt") == attempt]
-    return SESSION_EXIT.get(str(ends[-1].get("status"))) if ends else None

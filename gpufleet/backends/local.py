@@ -54,6 +54,11 @@ def configured_slots() -> int:
     return slots
 
 
+def slots_of(spec: JobSpec) -> int:
+    """Virtual GPU slots a job holds: all its GPUs (one node here, so a slot per rank of a distributed job)."""
+    return spec.total_gpus
+
+
 def store_for(home: Path) -> Store:
     return Store(home / "state.db")
 
@@ -62,7 +67,8 @@ def store_for(home: Path) -> Store:
 class LocalBackend(Backend):
     """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
 
-    features = frozenset({Feature.PREEMPT_GRACE})
+    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK})
+    """One host: a job of several ranks runs them all here (one slot each); never several nodes."""
 
     def __init__(self, home: Path, *, spawn: bool = True) -> None:
         super().__init__(home)
@@ -70,7 +76,7 @@ class LocalBackend(Backend):
 
     def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
         slots = configured_slots()
-        if spec.resources.gpus > slots:
+        if slots_of(spec) > slots:
             raise UsageError(
                 f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s); "
                 "lower it or set GPUFLEET_LOCAL_SLOTS"
@@ -362,16 +368,16 @@ class LocalScheduler:
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
-        used = sum(r.job.spec.resources.gpus for r in self.running.values())
+        used = sum(slots_of(r.job.spec) for r in self.running.values())
         free = self.slots - used
         queue = sorted(self.store.jobs(states=("queued",)), key=lambda j: (-j.priority, j.id))
         for job in queue:
-            need = job.spec.resources.gpus
+            need = slots_of(job.spec)
             if need <= free:
                 self._launch(job)
                 free -= need
                 continue
-            draining = sum(r.job.spec.resources.gpus for r in self.running.values() if r.stop is not None)
+            draining = sum(slots_of(r.job.spec) for r in self.running.values() if r.stop is not None)
             victims = sorted(
                 (r for r in self.running.values() if r.stop is None and r.job.priority < job.priority),
                 key=lambda r: (r.job.priority, -r.proc.pid),
@@ -381,7 +387,7 @@ class LocalScheduler:
                 if reclaim >= need:
                     break
                 chosen.append(victim)
-                reclaim += victim.job.spec.resources.gpus
+                reclaim += slots_of(victim.job.spec)
             if reclaim >= need:
                 for victim in chosen:
                     self.store.add_event(victim.job.id, "preempted_by", attempt=victim.n, job=job.id)

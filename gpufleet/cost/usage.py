@@ -76,7 +76,7 @@ def attempt_usage(
         gpu_type=spec.resources.gpu_type,
         provider=spec.provider,
         spot=spec.spot,
-        gpus=spec.resources.gpus,
+        gpus=spec.total_gpus,
         start=start,
         end=end,
         outcome=outcome,

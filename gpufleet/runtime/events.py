@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+
 
 def _clean(value: Any) -> Any:
     """JSON has no NaN or inf: encode them as strings so a NaN loss survives the trip."""
@@ -143,3 +145,14 @@ def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     events, _ = read_events(path)
     yield from events
+
+
+SESSION_EXIT = {"completed": 0, "requeue": REQUEUE_EXIT_CODE, "failed": 1}
+"""The exit status an attempt's ``session_end`` status stands for."""
+
+
+def exit_from_events(events_path: Path, attempt: int) -> int | None:
+    """The exit status an attempt's last ``session_end`` stands for, or ``None`` if it has none."""
+    events, _ = read_events(events_path)
+    ends = [e for e in events if e["kind"] == "session_end" and e.get("attempt") == attempt]
+    return SESSION_EXIT.get(str(ends[-1].get("status"))) if ends else None

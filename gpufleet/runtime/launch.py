@@ -1,8 +1,9 @@
 """``python -m gpufleet.runtime.launch``: run a ``module:function`` entrypoint as one attempt.
 
 The backend exports ``GPUFLEET_SPEC`` (the job's spec.json); this imports the function, gives
-torch the spec's CPU threads, and calls it with the spec's ``args``. Exit status: 0 when the
-function returns, ``REQUEUE_EXIT_CODE`` (75) when it was preempted after saving, 1 on error.
+torch the spec's CPU threads (one rank's share under torchrun), and calls it with the spec's
+``args``. Exit status: 0 when the function returns, ``REQUEUE_EXIT_CODE`` (75) when it was
+preempted after saving, 1 on error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
+from gpufleet.runtime.protocol import threads_per_rank
 from gpufleet.spec import parse_spec
 
 
@@ -30,7 +32,7 @@ def main() -> int:
         return 2
     import torch
 
-    torch.set_num_threads(spec.resources.cpus)
+    torch.set_num_threads(threads_per_rank(spec))  # one rank's share of the node's CPUs
     module_name, func_name = target.split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
+from gpufleet.runtime.group import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -30,6 +31,9 @@ ENV_CKPT_DIR = "GPUFLEET_CKPT_DIR"
 ENV_EVENTS = "GPUFLEET_EVENTS"
 ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
+ENV_WORLD_SIZE = "GPUFLEET_WORLD_SIZE"
+ENV_STRATEGY = "GPUFLEET_DIST_STRATEGY"
+"""The spec's ``distributed.strategy`` (``none``, ``ddp``, ``fsdp``): how a script that asks should wrap its model."""
 
 
 def _number(raw: str, *, low: float, integer: bool = False) -> bool:
@@ -64,9 +68,15 @@ def check_environment(env: Mapping[str, str]) -> None:
         FaultPlan.parse(env[ENV_FAULT])
 
 
+def threads_per_rank(spec: JobSpec) -> int:
+    """CPU threads of one rank: the node's ``resources.cpus`` shared by its ranks, at least 1."""
+    return max(1, spec.resources.cpus // spec.ranks_per_node)
+
+
 def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dict[str, str]:
     """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside)."""
     folder = job_dir(home, job_id)
+    timeout = spec.distributed.timeout_seconds if spec.distributed is not None else DEFAULT_TIMEOUT_S
     return {
         **spec.env,
         "GPUFLEET_HOME": str(home),
@@ -78,7 +88,10 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
         ENV_CKPT_DIR: str(folder / "checkpoints"),
         ENV_EVENTS: str(folder / "events.jsonl"),
         "GPUFLEET_BACKEND": backend,
-        "OMP_NUM_THREADS": str(spec.resources.cpus),
+        ENV_WORLD_SIZE: str(spec.world_size),
+        ENV_STRATEGY: spec.distributed.strategy if spec.distributed is not None else "none",
+        ENV_TIMEOUT: repr(float(timeout)),
+        "OMP_NUM_THREADS": str(threads_per_rank(spec)),
     }
 
 
@@ -96,8 +109,8 @@ PYTHON_RE = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 """A bare ``python``, ``python3`` or ``python3.X``: gpufleet's own interpreter, not the first on PATH."""
 
 
-def entry_argv(spec: JobSpec) -> list[str]:
-    """The process an attempt runs: the launcher for ``module:function``, else the command.
+def rank_argv(spec: JobSpec) -> list[str]:
+    """The process one rank runs: the launcher for ``module:function``, else the command.
 
     A command that starts with a bare ``python`` (``python train.py``) runs under the interpreter
     gpufleet itself runs in, so it sees the same packages (torch, gpufleet); give a path
@@ -109,3 +122,20 @@ def entry_argv(spec: JobSpec) -> list[str]:
     if argv and PYTHON_RE.match(argv[0]):
         argv[0] = sys.executable
     return argv
+
+
+def entry_argv(spec: JobSpec) -> list[str]:
+    """The process an attempt runs: one rank (:func:`rank_argv`), or the group launcher over its ranks.
+
+    A job of more than one rank under ``launcher: torchrun`` runs ``gpufleet.runtime.group_launch``,
+    which starts torchrun with ``resources.gpus`` ranks of :func:`rank_argv`: what follows ``--`` is
+    the arguments of gpufleet's interpreter (``-m gpufleet.runtime.launch``, ``train.py --lr 3e-3``),
+    or, after ``--no-python``, a command run as it is (another interpreter, a shell script).
+    """
+    argv = rank_argv(spec)
+    if spec.world_size <= 1 or spec.distributed is None or spec.distributed.launcher != "torchrun":
+        return argv
+    group = [sys.executable, "-m", "gpufleet.runtime.group_launch", f"--nproc-per-node={spec.ranks_per_node}"]
+    if argv and argv[0] == sys.executable:
+        return [*group, "--", *argv[1:]]
+    return [*group, "--no-python", "--", *argv]

@@ -168,7 +168,7 @@ def job_spans(
         "gpufleet.state": job.state,
         "gpufleet.restarts": job.restarts,
         "gpufleet.gpu_type": spec.resources.gpu_type,
-        "gpufleet.gpus": spec.resources.gpus,
+        "gpufleet.gpus": spec.total_gpus,
         "gpufleet.provider": spec.provider,
         "gpufleet.spot": spec.spot,
     }

@@ -1,0 +1,168 @@
+"""The ranks of one attempt, and the few collective calls the runtime makes between them.
+
+A single-process job is a group of one: every call is local and free. Under torchrun (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` in the environment) the group is
+``torch.distributed``'s default process group, initialised here if the script has not done it
+(gloo on CPU, NCCL where CUDA is available), with the timeout of the job's spec
+(``distributed.timeout_seconds``, exported as ``GPUFLEET_DIST_TIMEOUT_S``): a lost or stuck rank
+makes every collective fail within it instead of hanging forever.
+
+Why one small all-reduce per step (:meth:`Group.agree`): the ranks must take the same decision
+at the same step (save, roll back, stop for a preemption), from facts only some of them know (a
+SIGTERM that reached one rank first, a NaN in one rank's loss, one rank's clock saying a
+time-based checkpoint is due). Summing a few floats across ranks is the cheapest way to make
+every rank know all of them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+ENV_TIMEOUT = "GPUFLEET_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """This process's place among the ranks of its attempt (``Group()`` is a group of one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = ""
+    """``gloo`` or ``nccl``; empty for a group of one."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes the job's events and commits checkpoints."""
+        return self.rank == 0
+
+    def _device(self) -> Any:
+        import torch
+
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def agree(self, values: Sequence[float]) -> list[float]:
+        """The element-wise sum of ``values`` over every rank (one all-reduce; NaN spreads)."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(v) for v in tensor.cpu().tolist()]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any."""
+        return self.agree([1.0 if flag else 0.0])[0] > 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank (any picklable object)."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.strip().isdigit() else default
+
+
+def dist_timeout(env: dict[str, str] | None = None) -> float:
+    """Seconds a collective may wait for the other ranks (``GPUFLEET_DIST_TIMEOUT_S``, default 300)."""
+    raw = (env if env is not None else os.environ).get(ENV_TIMEOUT, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if value > 0 and value == value and value != float("inf") else DEFAULT_TIMEOUT_S
+
+
+def die_with_parent() -> None:
+    """Under torchrun: be SIGKILLed when the launcher dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL to the launcher's process
+    group (a scheduler's last resort after the grace time) does not reach the ranks; without
+    this they would train on, unwatched, into the job's checkpoint folder.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None or not hasattr(os, "getppid"):
+        return
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the call
+        os._exit(137)
+
+
+def _destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def current_group() -> Group:
+    """The group of this process: torch.distributed's when initialised or launched by torchrun, else one."""
+    world = _env_int("WORLD_SIZE", 1)
+    try:
+        import torch.distributed as dist
+
+        available = dist.is_available()
+    except ImportError:
+        available = False
+    if not available:
+        return Group()
+    if not dist.is_initialized():
+        if world <= 1:
+            return Group()
+        import torch
+
+        die_with_parent()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=dist_timeout()))
+        # Ours to tear down: a gloo group left to the interpreter's exit can abort it (SIGABRT under FSDP).
+        atexit.register(_destroy)
+    return Group(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=_env_int("LOCAL_RANK", 0),
+        backend=str(dist.get_backend()),
+    )
