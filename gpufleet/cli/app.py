@@ -353,11 +353,12 @@ def ckpt_list(
     console.print(
         table(
             str(directory),
-            ["step", "status", "healthy", "loss", "metrics", "size", "reason", "problem"],
+            ["step", "status", "format", "healthy", "loss", "metrics", "size", "reason", "problem"],
             [
                 [
                     r["step"],
                     r["status"],
+                    r["format"] if r["world_size"] in (None, 1) else f"{r['format']} x{r['world_size']}",
                     r["healthy"],
                     r["loss"],
                     " ".join(f"{k}={fmt(v)}" for k, v in (r["metrics"] or {}).items()),
@@ -460,6 +461,9 @@ def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
         "metrics": dict(m.metrics) if m else None,
         "job": m.job if m else None,
         "bytes": m.total_bytes if m else None,
+        "format": m.format if m else None,
+        "world_size": m.world_size if m else None,
+        "strategy": m.strategy if m else None,
         "reason": m.reason if m else None,
         "problem": info.problem,
     }

@@ -18,6 +18,13 @@ with ``torch.load(weights_only=True)``, the trainer state agreeing with the mani
 caller's ``Expectation`` (same job, every object present) met. ``scan``, ``latest``, ``load``,
 ``restore_candidate`` and so ``gpufleet ckpt verify`` and a restore all go through it, so what
 ``verify`` calls restorable is what a restore uses.
+
+A distributed job's checkpoints (manifest ``format: dcp``, written by ``sharded.save_sharded``)
+live in the same directory under the same names and commit rule. Here they are listed, verified
+(every shard's size and sha256, each rank's file loading with ``weights_only``), pruned and
+dropped like the others, but never ``torch.load``-ed as a state: ``restore_candidate`` takes the
+formats its caller can load (``torch`` by default: a single-process restore), ``load`` refuses a
+dcp folder, and ``export`` converts one into a plain state dict through DCP.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +47,7 @@ from pydantic import ValidationError
 
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, CorruptCheckpoint, ForeignCheckpoint, UsageError
 from gpufleet.runtime.manifest import (
+    DCP_METADATA,
     FILE_RE,
     MANIFEST,
     SCHEMA_VERSION,
@@ -48,12 +56,15 @@ from gpufleet.runtime.manifest import (
     CheckpointManifest,
     Expectation,
     FileEntry,
+    Format,
     check_expectation,
     check_trainer,
     describe_invalid,
     finite_or_none,
+    hash_regular,
     model_fingerprint,
     open_folder,
+    rank_filename,
     read_manifest_at,
     read_regular,
     state_dict_mismatch,
@@ -61,6 +72,9 @@ from gpufleet.runtime.manifest import (
 )
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+TORCH_ONLY: tuple[Format, ...] = ("torch",)
+"""What a single-process restore loads (``restore_candidate``'s default)."""
+ANY_FORMAT: tuple[Format, ...] = ("torch", "dcp")
 
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -199,20 +213,30 @@ def write_durably(path: Path, write: Callable[[IO[bytes]], object], *, atomic: b
 
 
 def _manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-    """The manifest fields of a save, checked before a byte is written (a bad value costs no I/O)."""
+    """The manifest fields of a save, checked before a byte is written (a bad value costs no I/O).
+
+    ``fields`` may hold ``format="dcp"`` and ``world_size`` (a sharded save): then the state's
+    names are DCP keys, not file names, and the placeholder files are those such a save writes.
+    """
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= 99_999_999:
         raise CheckpointError(f"step {step!r} cannot name a checkpoint: use an int from 0 to 99999999")
     if not state:
         raise CheckpointError(f"nothing to save at step {step}: the state is empty")
+    sharded = fields.get("format") == "dcp"
     for name in state:
-        if not isinstance(name, str) or not FILE_RE.match(f"{name}.pt"):
+        if not isinstance(name, str) or not (name if sharded else FILE_RE.match(f"{name}.pt")):
             raise CheckpointError(f"invalid state name {name!r}: use letters, digits, '_', '.', '-'")
     fingerprint = fields.get("fingerprint")
     if fingerprint is not None and not (isinstance(fingerprint, str) and re.fullmatch(SHA256_RE, fingerprint)):
         raise CheckpointError(f"fingerprint {fingerprint!r} is not a sha256 hex digest: use model_fingerprint()")
     header = {"schema_version": SCHEMA_VERSION, "step": step, **fields}
-    try:  # the same model that reads it back; one placeholder file stands for those to come
-        CheckpointManifest(**header, files={"x.pt": FileEntry(sha256="0" * 64, bytes=0)}, created_at=0.0).to_json()
+    blank = FileEntry(sha256="0" * 64, bytes=0)
+    files = {"x.pt": blank}
+    world = fields.get("world_size", 1)
+    if sharded and isinstance(world, int) and not isinstance(world, bool) and 1 <= world <= 99_999:
+        files = {DCP_METADATA: blank, **{rank_filename(r): blank for r in range(world)}}
+    try:  # the same model that reads it back; placeholder files stand for those to come
+        CheckpointManifest(**header, files=files, created_at=0.0).to_json()
     except ValidationError as err:
         raise CheckpointError(
             f"cannot save step {step}: {describe_invalid(err, fix='pass a value of that type')}"
@@ -323,7 +347,6 @@ class CheckpointDir:
             metrics={k: f for k, v in (metrics or {}).items() if (f := finite_or_none(v)) is not None},
         )
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / step_dirname(step)
         tmp = self.root / f".tmp-{step_dirname(step)}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -354,6 +377,12 @@ class CheckpointDir:
             if isinstance(err, Exception) and _no_space(err, writer):
                 raise self._space_error(state) from err
             raise
+        self.install(tmp, step)
+        return manifest.model_copy(update={"save_seconds": time.perf_counter() - started})
+
+    def install(self, tmp: Path, step: int) -> Path:
+        """Rename the complete folder ``tmp`` (manifest written and fsynced) to ``step-<step>``; fsync the parent."""
+        final = self.root / step_dirname(step)
         if final.exists():
             # Re-saving a step (resumed, then preempted before the next step): swap atomically
             # enough that a crash leaves either folder or none, never a mix.
@@ -364,7 +393,7 @@ class CheckpointDir:
         else:
             tmp.rename(final)
         _fsync_dir(self.root)
-        return manifest.model_copy(update={"save_seconds": time.perf_counter() - started})
+        return final
 
     def _space_error(self, state: Mapping[str, Any]) -> CheckpointSpaceError:
         import torch
@@ -392,21 +421,37 @@ class CheckpointDir:
         sha256, one that ``torch.load(weights_only=True)`` refuses, a trainer state that
         disagrees with the manifest) or ``ForeignCheckpoint`` (intact, but not what ``expect``
         asks for). A checkpoint marked unhealthy is returned: it is intact, and callers decide.
+        For a sharded (``dcp``) checkpoint every shard is hashed but not loaded, and the state
+        returned holds only the ranks' own files (``rank-00000`` ...).
         """
         manifest, state = self._verified(path)
         if expect is not None:
             check_expectation(path, manifest, expect)
         return manifest, state
 
-    def _verified(self, path: Path) -> tuple[CheckpointManifest, dict[str, Any]]:
-        """Integrity alone: the manifest, every file's type, size and sha256, loading, trainer consistency."""
+    def _verified(
+        self, path: Path, formats: Collection[Format] | None = None
+    ) -> tuple[CheckpointManifest, dict[str, Any]]:
+        """Integrity alone: the manifest, every file's type, size and sha256, loading, trainer consistency.
+
+        A ``torch`` checkpoint's state is every file loaded. A ``dcp`` checkpoint's shards are
+        hashed in chunks and not loaded (DCP loads them, into a sharded model); its state is the
+        ranks' own files, ``rank-00000`` ... (each loaded with ``weights_only``, as a check).
+        A checkpoint whose format is not in ``formats`` raises ``_OtherFormat`` before any hashing.
+        """
         import torch
 
         folder = open_folder(path)
         try:
             manifest = read_manifest_at(folder, path)
+            if formats is not None and manifest.format not in formats:
+                raise _OtherFormat(_format_problem(path, manifest), manifest)
             state: dict[str, Any] = {}
             for name, entry in manifest.files.items():
+                if manifest.format == "dcp" and not name.endswith(".pt"):
+                    if hash_regular(folder, name, path, size=entry.bytes) != entry.sha256:
+                        raise CorruptCheckpoint(f"{path}: {name} fails its sha256 check")
+                    continue
                 data = read_regular(folder, name, path, size=entry.bytes)
                 if hashlib.sha256(data).hexdigest() != entry.sha256:
                     raise CorruptCheckpoint(f"{path}: {name} fails its sha256 check")
@@ -418,14 +463,23 @@ class CheckpointDir:
                     raise CorruptCheckpoint(f"{path}: {name} does not load ({err.__class__.__name__})") from None
         finally:
             os.close(folder)
-        check_trainer(path, manifest, state)
+        if manifest.format == "torch":
+            check_trainer(path, manifest, state)
         return manifest, state
 
     def _inspect(
-        self, path: Path, step: int, *, verify: bool, expect: Expectation | None
+        self,
+        path: Path,
+        step: int,
+        *,
+        verify: bool,
+        expect: Expectation | None,
+        formats: Collection[Format] | None = None,
     ) -> tuple[CheckpointInfo, dict[str, Any] | None]:
         try:
-            manifest, state = self._verified(path) if verify else (self.read_manifest(path), None)
+            manifest, state = self._verified(path, formats) if verify else (self.read_manifest(path), None)
+        except _OtherFormat as err:
+            return CheckpointInfo(path, step, err.manifest, str(err), foreign=True), None
         except CorruptCheckpoint as err:
             return CheckpointInfo(path, step, None, str(err)), None
         try:
@@ -470,33 +524,57 @@ class CheckpointDir:
         return self.check(path)[0]
 
     def load(self, path: Path, expect: Expectation | None = None) -> tuple[CheckpointManifest, dict[str, Any]]:
-        """``check``, which verifies and loads every file with ``torch.load(weights_only=True)``."""
+        """``check``, which verifies and loads every file with ``torch.load(weights_only=True)``.
+
+        A sharded (``dcp``) checkpoint is refused with ``CheckpointError``: its shards are not a
+        state one process can ``torch.load``; see ``sharded.load_sharded`` and ``export``.
+        """
+        manifest = self.read_manifest(path)
+        if manifest.format != "torch":
+            raise CheckpointError(
+                f"{path} is a sharded checkpoint ({manifest.described} ranks' DCP shards), not one state to load: "
+                "restore it with gpufleet.runtime.sharded.load_sharded, or convert it with `gpufleet ckpt export`"
+            )
         return self.check(path, expect=expect)
 
     def restore_candidate(
-        self, *, before_step: int | None = None, expect: Expectation | None = None
+        self,
+        *,
+        before_step: int | None = None,
+        expect: Expectation | None = None,
+        formats: Collection[Format] = TORCH_ONLY,
     ) -> tuple[CheckpointInfo | None, CheckpointManifest | None, dict[str, Any] | None, list[CheckpointInfo]]:
         """The newest restorable checkpoint (below ``before_step``), its manifest and state, and those skipped.
 
         Newest first, each folder goes through ``check`` until one passes and is healthy; its
         state is returned as loaded then, so the bytes verified are the bytes restored. The
         newer folders passed over come back with their problems, newest first.
+
+        ``formats`` are those the caller can load: by default ``torch`` (a single-process
+        restore), and a sharded (``dcp``) checkpoint is skipped as foreign, with the reason.
+        With ``"dcp"`` in ``formats`` a dcp checkpoint can be the candidate: it is verified
+        (every shard's sha256) and returned with state ``None``; load it with
+        ``sharded.load_sharded`` (a group of one works).
         """
         skipped: list[CheckpointInfo] = []
         for path, step in reversed(self._folders()):
             if before_step is not None and step >= before_step:
                 continue
-            info, state = self._inspect(path, step, verify=True, expect=expect)
-            if info.restorable and state is not None:
-                return info, info.manifest, state, skipped
+            info, state = self._inspect(path, step, verify=True, expect=expect, formats=tuple(formats))
+            if info.restorable and state is not None and info.manifest is not None:
+                return info, info.manifest, (state if info.manifest.format == "torch" else None), skipped
             skipped.append(info)
         return None, None, None, skipped
 
     def latest(
-        self, *, before_step: int | None = None, expect: Expectation | None = None
+        self,
+        *,
+        before_step: int | None = None,
+        expect: Expectation | None = None,
+        formats: Collection[Format] = ANY_FORMAT,
     ) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
-        """The newest restorable checkpoint (below ``before_step``), and the newer ones skipped."""
-        info, _, _, skipped = self.restore_candidate(before_step=before_step, expect=expect)
+        """The newest restorable checkpoint (below ``before_step``) of ``formats``, and the newer ones skipped."""
+        info, _, _, skipped = self.restore_candidate(before_step=before_step, expect=expect, formats=formats)
         return info, skipped
 
     def export(self, out: Path, *, step: int | None = None, entry: str = "model") -> ExportedEntry:
@@ -512,9 +590,10 @@ class CheckpointDir:
             raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {str(out / 'model.pt')!r}")
         if not out.parent.is_dir():
             raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")
+        found: dict[str, Any] | None
         if step is None:
-            info, manifest, state, skipped = self.restore_candidate()
-            if info is None or manifest is None or state is None:
+            info, manifest, found, skipped = self.restore_candidate(formats=ANY_FORMAT)
+            if info is None or manifest is None:
                 why = f"; newest skipped: {skipped[0].problem}" if skipped else ""
                 raise CheckpointError(f"{self.root} holds no restorable checkpoint to export{why}")
             path = info.path
@@ -523,9 +602,18 @@ class CheckpointDir:
             if not (path.exists() or path.is_symlink()):
                 steps = ", ".join(str(s) for _, s in self._folders()) or "none"
                 raise UsageError(f"--step {step}: {self.root} has no {path.name} (steps there: {steps}); pick one")
-            manifest, state = self.check(path)
+            manifest, found = self.check(path)
             if not manifest.healthy:
                 raise CheckpointError(f"{path} is marked unhealthy; export a healthy step (see `gpufleet ckpt list`)")
+        if manifest.format == "dcp":
+            # Verified above (every shard's sha256); DCP assembles the full tensors on this one process.
+            from gpufleet.runtime.sharded import full_state
+
+            state = full_state(path, manifest)
+        elif found is None:
+            raise CheckpointError(f"{path}: nothing was loaded to export")  # unreachable: a torch state is loaded
+        else:
+            state = found
         if entry not in state:
             raise UsageError(f"--entry {entry!r}: {path.name} holds {', '.join(sorted(state))}; pick one of those")
         value = state[entry]
@@ -593,6 +681,26 @@ class CheckpointDir:
                     shutil.rmtree(entry, ignore_errors=True)
 
 
+class _OtherFormat(ForeignCheckpoint):
+    """An intact checkpoint of a format its caller cannot load (a sharded one for a single process)."""
+
+    def __init__(self, message: str, manifest: CheckpointManifest) -> None:
+        super().__init__(message)
+        self.manifest = manifest
+
+
+def _format_problem(path: Path, manifest: CheckpointManifest) -> str:
+    if manifest.format == "dcp":
+        return (
+            f"{path}: a sharded checkpoint (DCP, written by {manifest.world_size} ranks) that a single-process "
+            "restore cannot load; restore it with gpufleet.runtime.sharded (any number of ranks, one included)"
+        )
+    return (
+        f"{path}: a single-process checkpoint (torch format) that a sharded restore cannot load; "
+        "resume it with one process, or start over in a fresh checkpoint directory"
+    )
+
+
 def _tensor_map(value: Any) -> dict[str, Any] | None:
     """``value`` as a name -> tensor mapping when it is one (a state dict), else ``None``."""
     import torch
@@ -612,6 +720,7 @@ __all__ = [
     "Expectation",
     "ExportedEntry",
     "FileEntry",
+    "Format",
     "model_fingerprint",
     "state_dict_mismatch",
     "step_dirname",

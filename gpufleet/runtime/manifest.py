@@ -4,7 +4,15 @@ The manifest is read back from disk, so it is untrusted input: it is parsed by a
 (no coercion: ``"healthy": "false"`` is a string, not a boolean; ``"step": "60"`` is not a step;
 no unknown fields), and anything that does not validate makes the checkpoint corrupt, with the
 field named. ``schema_version`` stays 1: every field added since (``job``, ``fingerprint``,
-``metrics``) is optional, so manifests written before them still read.
+``metrics``, and for sharded checkpoints ``format``, ``world_size``, ``strategy``, ``entries``) is
+optional, so manifests written before them still read; a single-process manifest leaves the
+sharded fields out when they hold their defaults, so older gpufleet versions read new ones too.
+
+Two formats share the manifest: ``torch`` (one ``<entry>.pt`` per state entry, single process)
+and ``dcp`` (written by N ranks through ``torch.distributed.checkpoint``: DCP's ``.metadata`` and
+``__<rank>_<n>.distcp`` files, plus one ``rank-<5 digits>.pt`` per rank; see ``sharded.py``).
+File names are checked against the format's own pattern, so neither can name a path outside
+the folder (``../x``, ``a/b``, an empty name, a hidden name other than DCP's ``.metadata``).
 
 Files are read the same careful way: the folder and each file are opened without following
 links (``O_NOFOLLOW``; ``O_NONBLOCK`` so a FIFO cannot hang the reader), ``fstat``'ed, and read
@@ -24,9 +32,9 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator, model_validator
 
 from gpufleet.errors import CorruptCheckpoint, ForeignCheckpoint
 
@@ -35,11 +43,24 @@ MANIFEST = "manifest.json"
 MANIFEST_MAX_BYTES = 1 << 20
 """A manifest is a few hundred bytes per file; anything past 1 MiB is not one we wrote."""
 FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\.pt$")
+"""A file of a ``torch`` checkpoint: ``<entry>.pt``."""
+DCP_METADATA = ".metadata"
+"""DCP's global metadata file (``FileSystemWriter`` writes ``.metadata.tmp``, then renames it)."""
+DCP_FILE_RE = re.compile(r"^(?:\.metadata|__(\d{1,6})_\d{1,6}\.distcp|rank-(\d{5})\.pt)$")
+"""A file of a ``dcp`` checkpoint: DCP's ``.metadata`` and ``__<rank>_<n>.distcp`` (torch 2.13's
+``FileSystemWriter`` names), and the ranks' own ``rank-<5 digits>.pt``."""
+Format = Literal["torch", "dcp"]
 SHA256_RE = r"^[0-9a-f]{64}$"
 STEP_RE = re.compile(r"^step-(\d{8})$")
 # O_NOFOLLOW: a link is refused, not followed out of the folder; O_NONBLOCK: opening a FIFO
 # returns at once (and fstat then refuses it) instead of waiting for a writer forever.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_HASH_CHUNK = 4 << 20
+
+
+def rank_filename(rank: int) -> str:
+    """The private file of ``rank`` in a ``dcp`` checkpoint (its RNG states and the like)."""
+    return f"rank-{rank:05d}.pt"
 
 
 def step_dirname(step: int) -> str:
@@ -80,6 +101,15 @@ class CheckpointManifest(_Strict):
     """``model_fingerprint`` of the model saved: names a checkpoint written for another architecture."""
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
     """Metrics measured at this step (``keep_best`` ranks checkpoints by one of them)."""
+    format: Format = "torch"
+    """``torch``: one ``<entry>.pt`` per entry, one process; ``dcp``: sharded by ``world_size`` ranks (DCP)."""
+    world_size: int = Field(default=1, ge=1)
+    """How many ranks wrote it (``1`` for the ``torch`` format)."""
+    strategy: str | None = None
+    """How the model was distributed when saved (``fsdp``, ``ddp``, ``none``); informative."""
+    entries: list[str] | None = None
+    """``dcp``: the top-level keys of the state saved (``model``, ``optimizer``, ...), which
+    ``Expectation.objects`` is checked against (a ``torch`` checkpoint's are its file names)."""
 
     @field_validator("schema_version")
     @classmethod
@@ -92,10 +122,40 @@ class CheckpointManifest(_Strict):
     @classmethod
     def _safe_names(cls, files: Any) -> Any:
         # Checked before the entries: a name like "../../etc/passwd.pt" would read outside the folder.
+        # Either format's names pass here; the format's own rule is checked once it is known.
         for name in files if isinstance(files, dict) else ():
-            if not isinstance(name, str) or not FILE_RE.match(name):
-                raise ValueError(f"invalid file {name!r}: names are letters, digits, '_', '.', '-' ending in .pt")
+            if not isinstance(name, str) or not (FILE_RE.match(name) or DCP_FILE_RE.match(name)):
+                raise ValueError(
+                    f"invalid file {name!r}: names are letters, digits, '_', '.', '-' ending in .pt "
+                    "(or DCP's .metadata and __<rank>_<n>.distcp)"
+                )
         return files
+
+    @model_validator(mode="after")
+    def _format_files(self) -> CheckpointManifest:
+        if self.format == "torch":
+            wrong = sorted(name for name in self.files if not FILE_RE.match(name))
+            if wrong:
+                raise ValueError(f"file {wrong[0]!r} is not a file of a torch-format checkpoint (<entry>.pt)")
+            if self.world_size != 1:
+                raise ValueError(f"world_size {self.world_size}: a torch-format checkpoint is written by one process")
+            return self
+        ranks: set[int] = set()
+        for name in self.files:
+            match = DCP_FILE_RE.match(name)
+            if match is None:
+                raise ValueError(f"file {name!r} is not a file of a dcp checkpoint")
+            rank = match.group(1) or match.group(2)
+            if rank is not None and int(rank) >= self.world_size:
+                raise ValueError(f"file {name!r} names rank {int(rank)} of a checkpoint of {self.world_size} ranks")
+            if match.group(2) is not None:
+                ranks.add(int(match.group(2)))
+        if DCP_METADATA not in self.files:
+            raise ValueError(f"a dcp checkpoint lists {DCP_METADATA}, DCP's index of the shards; this one does not")
+        missing = sorted(set(range(self.world_size)) - ranks)
+        if missing:
+            raise ValueError(f"{rank_filename(missing[0])} is not listed; a dcp checkpoint has one per rank")
+        return self
 
     @property
     def total_bytes(self) -> int:
@@ -103,11 +163,23 @@ class CheckpointManifest(_Strict):
 
     @property
     def stems(self) -> frozenset[str]:
-        """The state entries this checkpoint holds (``model`` for ``model.pt``)."""
+        """The state entries this checkpoint holds (``model`` for ``model.pt``; ``entries`` for dcp)."""
+        if self.format == "dcp":
+            return frozenset(self.entries or ())
         return frozenset(name.removesuffix(".pt") for name in self.files)
 
+    @property
+    def described(self) -> str:
+        """``torch`` or ``dcp x4`` (format and ranks), for a listing."""
+        return "torch" if self.format == "torch" else f"dcp x{self.world_size}"
+
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+        data = self.model_dump(mode="json")
+        if self.format == "torch":  # as before sharded checkpoints: older readers forbid unknown fields
+            for key, default in _SHARDED_DEFAULTS.items():
+                if key in data and data[key] == default:
+                    del data[key]
+        return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def parse(cls, text: str | bytes, where: Path) -> CheckpointManifest:
@@ -116,6 +188,9 @@ class CheckpointManifest(_Strict):
             return cls.model_validate_json(text)
         except ValidationError as err:
             raise CorruptCheckpoint(f"{where}: {describe_invalid(err)}") from None
+
+
+_SHARDED_DEFAULTS: dict[str, Any] = {"format": "torch", "world_size": 1, "strategy": None, "entries": None}
 
 
 def describe_invalid(err: ValidationError, *, fix: str = "delete this checkpoint") -> str:
@@ -150,7 +225,7 @@ class Expectation:
     job: str | None = None
     """This job's identity: a checkpoint written by another job (``manifest.job`` set and different) is refused."""
     objects: frozenset[str] = frozenset()
-    """State entries that must be present (``optimizer`` for ``optimizer.pt``)."""
+    """State entries that must be present (``optimizer`` for ``optimizer.pt``, or a dcp checkpoint's entry)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.objects, str):
@@ -169,10 +244,10 @@ def open_folder(path: Path) -> int:
         raise CorruptCheckpoint(f"{path}: cannot open ({err.strerror})") from None
 
 
-def read_regular(folder: int, name: str, where: Path, *, size: int | None = None, limit: int | None = None) -> bytes:
-    """The bytes of ``name`` in the open ``folder``: a regular file, of ``size`` bytes (or at most ``limit``)."""
+def _open_in(folder: int, name: str, where: Path) -> int:
+    """A descriptor on ``name`` in the open ``folder``, never through a link; ``CorruptCheckpoint`` if it cannot be."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
+        return os.open(name, _READ_FLAGS, dir_fd=folder)
     except FileNotFoundError:
         incomplete = " (incomplete save)" if name == MANIFEST else ""
         raise CorruptCheckpoint(f"{where}: {name} is missing{incomplete}") from None
@@ -182,6 +257,11 @@ def read_regular(folder: int, name: str, where: Path, *, size: int | None = None
                 f"{where}: {name} is a symbolic link; a checkpoint holds regular files only"
             ) from None
         raise CorruptCheckpoint(f"{where}: {name} unreadable ({err.strerror})") from None
+
+
+def read_regular(folder: int, name: str, where: Path, *, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of ``name`` in the open ``folder``: a regular file, of ``size`` bytes (or at most ``limit``)."""
+    fd = _open_in(folder, name, where)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -202,6 +282,32 @@ def read_regular(folder: int, name: str, where: Path, *, size: int | None = None
     if size is not None and len(data) != size:  # it changed while being read
         raise CorruptCheckpoint(f"{where}: {name} has {len(data)} bytes, manifest says {size}")
     return data
+
+
+def hash_regular(folder: int, name: str, where: Path, *, size: int) -> str:
+    """The sha256 of ``name`` in the open ``folder``, read in chunks: a regular file of ``size`` bytes.
+
+    For a dcp checkpoint's shards, which can be large: nothing is held in memory but a chunk.
+    """
+    fd = _open_in(folder, name, where)
+    digest = hashlib.sha256()
+    seen = 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptCheckpoint(f"{where}: {name} is not a regular file; a checkpoint holds files only")
+        if info.st_size != size:
+            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
+        while chunk := os.read(fd, _HASH_CHUNK):
+            digest.update(chunk)
+            seen += len(chunk)
+    except OSError as err:
+        raise CorruptCheckpoint(f"{where}: {name} unreadable ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    if seen != size:  # it changed while being read
+        raise CorruptCheckpoint(f"{where}: {name} has {seen} bytes, manifest says {size}")
+    return digest.hexdigest()
 
 
 def read_manifest_at(folder: int, path: Path) -> CheckpointManifest:
@@ -240,8 +346,9 @@ def check_expectation(path: Path, manifest: CheckpointManifest, expect: Expectat
         )
     missing = sorted(expect.objects - manifest.stems)
     if missing:
-        names = ", ".join(f"{m}.pt" for m in missing)
-        raise ForeignCheckpoint(f"{path}: has no {names}; was it written by another training script?")
+        names = ", ".join(missing) if manifest.format == "dcp" else ", ".join(f"{m}.pt" for m in missing)
+        what = "state entry " if manifest.format == "dcp" else ""
+        raise ForeignCheckpoint(f"{path}: has no {what}{names}; was it written by another training script?")
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -308,6 +415,8 @@ def state_dict_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any], *,
 
 
 __all__ = [
+    "DCP_FILE_RE",
+    "DCP_METADATA",
     "FILE_RE",
     "MANIFEST",
     "MANIFEST_MAX_BYTES",
@@ -316,12 +425,15 @@ __all__ = [
     "CheckpointManifest",
     "Expectation",
     "FileEntry",
+    "Format",
     "check_expectation",
     "check_trainer",
     "describe_invalid",
     "finite_or_none",
+    "hash_regular",
     "model_fingerprint",
     "open_folder",
+    "rank_filename",
     "read_manifest_at",
     "read_regular",
     "state_dict_mismatch",
