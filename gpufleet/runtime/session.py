@@ -36,11 +36,14 @@ from gpufleet.estimate.peak import gpu_peak
 from gpufleet.runtime.checkpoint import (
     CheckpointDir,
     CheckpointInfo,
+    CheckpointManifest,
     Expectation,
     model_fingerprint,
     state_dict_mismatch,
 )
+from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template, reseeded_rng, strategy_of
 from gpufleet.runtime.events import EventLog
+from gpufleet.runtime.group import Group, current_group
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
@@ -122,18 +125,22 @@ class TrainSession:
         resume: str = "auto",
         job: str | None = None,
         echo: bool = True,
+        group: Group | None = None,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
         self.gpu_sampler = gpu_sampler
         """Samples the job's GPUs in a thread while the session is open (see ``gpu_sampler_from_env``)."""
+        self.group = group if group is not None else current_group()
+        """The ranks of this attempt (a group of one for a single process): they take every decision together."""
         self.policy = policy or CheckpointPolicy()
         best = self.policy.keep_best
         self.ckpts = CheckpointDir(
             Path(ckpt_dir), keep=self.policy.keep, keep_best=(best.metric, best.mode) if best else None
         )
         self.health_policy = health or HealthPolicy()
-        self.events = events or EventLog(None)
+        # One job, one event log: rank 0 writes it; the other ranks' events stay in memory.
+        self.events = events if events is not None and self.group.is_main else EventLog(None, attempt=_attempt(events))
         self.total_steps = total_steps
         self.log_every_s = log_every_s
         self.flops_per_token = flops_per_token
@@ -143,7 +150,7 @@ class TrainSession:
         """``auto``, ``never`` or ``must`` (see ``JobSpec.resume``)."""
         self.job = job
         """This run's identity (the job id under gpufleet); a checkpoint of another job is refused."""
-        self.echo = echo
+        self.echo = echo and self.group.is_main
         """Print restores, rollbacks and refusals to stdout as well as to the event log."""
         self._objects: dict[str, Stateful] = {"model": model}
         if optimizer is not None:
@@ -198,6 +205,10 @@ class TrainSession:
         self._window_tokens = 0
         self._window_start = time.monotonic()
         self._entered = False
+        self._agreed_preempt = False
+        """Distributed: a preemption was requested on some rank at the last step boundary."""
+        self._agreed_seconds_due = False
+        """Distributed: a time-based checkpoint was due on some rank at the last step boundary."""
 
     # ---- construction from the backend's environment ---------------------------------------
     @classmethod
@@ -228,14 +239,16 @@ class TrainSession:
             policy, health = spec.checkpoint, spec.health
             peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
             gpu_type, provider = spec.resources.gpu_type, spec.provider
-            telemetry, gpus, spot, spec_resume = spec.telemetry, spec.resources.gpus, spec.spot, spec.resume
-        events_path = env.get("GPUFLEET_EVENTS")
+            telemetry, gpus, spot, spec_resume = spec.telemetry, spec.total_gpus, spec.spot, spec.resume
+        group = current_group()
+        events_path = env.get("GPUFLEET_EVENTS") if group.is_main else None
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
         attempt = int(env.get("GPUFLEET_ATTEMPT") or int(env.get("SLURM_RESTART_COUNT") or 0) + 1)
         events = EventLog(Path(events_path) if events_path else None, attempt=attempt)
         labels = {**labels_from_env(env, gpu_type, provider), "attempt": str(attempt)}
-        sampler = gpu_sampler_from_env(env, telemetry, gpus, attempt)
-        events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, spot=spot))
+        sampler = gpu_sampler_from_env(env, telemetry, gpus, attempt) if group.is_main else None
+        if group.is_main:
+            events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, spot=spot))
         session = cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,
@@ -252,6 +265,7 @@ class TrainSession:
             gpu_sampler=sampler,
             resume=env.get("GPUFLEET_RESUME") or resume or spec_resume,
             job=env.get("GPUFLEET_JOB_ID") or None,
+            group=group,
         )
         session.inject_preempt_at = _env_step(env, "GPUFLEET_DEBUG_PREEMPT_AT")
         session.inject_rollback_at = _env_step(env, "GPUFLEET_DEBUG_ROLLBACK_AT")
@@ -271,7 +285,9 @@ class TrainSession:
         return self
 
     def _open(self) -> None:
-        self.ckpts.clean_temporaries()
+        if self.group.is_main:
+            self.ckpts.clean_temporaries()
+        self.group.barrier()
         self._fingerprint = model_fingerprint(self._model.state_dict())
         self._check_resume_mode()
         if self.gpu_sampler is not None:
@@ -321,7 +337,7 @@ class TrainSession:
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
-        if self._preempt_signal is not None and (self.total_steps is None or self.step < self.total_steps):
+        if self._preempting() and (self.total_steps is None or self.step < self.total_steps):
             self._preempt()  # the loop was left early because of SIGTERM: that is a preemption
         bad = self.nonfinite_state()
         if bad is not None or self._unhealthy_since_save:
@@ -356,7 +372,13 @@ class TrainSession:
         that outlasts the grace period is killed with the process. Check this in any loop that
         can take long (evaluation, generation) and ``break``.
         """
+        if self.group.distributed:  # what the ranks agreed at the last step boundary, the same on each
+            return self._agreed_preempt
         return self._preempt_signal is not None
+
+    def _preempting(self) -> bool:
+        """Whether to stop for a preemption now (distributed: what every rank agreed, never one rank's view)."""
+        return self._agreed_preempt if self.group.distributed else self._preempt_signal is not None
 
     def _say(self, kind: str, message: str, **data: Any) -> None:
         """An event that a person running the script should also see on stdout."""
@@ -410,6 +432,8 @@ class TrainSession:
         values = loss_values(loss)
         batches = len(values) if batches is None else batches
         now = time.monotonic()
+        if self.group.distributed:
+            values, tokens = self._agree(values, tokens, now)
         verdict, micro = self.monitor.judge_step(values)
         value = step_loss(values)
         if not verdict.healthy:
@@ -458,7 +482,8 @@ class TrainSession:
             return
         if self.inject_preempt_at == self.step:
             self._preempt_signal = signal.SIGTERM
-        if self._preempt_signal is not None:
+            self._agreed_preempt = True  # the same step on every rank: no need to ask the others
+        if self._preempting():
             self._preempt()
         if self._save_due(now):
             bad = self.nonfinite_state()
@@ -468,12 +493,36 @@ class TrainSession:
                 self._save("periodic", bad)
         self._step_started = time.monotonic()
 
+    def _agree(self, values: list[float], tokens: int, now: float) -> tuple[list[float], int]:
+        """One all-reduce at the step boundary: the mean loss of every micro-batch over the ranks, the
+        tokens of all ranks, and whether any rank was asked to stop or saw a time-based checkpoint due.
+
+        Every rank then judges the same numbers, so they save, roll back, skip and stop together;
+        a NaN on one rank makes the mean NaN everywhere. Each rank must report as many micro-batch
+        losses as the others.
+        """
+        p = self.policy
+        seconds_due = p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
+        flags = [float(tokens), float(self._preempt_signal is not None), float(seconds_due)]
+        summed = self.group.agree([*values, *flags])
+        n, world = len(values), self.group.world_size
+        self._agreed_preempt = summed[n + 1] > 0
+        self._agreed_seconds_due = summed[n + 2] > 0
+        if self._agreed_preempt and self._preempt_signal is None:
+            self._preempt_signal = signal.SIGTERM  # another rank got it first
+        return [v / world for v in summed[:n]], int(summed[n])
+
     def log(self, kind: str = "metrics", **data: Any) -> None:
         """Record anything else (validation loss, test metrics) in the job's event log.
 
         A value of ``checkpoint.keep_best``'s metric that beats every earlier one is saved with
         the state it was measured on, so the best checkpoint exists and survives pruning.
         """
+        best = self.policy.keep_best
+        if self.group.distributed and best is not None and best.metric in data:
+            value = data[best.metric]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # the mean over ranks decides
+                data = {**data, best.metric: self.group.agree([float(value)])[0] / self.group.world_size}
         self.events.emit(kind, step=self.step, **data)
         self._logged[kind] = self.step
         if self._note_metrics(data) and self.step > 0:
@@ -507,6 +556,8 @@ class TrainSession:
         p = self.policy
         if p.every_steps is not None and self.step % p.every_steps == 0:
             return True
+        if self.group.distributed:
+            return self._agreed_seconds_due
         return p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
 
     def _named_state(self) -> Iterator[tuple[str, Any]]:
@@ -514,13 +565,13 @@ class TrainSession:
         for name, obj in self._objects.items():
             if name == "model":
                 state = self._model.state_dict()
-                yield from ((f"model.{key}", value) for key, value in state.items())
+                yield from ((f"model.{key}", _local(value)) for key, value in state.items())
             elif name == "optimizer":
                 state = getattr(obj, "state", None)
                 if isinstance(state, Mapping):
                     for index, per_param in enumerate(state.values()):
                         if isinstance(per_param, Mapping):
-                            yield from ((f"optimizer.state.{index}.{k}", v) for k, v in per_param.items())
+                            yield from ((f"optimizer.state.{index}.{k}", _local(v)) for k, v in per_param.items())
 
     def nonfinite_state(self) -> str | None:
         """The first weight or optimizer tensor holding NaN or inf, or ``None`` (see ``first_nonfinite``).
@@ -528,7 +579,11 @@ class TrainSession:
         Run at every checkpoint save and at the end of training: a loss can be finite while the
         state it leaves behind is not (gradient accumulation, a bad last step).
         """
-        return first_nonfinite(self._named_state())
+        bad = first_nonfinite(self._named_state())
+        if not self.group.distributed:
+            return bad
+        found = [name for name in self.group.gather(bad) if name is not None]  # every rank's shard is checked
+        return found[0] if found else None
 
     def _roll_back_bad_state(self, bad: str, when: str) -> None:
         """Weights or optimizer state went non-finite while every reported loss was finite."""
@@ -554,11 +609,9 @@ class TrainSession:
                     f"values[{name!r}] is a {type(value).__name__}: only numbers, strings, tensors and lists or "
                     "dicts of them are saved; convert it, or pass an object with state_dict/load_state_dict"
                 )
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self._objects.items()}
-        state["trainer"] = {
+        trainer = {
             "step": self.step,
             "data_position": self.data_position,
-            "rng": capture_rng(),
             "health_history": list(self.monitor.history),
             "rollbacks": self.rollbacks,
             "objects": sorted([*self._objects, "trainer"]),
@@ -568,19 +621,33 @@ class TrainSession:
         }
         best = self.policy.keep_best
         metrics = {best.metric: self._metric[1]} if best and self._metric and self._metric[0] == self.step else {}
+        fields: dict[str, Any] = {
+            "healthy": healthy,
+            "loss": self.last_loss,
+            "data_position": self.data_position,
+            "reason": reason,
+            "meta": {"attempt": self.events.attempt},
+            "job": self.job,
+            "fingerprint": self._fingerprint,
+            "metrics": metrics,
+        }
         try:
-            manifest = self.ckpts.save(
-                self.step,
-                state,
-                healthy=healthy,
-                loss=self.last_loss,
-                data_position=self.data_position,
-                reason=reason,
-                meta={"attempt": self.events.attempt},
-                job=self.job,
-                fingerprint=self._fingerprint,
-                metrics=metrics,
-            )
+            if self.group.distributed:  # every rank writes its shards; rank 0 commits the manifest
+                from gpufleet.runtime.sharded import save_sharded  # torch.distributed.checkpoint: 0.7 s to import
+
+                manifest = save_sharded(
+                    self.ckpts,
+                    self.group,
+                    self.step,
+                    dcp_state(self._objects, trainer),
+                    {"rng": capture_rng()},
+                    strategy=strategy_of(self._model),
+                    **fields,
+                )
+            else:
+                state: dict[str, Any] = {name: obj.state_dict() for name, obj in self._objects.items()}
+                state["trainer"] = {**trainer, "rng": capture_rng()}
+                manifest = self.ckpts.save(self.step, state, **fields)
         except CheckpointSpaceError as err:
             self._say(
                 "checkpoint_failed",
@@ -608,7 +675,8 @@ class TrainSession:
             path=str(self.ckpts.root / f"step-{self.step:08d}"),
             **({"nonfinite": nonfinite} if nonfinite else {}),
         )
-        self.ckpts.prune()
+        if not self.group.distributed:  # a sharded save prunes on rank 0 once committed
+            self.ckpts.prune()
 
     def _preempt(self) -> None:
         signum = self._preempt_signal
@@ -636,8 +704,18 @@ class TrainSession:
             self.events.emit("restore", step=None, seconds=0.0, cause=cause)
             return None
         started = time.perf_counter()
-        expect = Expectation(job=self.job, objects=frozenset([*self._objects, "trainer"]))
-        info, manifest, state, skipped = self.ckpts.restore_candidate(before_step=before_step, expect=expect)
+        if self.group.distributed:
+            from gpufleet.runtime.sharded import sharded_candidate
+
+            expect = Expectation(job=self.job)
+            info, manifest, skipped = sharded_candidate(self.ckpts, self.group, before_step=before_step, expect=expect)
+            state: dict[str, Any] | None = None
+        else:
+            expect = Expectation(job=self.job, objects=frozenset([*self._objects, "trainer"]))
+            # A sharded checkpoint loads here too: a job cut down to one process reshards it.
+            info, manifest, state, skipped = self.ckpts.restore_candidate(
+                before_step=before_step, expect=expect, formats=("torch", "dcp")
+            )
         for bad in skipped:
             self._say(
                 "checkpoint_skipped",
@@ -646,31 +724,37 @@ class TrainSession:
                 path=str(bad.path),
                 reason=bad.problem,
             )
-        if info is None or manifest is None or state is None:
+        if info is None or manifest is None:
             if before_step is None:
                 self.events.emit("restore", step=None, seconds=time.perf_counter() - started, cause=cause)
             return None
-        self._check_fits(info.path, manifest.fingerprint, state)
         optimizer = self._objects.get("optimizer")
-        changes = (
-            hyperparameter_changes(state.get("optimizer"), optimizer.state_dict())
-            if cause == "start" and optimizer is not None
-            else []
-        )
-        for name, obj in self._objects.items():
-            try:
-                obj.load_state_dict(state[name])
-            except (RuntimeError, ValueError, KeyError, TypeError) as err:
-                raise CheckpointError(
-                    f"{info.path} does not fit this run's {name}: {str(err).splitlines()[0][:300]}; "
-                    "start over with resume: never in a fresh checkpoint directory"
-                ) from None
-        trainer = state["trainer"]
+        current_optimizer = optimizer.state_dict() if cause == "start" and optimizer is not None else None
+        if state is None:  # distributed
+            trainer, rng = self._load_sharded(info.path, manifest)
+            changes: list[str] = []
+        else:
+            self._check_fits(info.path, manifest.fingerprint, state)
+            changes = hyperparameter_changes(state.get("optimizer"), current_optimizer) if current_optimizer else []
+            for name, obj in self._objects.items():
+                try:
+                    obj.load_state_dict(state[name])
+                except (RuntimeError, ValueError, KeyError, TypeError) as err:
+                    raise CheckpointError(
+                        f"{info.path} does not fit this run's {name}: {str(err).splitlines()[0][:300]}; "
+                        "start over with resume: never in a fresh checkpoint directory"
+                    ) from None
+            trainer = state["trainer"]
+            rng = trainer["rng"]
         self.step = int(trainer["step"])
         self.data_position = int(trainer["data_position"])
         self.monitor = HealthMonitor(self.health_policy, [float(x) for x in trainer["health_history"]])
         self.rollbacks = int(trainer.get("rollbacks", 0))
-        restore_rng(trainer["rng"])
+        if rng is not None:
+            restore_rng(rng)
+        else:  # another world size: no saved RNG state for this rank
+            reseeded_rng(self.step, self.group.rank)
+            self.events.emit("rng_reseeded", step=self.step, world_size=self.group.world_size)
         self.values.update(trainer.get("values") or {})
         self._logged = {str(k): int(v) for k, v in (trainer.get("logged") or {}).items()}
         best = trainer.get("best")
@@ -696,6 +780,26 @@ class TrainSession:
                 changes=changes,
             )
         return info
+
+    def _load_sharded(self, path: Path, manifest: CheckpointManifest) -> tuple[dict[str, Any], Any]:
+        """Every rank loads its part of a sharded checkpoint (resharded when the world size changed)."""
+        if manifest.fingerprint is not None and manifest.fingerprint != self._fingerprint:
+            raise CheckpointError(
+                f"{path} does not fit the model: it was written for another architecture; start over with "
+                "resume: never in a fresh checkpoint directory, or restore the old model"
+            )
+        from gpufleet.runtime.sharded import load_sharded
+
+        state = dcp_template(self._objects)
+        try:
+            rank_state = load_sharded(self.ckpts, self.group, path, state)
+            trainer = apply_dcp_state(self._objects, state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{path} does not fit this run: {str(err).splitlines()[0][:300]}; "
+                "start over with resume: never in a fresh checkpoint directory"
+            ) from None
+        return trainer, (rank_state or {}).get("rng")
 
     def _check_fits(self, path: Path, fingerprint: str | None, state: Mapping[str, Any]) -> None:
         """A checkpoint of this job written for another model shape is an error, not a silent fallback."""
@@ -729,7 +833,9 @@ class TrainSession:
                 "save more often (checkpoint.every_steps) so there is one to return to"
             )
         self.rollbacks = rollbacks
-        self.ckpts.drop_after(self.step)
+        if self.group.is_main:
+            self.ckpts.drop_after(self.step)
+        self.group.barrier()
         self._after_log = {k: v for k, v in self._after_log.items() if k <= self.step}
         target = self.data_position if skip_to is None else skip_to
         skipped = f", skipping batches {self.data_position}..{target - 1}" if target > self.data_position else ""
@@ -750,6 +856,16 @@ class TrainSession:
         self._step_seconds.clear()
         self._unhealthy_since_save = False
         self._step_started = time.monotonic()
+
+
+def _attempt(events: EventLog | None) -> int:
+    return events.attempt if events is not None else 1
+
+
+def _local(value: Any) -> Any:
+    """This rank's part of a sharded tensor (a DTensor's local shard); anything else as it is."""
+    to_local = getattr(value, "to_local", None)
+    return to_local() if callable(to_local) else value
 
 
 def _env_step(env: Mapping[str, str], name: str) -> int | None:

@@ -16,12 +16,33 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufleet.errors import SpecError
 from gpufleet.runtime import TrainSession
 from gpufleet.runtime.faults import FaultPlan
+from gpufleet.runtime.group import Group, current_group
+from gpufleet.runtime.protocol import ENV_STRATEGY
 from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
 
 TINY: dict[str, Any] = {"batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
 """A one-layer configuration that trains a step in milliseconds: smoke runs and tests."""
+
+
+def wrap(model: CharLM, strategy: str, group: Group) -> Any:
+    """The model as the ranks train it: ``DistributedDataParallel``, FSDP2 (``fully_shard`` per block, then the
+    whole model) or, alone or with ``strategy: none``, as it is."""
+    if not group.distributed or strategy == "none":
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
+    raise SpecError(f"args.strategy={strategy!r} is not one of none, ddp, fsdp")
 
 
 def build(
@@ -37,8 +58,13 @@ def build(
     )
     model = CharLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    return corpus, model, optimizer, schedule_for(optimizer, lr=lr, steps=steps)
+
+
+def schedule_for(optimizer: torch.optim.Optimizer, *, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warmup over the first 5% of the steps, then cosine down to ``lr / 10``."""
     warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.SequentialLR(
+    return torch.optim.lr_scheduler.SequentialLR(
         optimizer,
         [
             torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup),
@@ -46,7 +72,6 @@ def build(
         ],
         milestones=[warmup],
     )
-    return corpus, model, optimizer, schedule
 
 
 def train(
@@ -61,16 +86,33 @@ def train(
     seed: int = 1337,
     eval_batches: int = 8,
     ckpt_dir: str = "checkpoints",
+    strategy: str | None = None,
     on_step: Callable[[TrainSession], None] | None = None,
 ) -> dict[str, Any]:
     """Train, surviving preemption; return the final validation and test losses.
 
-    ``on_step`` is called after every step with the session (progress hooks, tests).
+    Under torchrun (``distributed:`` in the job's spec) ``strategy`` is ``ddp`` or ``fsdp``
+    (default: the spec's ``distributed.strategy``):
+    every rank builds the same model, wraps it, and trains on its rows of the same global batch
+    (``batch_size`` in all), so the run computes the same thing on any number of ranks that
+    divides ``batch_size``. ``on_step`` is called after every step with the session (progress
+    hooks, tests).
     """
     torch.use_deterministic_algorithms(True)
-    corpus, model, optimizer, schedule = build(
+    group = current_group()
+    strategy = strategy or os.environ.get(ENV_STRATEGY) or "none"
+    if batch_size % group.world_size:
+        raise SpecError(
+            f"args.batch_size={batch_size} does not divide among {group.world_size} ranks: "
+            f"give a multiple of {group.world_size}"
+        )
+    corpus, plain, optimizer, schedule = build(
         seed=seed, context=context, layers=layers, heads=heads, embed=embed, dropout=dropout, lr=lr, steps=steps
     )
+    model = wrap(plain, strategy, group)
+    if group.distributed and strategy != "none":  # over the wrapped parameters (fully_shard swaps them in place)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+        schedule = schedule_for(optimizer, lr=lr, steps=steps)
     faults = FaultPlan.parse(os.environ.get("GPUFLEET_FAULT", ""))
     sess = TrainSession.from_env(
         model=model,
@@ -78,12 +120,13 @@ def train(
         scheduler=schedule,
         total_steps=steps,
         ckpt_dir=ckpt_dir,
-        flops_per_token=model.flops_per_token(),
+        flops_per_token=plain.flops_per_token(),
     )
     with sess:
         model.train()
         for _ in sess.steps():
             x, y = corpus.batch("train", sess.data_position, batch_size, context, seed)
+            x, y = x[group.rank :: group.world_size], y[group.rank :: group.world_size]
             _, loss = model(x, y)
             assert loss is not None
             loss = faults.apply(loss, sess.data_position)

@@ -1,0 +1,68 @@
+"""One rank of a TrainSession test under torchrun (``test_distributed_session.py`` starts 2 of these).
+
+``python dist_session_worker.py MODE ROOT``: a small replicated model trains 12 steps with a
+``TrainSession`` whose checkpoints go to ``ROOT/ckpt`` (every 4 steps) and whose events rank 0
+writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
+
+- ``nan``: rank 1's loss at step 6 is NaN (the other rank's is finite);
+- ``signal``: rank 1 sends itself SIGTERM during step 7;
+- ``plain``: nothing.
+
+Each rank writes ``ROOT/rank-<r>.json`` (its step, data position and rollbacks) when its session
+ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from gpufleet.runtime import EventLog, TrainSession
+from gpufleet.runtime.group import current_group
+from gpufleet.spec import CheckpointPolicy, HealthPolicy
+
+
+def main(mode: str, root: Path) -> None:
+    group = current_group()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    events = EventLog(root / "events.jsonl") if group.is_main else None
+    session = TrainSession(
+        ckpt_dir=root / "ckpt",
+        model=model,
+        optimizer=optimizer,
+        total_steps=12,
+        policy=CheckpointPolicy(every_steps=4, keep=5),
+        health=HealthPolicy(action="rollback", window=200, min_history=100),  # NaN, not spikes
+        events=events,
+        log_every_s=0.0,
+        job="dist-test",
+        group=group,
+    )
+    try:
+        with session:
+            for step in session.steps():
+                x = torch.randn(8, 4)
+                loss = model(x).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                value = float(loss)
+                if group.rank == 1 and step == 5 and mode == "nan" and session.rollbacks == 0:
+                    value = float("nan")
+                if group.rank == 1 and step == 6 and mode == "signal":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                session.report(value)
+    finally:
+        out = {"step": session.step, "data_position": session.data_position, "rollbacks": session.rollbacks}
+        (root / f"rank-{group.rank}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,119 @@
+"""TrainSession over a group of ranks (torchrun, gloo on CPU): one decision per step, sharded saves.
+
+The ranks agree at each step boundary, so a NaN or a SIGTERM that only one rank sees still makes
+every rank roll back, or save and stop, at the same step. Through the local backend, a 2-rank
+DDP or FSDP job preempted three times by the scheduler ends bit-identical to the same job run
+without interruption, and the ledger prices each attempt's two GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import assert_bitwise_equal, drive
+
+from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.cost.usage import store_usages
+from gpufleet.runtime.checkpoint import CheckpointDir
+from gpufleet.runtime.events import read_events
+from gpufleet.runtime.sharded import full_state
+from gpufleet.spec import parse_spec
+from gpufleet.store import latest_step
+from gpufleet.workloads.tinylm import TINY
+
+WORKER = Path(__file__).with_name("dist_session_worker.py")
+
+
+def torchrun(mode: str, root: Path) -> int:
+    """Two ranks of the worker; torchrun's exit status (1 when a rank exits 75)."""
+    root.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    with (root / "torchrun.log").open("w") as log:
+        proc = subprocess.run([*argv, str(WORKER), mode, str(root)], stdout=log, stderr=subprocess.STDOUT, timeout=300)
+    return proc.returncode
+
+
+def ranks(root: Path) -> list[dict[str, Any]]:
+    return [json.loads((root / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path) -> None:
+    assert torchrun("nan", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    first, second = ranks(tmp_path)
+    assert first == second and first["rollbacks"] == 1 and first["step"] == 12
+    events, _ = read_events(tmp_path / "events.jsonl")
+    assert [e["kind"] for e in events].count("rollback") == 1
+    unhealthy = next(e for e in events if e["kind"] == "unhealthy")
+    assert unhealthy["step"] == 6  # judged on the mean of both ranks' losses: NaN
+
+
+def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path: Path) -> None:
+    assert torchrun("signal", tmp_path) != 0  # each rank exited 75; torchrun reports a failure
+    first, second = ranks(tmp_path)
+    assert first == second and first["step"] == 7
+    newest = CheckpointDir(tmp_path / "ckpt").scan()[-1]
+    assert newest.step == 7 and newest.manifest is not None and newest.manifest.world_size == 2
+    events, _ = read_events(tmp_path / "events.jsonl")
+    assert [e["status"] for e in events if e["kind"] == "session_end"] == ["requeue"]
+    # Run again: both ranks resume from step 7 and finish.
+    assert torchrun("plain", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    assert [r["step"] for r in ranks(tmp_path)] == [12, 12]
+
+
+def tinylm(strategy: str, name: str) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "entrypoint": "gpufleet.workloads.tinylm:train",
+            "args": {**TINY, "steps": 30},
+            "resources": {"nodes": 1, "gpus": 2, "cpus": 2},
+            "distributed": {"strategy": strategy, "timeout_seconds": 120},
+            "checkpoint": {"every_steps": 5, "grace_seconds": 60},
+            "max_restarts": 10,
+        }
+    )
+
+
+def final_state(home: Path, job: int) -> dict[str, Any]:
+    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
+    assert newest.step == 30 and newest.manifest is not None and newest.manifest.format == "dcp"
+    state = full_state(newest.path, newest.manifest)
+    return {"model": state["model"], "optimizer": state["optimizer"]}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_group_preempted_three_times_ends_bit_identical(
+    strategy: str, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
+    try:
+        straight = backend.submit(tinylm(strategy, "straight"))
+        drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
+        assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
+        cut = backend.submit(tinylm(strategy, "cut"))
+        for n, target in enumerate(sorted(random.Random(13).sample(range(3, 26), 3)), start=1):
+
+            def reached(n: int = n, target: int = target) -> bool:
+                return len(backend.store.attempts(cut)) == n and (latest_step(backend.store, cut) or 0) >= target
+
+            drive(scheduler, reached, timeout=600)
+            backend.preempt(cut)
+        drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+    finally:
+        scheduler.shutdown(grace_s=30)
+    job = backend.store.job(cut)
+    assert job.state == "completed" and job.restarts == 3, job.reason
+    assert [a.outcome for a in backend.store.attempts(cut)] == ["preempted"] * 3 + ["completed"]
+    assert_bitwise_equal(final_state(home, cut), final_state(home, straight), strategy)
+    usages = store_usages(backend.store, job_ids=[cut])
+    assert len(usages) == 4 and all(u.gpus == 2 for u in usages)  # GPU-hours = wall x 2 ranks
