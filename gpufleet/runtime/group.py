@@ -21,13 +21,59 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+from gpufleet.errors import GpufleetError
 
 ENV_TIMEOUT = "GPUFLEET_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
+LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
+"""Words of a gloo or NCCL error raised because another rank is gone or stuck."""
+_state = {"lost": False}
+
+
+class PeerLost(GpufleetError):
+    """Another rank of the attempt is gone or stuck: the group cannot go on, the job must be requeued."""
+
+
+def lost_marker(job_dir: Path, attempt: int) -> Path:
+    """The file a rank leaves when it finds its group broken (read by ``group_launch``: requeue, not failure)."""
+    return job_dir / f"rank-lost-attempt-{attempt}"
+
+
+def is_peer_loss(err: BaseException) -> bool:
+    """Whether an error out of a collective (ours, or DDP's in ``backward``) means a rank is gone or stuck."""
+    if isinstance(err, PeerLost):
+        return True
+    if not isinstance(err, RuntimeError):
+        return False
+    text = str(err).lower()
+    return any(mark in text for mark in LOST_MARKS)
+
+
+def mark_lost(rank: int, why: str) -> None:
+    """Leave the lost-rank marker for this attempt (under gpufleet) and skip tearing the broken group down."""
+    _state["lost"] = True
+    folder, attempt = os.environ.get("GPUFLEET_JOB_DIR"), os.environ.get("GPUFLEET_ATTEMPT", "")
+    if folder and attempt.isdigit():
+        with contextlib.suppress(OSError):
+            lost_marker(Path(folder), int(attempt)).write_text(f"rank {rank}: {why}\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _collective(rank: int) -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as err:
+        if not is_peer_loss(err):
+            raise
+        why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        mark_lost(rank, why)
+        raise PeerLost(f"rank {rank}: another rank of this attempt is gone or stuck ({why}); requeued") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +110,8 @@ class Group:
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        with _collective(self.rank):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return [float(v) for v in tensor.cpu().tolist()]
 
     def any(self, flag: bool) -> bool:
@@ -75,7 +122,8 @@ class Group:
         if self.distributed:
             import torch.distributed as dist
 
-            dist.barrier()
+            with _collective(self.rank):
+                dist.barrier()
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank (any picklable object)."""
@@ -84,7 +132,8 @@ class Group:
         import torch.distributed as dist
 
         box = [value]
-        dist.broadcast_object_list(box, src=0)
+        with _collective(self.rank):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def gather(self, value: Any) -> list[Any]:
@@ -94,7 +143,8 @@ class Group:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, value)
+        with _collective(self.rank):
+            dist.all_gather_object(out, value)
         return out
 
 
@@ -132,7 +182,7 @@ def die_with_parent() -> None:
 def _destroy() -> None:
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_initialized() and not _state["lost"]:  # a broken group is left to the process's end
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 

@@ -17,8 +17,10 @@ child and stays its parent, so that:
 * **the exit status means what a single process's would.** torchrun exits 1 when any rank fails,
   including a rank that exited 75 after saving ("requeue me"). So when the attempt's last
   ``session_end`` event (``$GPUFLEET_EVENTS``, attempt ``$GPUFLEET_ATTEMPT``; rank 0 writes them)
-  says ``requeue``, this exits 75; else 0 when torchrun exited 0, else torchrun's status (a signal
-  that killed torchrun kills this process too).
+  says ``requeue``, this exits 75; so it does when a rank left the lost-rank marker
+  (``runtime.group.lost_marker``: a collective failed because another rank was killed or is
+  stuck, and the attempt is run again from the last complete checkpoint); else 0 when torchrun
+  exited 0, else torchrun's status (a signal that killed torchrun kills this process too).
 
 ``ARGV`` is what each rank runs: arguments of gpufleet's own interpreter (``-m gpufleet.runtime.launch``,
 ``train.py --lr 3e-3``, ``-c CODE``), or with ``--no-python`` a complete command (another
@@ -38,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpufleet.runtime.events import exit_from_events
+from gpufleet.runtime.group import lost_marker
 from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -90,6 +93,8 @@ def exit_status(code: int, events: Path | None, attempt: int | None) -> int:
     """This attempt's exit status from torchrun's ``code`` and the attempt's own ``session_end``."""
     if events is not None and attempt is not None and exit_from_events(events, attempt) == REQUEUE_EXIT_CODE:
         return REQUEUE_EXIT_CODE
+    if code != 0 and events is not None and attempt is not None and lost_marker(events.parent, attempt).exists():
+        return REQUEUE_EXIT_CODE  # a rank found the group broken (another rank gone or stuck): run it again
     return 0 if code == 0 else code
 
 

@@ -43,7 +43,7 @@ from gpufleet.runtime.checkpoint import (
 )
 from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template, reseeded_rng, strategy_of
 from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.group import Group, current_group
+from gpufleet.runtime.group import Group, PeerLost, current_group, is_peer_loss, mark_lost
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
@@ -279,7 +279,7 @@ class TrainSession:
         except BaseException as err:
             if self.gpu_sampler is not None:
                 self.gpu_sampler.close()
-            self.events.emit("session_end", status="failed", step=self.step, error=f"{type(err).__name__}: {err}")
+            self._emit_end(err)
             self.events.close()
             raise
         return self
@@ -327,13 +327,21 @@ class TrainSession:
             exc = err
             raise
         finally:
-            if exc is None:
-                self.events.emit("session_end", status="completed", step=self.step)
-            elif isinstance(exc, Preempted):
-                self.events.emit("session_end", status="requeue", step=self.step)
-            else:
-                self.events.emit("session_end", status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
+            self._emit_end(exc)
             self.events.close()
+
+    def _emit_end(self, exc: BaseException | None) -> None:
+        """``session_end``: completed, requeue (preempted, or a rank of the group lost) or failed."""
+        if exc is None:
+            self.events.emit("session_end", status="completed", step=self.step)
+        elif isinstance(exc, Preempted):
+            self.events.emit("session_end", status="requeue", step=self.step)
+        elif self.group.distributed and is_peer_loss(exc):
+            if not isinstance(exc, PeerLost):  # DDP's all-reduce in backward found it, not the session
+                mark_lost(self.group.rank, str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "")
+            self.events.emit("session_end", status="requeue", step=self.step, reason="rank_lost", error=str(exc))
+        else:
+            self.events.emit("session_end", status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""

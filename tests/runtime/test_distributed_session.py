@@ -9,15 +9,19 @@ without interruption, and the ledger prices each attempt's two GPUs.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import assert_bitwise_equal, drive
 
+from gpufleet.backends.lifecycle import attempt_processes
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.checkpoint import CheckpointDir
@@ -66,6 +70,11 @@ def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path:
     assert [r["step"] for r in ranks(tmp_path)] == [12, 12]
 
 
+def backend_steps(home: Path, job: int) -> int:
+    spec = parse_spec(json.loads((home / "jobs" / str(job) / "spec.json").read_text()))
+    return int(spec.args["steps"])
+
+
 def tinylm(strategy: str, name: str) -> Any:
     return parse_spec(
         {
@@ -82,7 +91,7 @@ def tinylm(strategy: str, name: str) -> Any:
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
     newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
-    assert newest.step == 30 and newest.manifest is not None and newest.manifest.format == "dcp"
+    assert newest.step == backend_steps(home, job) and newest.manifest is not None and newest.manifest.format == "dcp"
     state = full_state(newest.path, newest.manifest)
     return {"model": state["model"], "optimizer": state["optimizer"]}
 
@@ -117,3 +126,70 @@ def test_a_group_preempted_three_times_ends_bit_identical(
     assert_bitwise_equal(final_state(home, cut), final_state(home, straight), strategy)
     usages = store_usages(backend.store, job_ids=[cut])
     assert len(usages) == 4 and all(u.gpus == 2 for u in usages)  # GPU-hours = wall x 2 ranks
+
+
+def rank_pid(home: Path, job: int, attempt: int, rank: int) -> int | None:
+    """The PID of one rank of an attempt (found by the variables every rank carries)."""
+    for pid in attempt_processes(home, job, attempt):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID" in b"\0".join(environ):
+            return pid
+    return None
+
+
+@pytest.mark.timeout(1200)
+def test_kill_9_of_any_rank_at_any_moment_requeues_the_group_and_loses_nothing(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten times, a random rank of the running attempt is SIGKILLed at a random moment (saves every
+    2 steps, so some kills land in a save): the other rank finds the group broken, the attempt ends
+    "requeued", the next one resumes from the last complete checkpoint, and the job ends bitwise
+    equal to the same job run without a kill."""
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
+    rng = random.Random(2026)
+    base = json.loads(tinylm("ddp", "straight").model_dump_json())
+    spec = parse_spec(
+        {
+            **base,
+            "args": {**TINY, "steps": 60},
+            "checkpoint": {"every_steps": 2, "grace_seconds": 60},
+            "max_restarts": 30,
+        }
+    )
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
+    try:
+        straight = backend.submit(spec)
+        drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
+        assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
+        cut = backend.submit(spec.copy_with(name="killed"))
+        for n in range(1, 11):
+
+            def stepping(n: int = n) -> bool:
+                steps = [e for e in backend.store.events(cut, kinds=["step"]) if e.attempt == n]
+                return len(steps) >= 2
+
+            drive(scheduler, stepping, timeout=600)
+            time.sleep(rng.uniform(0.0, 0.4))  # a random moment of the attempt: a step, a save, a report
+            victim = rank_pid(home, cut, n, rng.randrange(2))
+            assert victim is not None, f"no rank of attempt {n} found"
+            os.kill(victim, signal.SIGKILL)
+
+            def moved_on(n: int = n) -> bool:
+                return len(backend.store.attempts(cut)) > n or backend.store.job(cut).state in ("completed", "failed")
+
+            drive(scheduler, moved_on, timeout=600)
+            assert backend.store.job(cut).state != "failed", backend.store.job(cut).reason
+        drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+    finally:
+        scheduler.shutdown(grace_s=30)
+    job = backend.store.job(cut)
+    assert job.state == "completed", job.reason
+    attempts = backend.store.attempts(cut)
+    assert [a.outcome for a in attempts[:10]] == ["requeued"] * 10 and attempts[-1].outcome == "completed"
+    assert_bitwise_equal(final_state(home, cut), final_state(home, straight), "after 10 kills")
+    assert len(store_usages(backend.store, job_ids=[cut])) == len(attempts)  # every attempt is priced
