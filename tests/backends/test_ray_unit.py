@@ -270,12 +270,25 @@ def test_runner_requeues_on_exit_75_then_completes(home: Path) -> None:
     assert runner.preempt() is None  # nothing runs any more
 
 
+# PREEMPTIBLE, but on SIGTERM attempt 1 waits for a `release` file before it exits 75 (it is "stopping" until then).
+HELD_ON_SIGTERM = PREEMPTIBLE.replace(
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))",
+    "release = os.path.join(os.environ['GPUFLEET_JOB_DIR'], 'release')\n"
+    "def held(*_):\n"
+    "    while not os.path.exists(release):\n"
+    "        time.sleep(0.01)\n"
+    "    sys.exit(75)\n"
+    "signal.signal(signal.SIGTERM, held)",
+)
+
+
 def test_runner_preempt_then_next_attempt(home: Path) -> None:
     exited = threading.Event()
-    runner = JobRunner(runner_args(home, command_spec(PREEMPTIBLE)), poll_s=0.01, exit_hook=exited.set)
+    runner = JobRunner(runner_args(home, command_spec(HELD_ON_SIGTERM)), poll_s=0.01, exit_hook=exited.set)
     wait_for(lambda: (home / "jobs" / "1" / "ready").exists())
     assert runner.preempt(5.0) == 1
     assert runner.preempt(5.0) is None  # already stopping
+    (home / "jobs" / "1" / "release").touch()
     assert exited.wait(30)
     status = read_status(status_path(home, 1))
     assert status is not None and status.state == "completed"
