@@ -34,9 +34,11 @@ def _clean(value: Any) -> Any:
 class EventLog:
     """Append-only JSONL sink; without a path it keeps events in memory (tests, plain scripts)."""
 
-    def __init__(self, path: Path | None, attempt: int = 1) -> None:
+    def __init__(self, path: Path | None, attempt: int = 1, keep_last: int | None = None) -> None:
         self.path = path
         self.attempt = attempt
+        self.keep_last = keep_last
+        """Without a path: keep at most about this many events in memory (the newest); ``None``: all."""
         self.memory: list[dict[str, Any]] = []
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         """Called with every event after it is written (metrics exporters)."""
@@ -51,6 +53,8 @@ class EventLog:
         event = {"ts": time.time(), "attempt": self.attempt, "kind": kind, **_clean(data)}
         if self._fh is None:
             self.memory.append(event)
+            if self.keep_last is not None and len(self.memory) > 2 * self.keep_last:  # amortised: trim in halves
+                del self.memory[: len(self.memory) - self.keep_last]
         else:
             try:
                 self._fh.write(json.dumps(event, separators=(",", ":")) + "\n")

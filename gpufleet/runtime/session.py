@@ -139,8 +139,13 @@ class TrainSession:
             Path(ckpt_dir), keep=self.policy.keep, keep_best=(best.metric, best.mode) if best else None
         )
         self.health_policy = health or HealthPolicy()
-        # One job, one event log: rank 0 writes it; the other ranks' events stay in memory.
-        self.events = events if events is not None and self.group.is_main else EventLog(None, attempt=_attempt(events))
+        # One job, one event log: rank 0 writes it; the other ranks keep their newest events in memory,
+        # a bounded few (a rank that trains for weeks must not hoard its step events).
+        self.events = (
+            events
+            if events is not None and self.group.is_main
+            else EventLog(None, attempt=_attempt(events), keep_last=None if self.group.is_main else 100)
+        )
         self.total_steps = total_steps
         self.log_every_s = log_every_s
         self.flops_per_token = flops_per_token

@@ -643,6 +643,7 @@ def load_sharded(ckpts: CheckpointDir, group: Group, path: Path, state: dict[str
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException
         if reader.problem is not None:
             raise CorruptCheckpoint(reader.problem) from None
+        group.barrier()  # a rank lost during the load is PeerLost (requeue), not a checkpoint that does not fit
         raise CheckpointError(
             f"{path} does not fit this run: {_describe(err)}; start over with resume: never in a fresh "
             "checkpoint directory"

@@ -25,7 +25,7 @@ from gpufleet.backends.lifecycle import attempt_processes
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.checkpoint import CheckpointDir
-from gpufleet.runtime.events import read_events
+from gpufleet.runtime.events import EventLog, read_events
 from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import parse_spec
 from gpufleet.store import latest_step
@@ -193,3 +193,11 @@ def test_kill_9_of_any_rank_at_any_moment_requeues_the_group_and_loses_nothing(
     assert [a.outcome for a in attempts[:10]] == ["requeued"] * 10 and attempts[-1].outcome == "completed"
     assert_bitwise_equal(final_state(home, cut), final_state(home, straight), "after 10 kills")
     assert len(store_usages(backend.store, job_ids=[cut])) == len(attempts)  # every attempt is priced
+
+
+def test_a_rank_without_the_event_log_keeps_only_its_newest_events() -> None:
+    log = EventLog(None, keep_last=3)
+    for i in range(1000):
+        log.emit("step", step=i)
+    assert 3 <= len(log.memory) <= 6 and log.memory[-1]["step"] == 999
+    assert len(EventLog(None).memory) == 0  # without keep_last nothing is dropped (tests, plain scripts)
