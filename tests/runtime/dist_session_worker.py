@@ -1,10 +1,11 @@
 """One rank of a TrainSession test under torchrun (``test_distributed_session.py`` starts 2 of these).
 
-``python dist_session_worker.py MODE ROOT``: a small replicated model trains 12 steps with a
+``python dist_session_worker.py MODE ROOT``: a small replicated model trains 12 steps of two
+accumulated micro-batches (random batches, as scripts draw them) with a
 ``TrainSession`` whose checkpoints go to ``ROOT/ckpt`` (every 4 steps) and whose events rank 0
 writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
 
-- ``nan``: rank 1's loss at step 6 is NaN (the other rank's is finite);
+- ``nan``: rank 1's second micro-batch loss at step 6 is NaN (the other rank's are finite);
 - ``signal``: rank 1 sends itself SIGTERM during step 7;
 - ``plain``: nothing.
 
@@ -48,17 +49,18 @@ def main(mode: str, root: Path) -> None:
     try:
         with session:
             for step in session.steps():
-                x = torch.randn(8, 4)
-                loss = model(x).pow(2).mean()
                 optimizer.zero_grad()
-                loss.backward()
+                losses = []
+                for _ in range(2):  # gradient accumulation over two micro-batches
+                    loss = model(torch.randn(4, 4)).pow(2).mean() / 2
+                    loss.backward()
+                    losses.append(float(loss) * 2)
                 optimizer.step()
-                value = float(loss)
                 if group.rank == 1 and step == 5 and mode == "nan" and session.rollbacks == 0:
-                    value = float("nan")
+                    losses[1] = float("nan")
                 if group.rank == 1 and step == 6 and mode == "signal":
                     os.kill(os.getpid(), signal.SIGTERM)
-                session.report(value)
+                session.report(losses)
     finally:
         out = {"step": session.step, "data_position": session.data_position, "rollbacks": session.rollbacks}
         (root / f"rank-{group.rank}.json").write_text(json.dumps(out))

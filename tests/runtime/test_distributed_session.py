@@ -54,7 +54,7 @@ def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path) -> None:
     events, _ = read_events(tmp_path / "events.jsonl")
     assert [e["kind"] for e in events].count("rollback") == 1
     unhealthy = next(e for e in events if e["kind"] == "unhealthy")
-    assert unhealthy["step"] == 6  # judged on the mean of both ranks' losses: NaN
+    assert unhealthy["step"] == 6 and unhealthy["micro_batch"] == 1  # the ranks' mean of that micro-batch: NaN
 
 
 def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path: Path) -> None:
