@@ -217,7 +217,15 @@ def _manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict
 
     ``fields`` may hold ``format="dcp"`` and ``world_size`` (a sharded save): then the state's
     names are DCP keys, not file names, and the placeholder files are those such a save writes.
+    A NaN or infinite ``loss`` is recorded as ``None`` and such ``metrics`` are left out (both
+    save paths, here once).
     """
+    if "loss" in fields:
+        fields["loss"] = finite_or_none(fields["loss"])
+    if "metrics" in fields:
+        fields["metrics"] = {k: f for k, v in (fields["metrics"] or {}).items() if (f := finite_or_none(v)) is not None}
+    if "meta" in fields:
+        fields["meta"] = dict(fields["meta"] or {})
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= 99_999_999:
         raise CheckpointError(f"step {step!r} cannot name a checkpoint: use an int from 0 to 99999999")
     if not state:
@@ -338,13 +346,13 @@ class CheckpointDir:
             step,
             state,
             healthy=healthy,
-            loss=finite_or_none(loss),
+            loss=loss,
             data_position=data_position,
             reason=reason,
-            meta=dict(meta or {}),
+            meta=meta,
             job=job,
             fingerprint=fingerprint,
-            metrics={k: f for k, v in (metrics or {}).items() if (f := finite_or_none(v)) is not None},
+            metrics=metrics,
         )
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{step_dirname(step)}-{os.getpid()}"
