@@ -78,6 +78,13 @@ class CheckpointPolicy(_Frozen):
     on_no_space: Literal["continue", "requeue"] = "continue"
     """A save that finds the disk full: ``continue`` training and try again at the next interval,
     or ``requeue`` the job (exit 75) to run where there is room. The last good checkpoint stays."""
+    async_save: bool = Field(default=False, alias="async")
+    """``async: true`` (distributed jobs): a periodic save copies the state in memory and writes it in
+    the background while training goes on; its manifest is committed when the write is done, and a
+    preemption, a rollback or the end of training waits for the write in flight. Costs a second copy
+    of the state in host memory while a write runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
     def _some_trigger(self) -> CheckpointPolicy:

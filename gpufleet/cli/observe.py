@@ -133,12 +133,15 @@ def diagnose_job_command(
     ] = 300.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Find GPU bottlenecks in a job's own GPU series (recorded by every attempt), with their evidence."""
+    """Find what holds a job back: GPU bottlenecks in its own GPU series (recorded by every attempt) and,
+    for a distributed job, a rank that hung or holds the others up; each finding with its evidence."""
     from gpufleet.errors import UsageError
     from gpufleet.paths import gpufleet_home, job_dir
+    from gpufleet.runtime.events import iter_events
     from gpufleet.store import Store
     from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
     from gpufleet.telemetry.gpu import job_gpu_samples
+    from gpufleet.telemetry.ranks import rank_findings
 
     home = gpufleet_home()
     store = Store(home / "state.db")
@@ -146,8 +149,15 @@ def diagnose_job_command(
         job = store.job(job_id)
     finally:
         store.close()
-    samples = job_gpu_samples(job_dir(home, job_id))
+    folder = job_dir(home, job_id)
+    samples = job_gpu_samples(folder)
     telemetry = job.spec.telemetry
+    ranked = rank_findings(iter_events(folder / "events.jsonl")) if job.spec.world_size > 1 else []
+    if not samples and job.spec.world_size > 1:
+        source = f"job {job_id} {job.name}: {job.spec.world_size} ranks, no GPU series"
+        note = f"no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}): only the ranks were judged"
+        print_findings(source, ranked, [note], json_out)
+        return
     if not samples:
         raise UsageError(
             f"job {job_id} has no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}); set "
@@ -161,7 +171,7 @@ def diagnose_job_command(
         f"{series.duration_s:.0f} s of GPU series"
     )
     config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
-    findings = diagnose(series, JobContext(precision=telemetry.precision), config)
+    findings = ranked + diagnose(series, JobContext(precision=telemetry.precision), config)
     notes = []
     if series.duration_s < min_duration:
         notes.append(

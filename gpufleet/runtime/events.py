@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class EventLog:
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         """Called with every event after it is written (metrics exporters)."""
         self._fh: IO[str] | None = None
+        self._lock = threading.Lock()  # a rank's watchdog thread may report while the loop emits
         self.dropped = 0
         """Events that could not be written (a full disk)."""
         if path is not None:
@@ -51,6 +53,13 @@ class EventLog:
 
     def emit(self, kind: str, **data: Any) -> dict[str, Any]:
         event = {"ts": time.time(), "attempt": self.attempt, "kind": kind, **_clean(data)}
+        with self._lock:
+            self._write(event)
+        for listener in self.listeners:
+            listener(event)
+        return event
+
+    def _write(self, event: dict[str, Any]) -> None:
         if self._fh is None:
             self.memory.append(event)
             if self.keep_last is not None and len(self.memory) > 2 * self.keep_last:  # amortised: trim in halves
@@ -63,9 +72,6 @@ class EventLog:
                 if not self.dropped:
                     print(f"gpufleet: events not recorded in {self.path}: {err.strerror}", file=sys.stderr, flush=True)
                 self.dropped += 1
-        for listener in self.listeners:
-            listener(event)
-        return event
 
     def close(self) -> None:
         if self._fh is not None:

@@ -85,6 +85,8 @@ class Group:
     local_rank: int = 0
     backend: str = ""
     """``gloo`` or ``nccl``; empty for a group of one."""
+    process_group: Any = None
+    """The ``torch.distributed`` process group the calls go through (``None``: the default one)."""
 
     @property
     def distributed(self) -> bool:
@@ -111,7 +113,7 @@ class Group:
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
         with _collective(self.rank):
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
         return [float(v) for v in tensor.cpu().tolist()]
 
     def any(self, flag: bool) -> bool:
@@ -123,7 +125,7 @@ class Group:
             import torch.distributed as dist
 
             with _collective(self.rank):
-                dist.barrier()
+                dist.barrier(group=self.process_group)
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank (any picklable object)."""
@@ -133,8 +135,24 @@ class Group:
 
         box = [value]
         with _collective(self.rank):
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.process_group)
         return box[0]
+
+    def side_group(self) -> Group:
+        """Collective: the same ranks in a gloo process group of their own, for work in another thread.
+
+        Collectives of two threads must not share a process group (their order would differ between
+        ranks and they would pair up wrongly); a background checkpoint write talks through this one
+        while the training loop keeps the default group for itself.
+        """
+        if not self.distributed:
+            return self
+        import dataclasses
+
+        import torch.distributed as dist
+
+        pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=dist_timeout()))
+        return dataclasses.replace(self, backend="gloo", process_group=pg)
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank."""
@@ -144,7 +162,7 @@ class Group:
 
         out: list[Any] = [None] * self.world_size
         with _collective(self.rank):
-            dist.all_gather_object(out, value)
+            dist.all_gather_object(out, value, group=self.process_group)
         return out
 
 

@@ -16,14 +16,18 @@ with ``REQUEUE_EXIT_CODE`` so the scheduler puts the job back in the queue.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,10 +47,11 @@ from gpufleet.runtime.checkpoint import (
 )
 from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template, reseeded_rng, strategy_of
 from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.group import Group, PeerLost, current_group, is_peer_loss, mark_lost
+from gpufleet.runtime.group import Group, PeerLost, current_group, dist_timeout, is_peer_loss, mark_lost
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
+from gpufleet.runtime.watchdog import RankInfo, RankWatch, stall_seconds
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
 from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
 
@@ -54,6 +59,38 @@ if TYPE_CHECKING:
     from gpufleet.telemetry.gpu import GpuSampler
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A checkpoint being written in the background (``checkpoint.async``)."""
+
+    step: int
+    reason: str
+    healthy: bool
+    nonfinite: str | None
+    stall_seconds: float
+    """How long the training loop stood still for it (the in-memory copy)."""
+    future: Future[CheckpointManifest]
+
+
+def staged(value: Any) -> Any:
+    """A copy of a state that training can no longer change: tensors cloned, containers rebuilt.
+
+    What an asynchronous save writes while the loop goes on updating the weights and the
+    optimizer in place (a DTensor clones its local shard and keeps its placement).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, io.BytesIO):
+        return io.BytesIO(value.getvalue())
+    if isinstance(value, dict):
+        return {key: staged(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [staged(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(staged(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def _job_peak_flops(gpu_type: str, gpus: int) -> float | None:
@@ -214,6 +251,20 @@ class TrainSession:
         """Distributed: a preemption was requested on some rank at the last step boundary."""
         self._agreed_seconds_due = False
         """Distributed: a time-based checkpoint was due on some rank at the last step boundary."""
+        self._writer: ThreadPoolExecutor | None = None
+        """``checkpoint.async``: the thread that writes periodic checkpoints while training goes on."""
+        self._write_group: Group | None = None
+        """Distributed ``checkpoint.async``: the ranks' process group for the background writes."""
+        self._in_flight: _Write | None = None
+        self._watch: RankWatch | None = None
+        """Distributed: the thread that names a rank that stops stepping (``runtime.watchdog``)."""
+        self._agreed_at = time.monotonic()
+        """Distributed: when this rank left the last step agreement."""
+        self._last_wait = 0.0
+        """Distributed: seconds this rank waited in the last step agreement for the others."""
+        self._rank_window: list[list[float]] = []
+        """Rank 0: per rank, the sums of its step seconds and agreement waits, and the steps, since the
+        last step event (``rank_step_s``, ``rank_wait_s``)."""
 
     # ---- construction from the backend's environment ---------------------------------------
     @classmethod
@@ -314,15 +365,53 @@ class TrainSession:
         if self._handle_signals and threading.current_thread() is threading.main_thread():
             for sig in PREEMPT_SIGNALS:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        if self.group.distributed:
+            self._start_watch()
+        if self.policy.async_save:
+            self._write_group = self.group.side_group()
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-ckpt-write")
         self._entered = True
         self._step_started = time.monotonic()
         self._window_start = time.monotonic()
+        self._agreed_at = time.monotonic()
         self.events.emit("train_start", step=self.step, data_position=self.data_position)
+
+    def _start_watch(self) -> None:
+        """Every rank: say where it runs (rank 0 records it), then watch for a rank that stops stepping."""
+        here = RankInfo.here(self.group.rank)
+        ranks = [RankInfo(*info) for info in self.group.gather((here.rank, here.host, here.pid))]
+        self.events.emit(
+            "group",
+            world_size=self.group.world_size,
+            backend=self.group.backend,
+            ranks=[{"rank": r.rank, "host": r.host, "pid": r.pid} for r in ranks],
+        )
+        base = os.environ.get("GPUFLEET_JOB_DIR")
+        folder = (Path(base) if base else self.ckpts.root / ".ranks") / "ranks" / f"attempt-{self.events.attempt}"
+        timeout = dist_timeout()
+        self._watch = RankWatch(
+            rank=self.group.rank,
+            ranks=ranks,
+            folder=folder,
+            stall_s=stall_seconds(timeout),
+            timeout_s=timeout,
+            emit=self.events.emit if self.group.is_main else _job_event_writer(self.events.attempt),
+        )
+        self._watch.progress(self.step)
+        self._watch.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()
+        if self._watch is not None:
+            self._watch.close()
+        if self._writer is not None:
+            if exc is not None:  # a write in flight ends (or fails) before the process does; its error is moot
+                with contextlib.suppress(Exception):
+                    self._finish_write()
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if self.gpu_sampler is not None:
             self.gpu_sampler.close()
         try:
@@ -366,6 +455,7 @@ class TrainSession:
                 f"training ended at step {self.step} on an unhealthy state ({what}); the job is not completed. "
                 "Use health.action: rollback, or loop with `for _ in session.steps()` so it can roll back"
             )
+        self._finish_write()
         if self._last_saved_step != self.step and self.step > 0:
             self._save("final", bad)
 
@@ -480,6 +570,12 @@ class TrainSession:
             tokens_per_s = self._window_tokens / elapsed
             if self.flops_per_token and self.peak_flops and "mfu" not in metrics:
                 metrics["mfu"] = utilization(tokens_per_s, self.flops_per_token, self.peak_flops)
+            per_rank: dict[str, list[float]] = {}
+            if self._rank_window and self._rank_window[2][0] > 0:  # rank 0 of a group: every rank's timings
+                busy, wait, counts = self._rank_window
+                per_rank["rank_step_s"] = [round(b / n, 6) for b, n in zip(busy, counts, strict=True)]
+                per_rank["rank_wait_s"] = [round(w / n, 6) for w, n in zip(wait, counts, strict=True)]
+                self._rank_window = []
             self.events.emit(
                 "step",
                 step=self.step,
@@ -487,6 +583,7 @@ class TrainSession:
                 tokens_per_s=tokens_per_s,
                 data_position=self.data_position,
                 **metrics,
+                **per_rank,
             )
             self._last_log, self._window_tokens, self._window_start = now, 0, now
         if self.inject_rollback_at == self.step and not self._injected_rollback:
@@ -505,6 +602,11 @@ class TrainSession:
             else:
                 self._save("periodic", bad)
         self._step_started = time.monotonic()
+        if self._watch is not None:
+            self._watch.progress(self.step)
+        write = self._in_flight
+        if write is not None and write.future.done() and write.future.exception() is None:
+            self._finish_write()  # a failed write is dealt with where every rank waits for it, together
 
     def _agree(self, values: list[float], tokens: int, now: float) -> tuple[list[float], int]:
         """One all-reduce at the step boundary: the mean loss of every micro-batch over the ranks, the
@@ -517,12 +619,27 @@ class TrainSession:
         p = self.policy
         seconds_due = p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
         flags = [float(tokens), float(self._preempt_signal is not None), float(seconds_due)]
-        summed = self.group.agree([*values, *flags])
-        n, world = len(values), self.group.world_size
+        # Each rank fills its own slot: the sum gives every rank's step seconds (this step, outside the
+        # agreement) and its wait in the previous agreement; the rank that never waits holds the others up.
+        n, world, rank = len(values), self.group.world_size, self.group.rank
+        timing = [0.0] * (2 * world)
+        timing[rank], timing[world + rank] = now - self._agreed_at, self._last_wait
+        entered = time.monotonic()
+        summed = self.group.agree([*values, *flags, *timing])
+        self._agreed_at = time.monotonic()
+        self._last_wait = self._agreed_at - entered
         self._agreed_preempt = summed[n + 1] > 0
         self._agreed_seconds_due = summed[n + 2] > 0
         if self._agreed_preempt and self._preempt_signal is None:
             self._preempt_signal = signal.SIGTERM  # another rank got it first
+        if self.group.is_main:
+            if not self._rank_window:
+                self._rank_window = [[0.0] * world, [0.0] * world, [0.0] * world]
+            busy, wait, counts = self._rank_window
+            for r in range(world):
+                busy[r] += summed[n + 3 + r]
+                wait[r] += summed[n + 3 + world + r]
+                counts[r] += 1
         return [v / world for v in summed[:n]], int(summed[n])
 
     def log(self, kind: str = "metrics", **data: Any) -> None:
@@ -540,7 +657,7 @@ class TrainSession:
         self._logged[kind] = self.step
         if self._note_metrics(data) and self.step > 0:
             self.save("best")
-        if self._last_saved_step == self.step:
+        if self._last_saved_step == self.step or (self._in_flight is not None and self._in_flight.step == self.step):
             self._after_log[self.step] = {
                 "values": copy.deepcopy(self.values),
                 "logged": dict(self._logged),
@@ -644,57 +761,109 @@ class TrainSession:
             "fingerprint": self._fingerprint,
             "metrics": metrics,
         }
-        try:
-            if self.group.distributed:  # every rank writes its shards; rank 0 commits the manifest
-                from gpufleet.runtime.sharded import save_sharded  # torch.distributed.checkpoint: 0.7 s to import
+        step, background = self.step, self._writer is not None and reason == "periodic"
+        self._finish_write()  # one write at a time, in step order
+        started = time.perf_counter()
+        write: Callable[[], CheckpointManifest]
+        if self.group.distributed:  # every rank writes its shards; rank 0 commits the manifest
+            from gpufleet.runtime.sharded import save_sharded  # torch.distributed.checkpoint: 0.7 s to import
 
-                manifest = save_sharded(
-                    self.ckpts,
-                    self.group,
-                    self.step,
-                    dcp_state(self._objects, trainer),
-                    {"rng": capture_rng()},
-                    strategy=strategy_of(self._model),
-                    **fields,
-                )
-            else:
-                state: dict[str, Any] = {name: obj.state_dict() for name, obj in self._objects.items()}
-                state["trainer"] = {**trainer, "rng": capture_rng()}
-                manifest = self.ckpts.save(self.step, state, **fields)
-        except CheckpointSpaceError as err:
-            self._say(
-                "checkpoint_failed",
-                f"checkpoint at step {self.step} not saved: {err}; the last good checkpoint is kept",
-                step=self.step,
-                reason=reason,
-                needed=err.needed,
-                free=err.free,
-            )
+            group = self._write_group if background and self._write_group is not None else self.group
+            state = dcp_state(self._objects, trainer)
+            rank_state = {"rng": capture_rng()}
+            strategy = strategy_of(self._model)
+            if background:
+                state, rank_state = staged(state), staged(rank_state)
+
+            def write() -> CheckpointManifest:
+                return save_sharded(self.ckpts, group, step, state, rank_state, strategy=strategy, **fields)
+
+        else:
+            plain: dict[str, Any] = {name: obj.state_dict() for name, obj in self._objects.items()}
+            plain["trainer"] = {**trainer, "rng": capture_rng()}
+            if background:
+                plain = staged(plain)
+
+            def write() -> CheckpointManifest:
+                manifest = self.ckpts.save(step, plain, **fields)
+                if background:  # a synchronous save prunes after its event
+                    with contextlib.suppress(OSError, CheckpointError):
+                        self.ckpts.prune()
+                return manifest
+
+        if background and self._writer is not None:
+            stall = time.perf_counter() - started
+            self._in_flight = _Write(step, reason, healthy, nonfinite, stall, self._writer.submit(write))
             self._last_save_time = time.monotonic()
-            if reason in ("preempt", "final") or self.policy.on_no_space == "requeue":
-                raise Preempted(self.step) from None
+            self._unhealthy_since_save = False
+            self._step_seconds.clear()
             return
-        self._last_saved_step = self.step
+        try:
+            manifest = write()
+        except CheckpointSpaceError as err:
+            self._save_failed(err, step, reason)
+            return
+        self._saved(manifest, step, reason, healthy, nonfinite)
+
+    def _finish_write(self) -> None:
+        """Wait for the checkpoint being written in the background (if any), then record it."""
+        write, self._in_flight = self._in_flight, None
+        if write is None:
+            return
+        try:
+            manifest = write.future.result()
+        except CheckpointSpaceError as err:
+            self._save_failed(err, write.step, write.reason)
+            return
+        self._saved(manifest, write.step, write.reason, write.healthy, write.nonfinite, stall=write.stall_seconds)
+
+    def _save_failed(self, err: CheckpointSpaceError, step: int, reason: str) -> None:
+        self._say(
+            "checkpoint_failed",
+            f"checkpoint at step {step} not saved: {err}; the last good checkpoint is kept",
+            step=step,
+            reason=reason,
+            needed=err.needed,
+            free=err.free,
+        )
         self._last_save_time = time.monotonic()
-        self._unhealthy_since_save = False
-        self._step_seconds.clear()
+        if reason in ("preempt", "final") or self.policy.on_no_space == "requeue":
+            raise Preempted(self.step) from None
+
+    def _saved(
+        self,
+        manifest: CheckpointManifest,
+        step: int,
+        reason: str,
+        healthy: bool,
+        nonfinite: str | None,
+        stall: float | None = None,
+    ) -> None:
+        """A committed checkpoint: remember it, and say so (``stall``: it was written in the background)."""
+        self._last_saved_step = step if self._last_saved_step is None else max(step, self._last_saved_step)
+        if stall is None:
+            self._last_save_time = time.monotonic()
+            self._unhealthy_since_save = False
+            self._step_seconds.clear()
         self.events.emit(
             "checkpoint",
-            step=self.step,
+            step=step,
             seconds=manifest.save_seconds,
             bytes=manifest.total_bytes,
             healthy=healthy,
             reason=reason,
-            path=str(self.ckpts.root / f"step-{self.step:08d}"),
+            path=str(self.ckpts.root / f"step-{step:08d}"),
             **({"nonfinite": nonfinite} if nonfinite else {}),
+            **({"background": True, "stall_seconds": stall} if stall is not None else {}),
         )
-        if not self.group.distributed:  # a sharded save prunes on rank 0 once committed
+        if not self.group.distributed and stall is None:  # a sharded save prunes on rank 0 once committed
             self.ckpts.prune()
 
     def _preempt(self) -> None:
         signum = self._preempt_signal
         name = signal.Signals(signum).name if signum is not None else "request"
         self.events.emit("preempt_signal", signal=name, step=self.step)
+        self._finish_write()  # the write in flight is committed before the process exits
         if self._last_saved_step != self.step:
             self._save("preempt", self.nonfinite_state())
         raise Preempted(self.step)
@@ -835,6 +1004,7 @@ class TrainSession:
                 f"step {bad_step} is unhealthy after {self.rollbacks} rollbacks (health.max_rollbacks); "
                 "lower the learning rate or raise health.max_rollbacks"
             )
+        self._finish_write()  # the checkpoint to go back to may be the one being written
         started = time.monotonic()
         # Work thrown away: the steps since the last save in this attempt, and the bad one.
         redone_seconds = sum(self._step_seconds.values()) + (started - self._step_started)
@@ -869,10 +1039,28 @@ class TrainSession:
         self._step_seconds.clear()
         self._unhealthy_since_save = False
         self._step_started = time.monotonic()
+        if self._watch is not None:
+            self._watch.progress(self.step)
 
 
 def _attempt(events: EventLog | None) -> int:
     return events.attempt if events is not None else 1
+
+
+def _job_event_writer(attempt: int) -> Any:
+    """For a rank other than 0: append one event to the job's log (a watchdog report), if there is one."""
+    path = os.environ.get("GPUFLEET_EVENTS")
+
+    def emit(kind: str, **data: Any) -> None:
+        if not path:
+            return
+        log = EventLog(Path(path), attempt=attempt)
+        try:
+            log.emit(kind, **data)
+        finally:
+            log.close()
+
+    return emit
 
 
 def _local(value: Any) -> Any:

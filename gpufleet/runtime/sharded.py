@@ -506,7 +506,12 @@ def save_sharded(
         writer = _RecordingWriter(tmp, pool)
         try:
             with _quiet_dcp(), _torch_crc32_off():
-                dcp_save(state, storage_writer=writer, no_dist=not group.distributed)
+                dcp_save(
+                    state,
+                    storage_writer=writer,
+                    no_dist=not group.distributed,
+                    process_group=group.process_group,
+                )
             entry = _write_rank_file(tmp / rank_filename(group.rank), rank_state, pool)
             written = {**writer.recorder.written, rank_filename(group.rank): (entry.sha256, entry.bytes)}
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException

@@ -16,6 +16,10 @@ disagree. Exposed (prometheus-client), per attempt::
     gpufleet_job_gpus                       gauge    GPUs the attempt holds
     gpufleet_job_gpu_seconds_total          counter  GPUs x seconds since the attempt started
     gpufleet_job_cost_total                 counter  the same, priced with the rate card (label currency)
+    gpufleet_rank_step_seconds              gauge    per rank (label rank): a distributed job's mean step
+                                                     time outside the step agreement, since the last step event
+    gpufleet_rank_wait_seconds              gauge    per rank: mean time it waited in the step agreement for
+                                                     the others (the rank that never waits holds them up)
 
 Labels: ``job_id``, ``job_name``, ``team``, ``attempt``, ``backend``, ``backend_job_id``,
 ``gpu_type``, ``provider``. (Not ``job``: Prometheus sets that label itself on every scrape and
@@ -91,6 +95,18 @@ class JobMetrics:
         self.restores = counter("gpufleet_job_restores", "Checkpoints restored (start or rollback).")
         self.preemptions = counter("gpufleet_job_preemptions", "Preemption signals handled at a step boundary.")
         self.rollbacks = counter("gpufleet_job_rollbacks", "Rollbacks to the last healthy checkpoint.")
+        self.rank_step = Gauge(
+            "gpufleet_rank_step_seconds",
+            "Mean step seconds of each rank outside the step agreement (distributed jobs).",
+            [*names, "rank"],
+            registry=self.registry,
+        )
+        self.rank_wait = Gauge(
+            "gpufleet_rank_wait_seconds",
+            "Mean seconds each rank waited in the step agreement for the other ranks (distributed jobs).",
+            [*names, "rank"],
+            registry=self.registry,
+        )
         self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
         if gpus > 0:
             self.registry.register(_GpuTimeCollector(self))
@@ -106,6 +122,12 @@ class JobMetrics:
             self.tokens.set(float(event.get("tokens_per_s", 0.0)))
             if isinstance(event.get("mfu"), (int, float)):
                 self.mfu.set(float(event["mfu"]))
+            for gauge, key in ((self.rank_step, "rank_step_s"), (self.rank_wait, "rank_wait_s")):
+                values = event.get(key)
+                if isinstance(values, list):
+                    for rank, value in enumerate(values):
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            gauge.labels(**self.labels, rank=str(rank)).set(float(value))
         elif kind == "checkpoint":
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))

@@ -129,7 +129,7 @@ def train(
             x, y = x[group.rank :: group.world_size], y[group.rank :: group.world_size]
             _, loss = model(x, y)
             assert loss is not None
-            loss = faults.apply(loss, sess.data_position)
+            loss = faults.apply(loss, sess.data_position, group.rank)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -19,9 +19,10 @@ def test_parse_every_kind() -> None:
     assert FaultPlan.parse("").faults == {}
 
 
-@pytest.mark.parametrize("item", ["oom", "oom@", "oom@-1", "OOM@3", "leak@3", "oom@3x"])
+@pytest.mark.parametrize("item", ["oom", "oom@", "oom@-1", "OOM@3", "leak@3", "oom@3x", "nan@3:1", "hang@3:r"])
 def test_bad_faults_name_the_item_and_the_kinds(item: str) -> None:
-    with pytest.raises(UsageError, match=rf"invalid fault '{item}': use KIND@STEP with KIND nan, inf, spike or oom"):
+    pattern = rf"invalid fault '{item}': use KIND@STEP\[:rRANK\] with KIND nan, inf, spike, oom or hang"
+    with pytest.raises(UsageError, match=pattern):
         FaultPlan.parse(item)
 
 

@@ -1,0 +1,142 @@
+"""``checkpoint: {async: true}``: periodic saves are written in the background while training goes on.
+
+The state is copied in memory at the step boundary, so what is written is the state of that step
+even though the loop keeps updating the weights in place; the manifest is committed only once the
+write is done; a preemption waits for the write in flight. A 2-rank FSDP job with background
+saves, preempted twice by the scheduler, ends bitwise equal to the same job saved synchronously
+and never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, drive
+
+from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.runtime import CheckpointDir, EventLog, TrainSession
+from gpufleet.runtime.sharded import full_state
+from gpufleet.spec import CheckpointPolicy, parse_spec
+from gpufleet.store import latest_step
+from gpufleet.workloads.tinylm import TINY
+
+
+def loop(root: Path, *, background: bool, hold: threading.Event | None = None) -> tuple[TrainSession, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    events = EventLog(root / "events.jsonl")
+    session = TrainSession(
+        ckpt_dir=root / "ckpt",
+        model=model,
+        optimizer=optimizer,
+        total_steps=9,
+        policy=CheckpointPolicy(every_steps=2, keep=10, **{"async": background}),
+        events=events,
+        log_every_s=0.0,
+        echo=False,
+    )
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    if hold is not None:
+        real_save = session.ckpts.save
+
+        def slow_save(*args: Any, **kwargs: Any) -> Any:
+            assert hold.wait(timeout=60), "the test never released the write"
+            return real_save(*args, **kwargs)
+
+        session.ckpts.save = slow_save  # type: ignore[method-assign]
+    with session:
+        for step in session.steps():
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(16, 8, generator=g)
+            loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.report(loss)
+            seen[session.step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if hold is not None and session.step == 3:
+                hold.set()  # the step-2 write ran while step 3 changed the weights in place
+    return session, seen
+
+
+def test_a_background_save_writes_the_state_of_its_step_not_a_later_one(tmp_path: Path) -> None:
+    _, seen = loop(tmp_path, background=True, hold=threading.Event())
+    _, saved = CheckpointDir(tmp_path / "ckpt").load(tmp_path / "ckpt" / "step-00000002")
+    for key, value in seen[2].items():
+        assert torch.equal(saved["model"][key], value), key
+    assert not torch.equal(seen[2]["weight"], seen[3]["weight"])  # the weights did move during the write
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    saves = [e for e in events if e["kind"] == "checkpoint"]
+    assert [e["step"] for e in saves] == [2, 4, 6, 8, 9]
+    assert all(e.get("background") for e in saves[:4]) and not saves[4].get("background")  # the final save waits
+    assert all(e["stall_seconds"] >= 0 for e in saves[:4])
+
+
+def test_background_saves_change_nothing_in_the_training(tmp_path: Path) -> None:
+    _, sync = loop(tmp_path / "sync", background=False)
+    _, background = loop(tmp_path / "async", background=True)
+    assert sync.keys() == background.keys()
+    for step in sync:
+        for key in sync[step]:
+            assert torch.equal(sync[step][key], background[step][key]), (step, key)
+    a = CheckpointDir(tmp_path / "sync" / "ckpt").scan()
+    b = CheckpointDir(tmp_path / "async" / "ckpt").scan()
+    assert [i.step for i in a] == [i.step for i in b] == [2, 4, 6, 8, 9]
+
+
+def tinylm(name: str, *, background: bool) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "entrypoint": "gpufleet.workloads.tinylm:train",
+            "args": {**TINY, "steps": 24},
+            "resources": {"nodes": 1, "gpus": 2, "cpus": 2},
+            "distributed": {"strategy": "fsdp", "timeout_seconds": 120},
+            "checkpoint": {"every_steps": 3, "grace_seconds": 60, "async": background},
+            "max_restarts": 10,
+        }
+    )
+
+
+def final_state(home: Path, job: int) -> dict[str, Any]:
+    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
+    assert newest.step == 24 and newest.manifest is not None and newest.manifest.format == "dcp"
+    state = full_state(newest.path, newest.manifest)
+    return {"model": state["model"], "optimizer": state["optimizer"]}
+
+
+@pytest.mark.timeout(900)
+def test_a_group_with_background_saves_preempted_twice_ends_bit_identical(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
+    backend = LocalBackend(home, spawn=False)
+    scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
+    try:
+        straight = backend.submit(tinylm("straight", background=False))
+        drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
+        assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
+        cut = backend.submit(tinylm("cut", background=True))
+        for n, target in enumerate(sorted(random.Random(7).sample(range(4, 20), 2)), start=1):
+
+            def reached(n: int = n, target: int = target) -> bool:
+                return len(backend.store.attempts(cut)) == n and (latest_step(backend.store, cut) or 0) >= target
+
+            drive(scheduler, reached, timeout=600)
+            backend.preempt(cut)
+        drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+    finally:
+        scheduler.shutdown(grace_s=30)
+    job = backend.store.job(cut)
+    assert job.state == "completed" and job.restarts == 2, job.reason
+    assert_bitwise_equal(final_state(home, cut), final_state(home, straight), "fsdp, background saves")
+    saves = backend.store.events(cut, kinds=["checkpoint"])
+    assert any(e.data.get("background") for e in saves) and any(e.data["reason"] == "preempt" for e in saves)
