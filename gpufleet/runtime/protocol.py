@@ -32,6 +32,8 @@ ENV_EVENTS = "GPUFLEET_EVENTS"
 ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
 ENV_WORLD_SIZE = "GPUFLEET_WORLD_SIZE"
+ENV_TORCHRUN_SHUTDOWN = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+"""torchrun's seconds between the SIGTERM it forwards to its ranks and its SIGKILL."""
 ENV_STRATEGY = "GPUFLEET_DIST_STRATEGY"
 """The spec's ``distributed.strategy`` (``none``, ``ddp``, ``fsdp``): how a script that asks should wrap its model."""
 
@@ -77,7 +79,13 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
     """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside)."""
     folder = job_dir(home, job_id)
     timeout = spec.distributed.timeout_seconds if spec.distributed is not None else DEFAULT_TIMEOUT_S
+    group: dict[str, str] = {}
+    if spec.world_size > 1:
+        # torchrun gives its ranks this long between its SIGTERM and its SIGKILL (30 s by default):
+        # the job's grace, so a preempted group has the whole grace to save, as one process has.
+        group[ENV_TORCHRUN_SHUTDOWN] = str(math.ceil(spec.checkpoint.grace_seconds))
     return {
+        **group,
         **spec.env,
         "GPUFLEET_HOME": str(home),
         ENV_JOB_ID: str(job_id),

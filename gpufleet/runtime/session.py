@@ -62,6 +62,17 @@ PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass(frozen=True, slots=True)
+class _Step:
+    """A step reported by a rank of a group and not yet agreed on."""
+
+    values: list[float]
+    tokens: int
+    batches: int
+    metrics: dict[str, float]
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class _Write:
     """A checkpoint being written in the background (``checkpoint.async``)."""
 
@@ -163,6 +174,7 @@ class TrainSession:
         job: str | None = None,
         echo: bool = True,
         group: Group | None = None,
+        agree_every: int = 1,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -251,6 +263,12 @@ class TrainSession:
         """Distributed: a preemption was requested on some rank at the last step boundary."""
         self._agreed_seconds_due = False
         """Distributed: a time-based checkpoint was due on some rank at the last step boundary."""
+        self.agree_every = agree_every
+        """Distributed: steps per agreement of the ranks (``distributed.agree_every``)."""
+        self._pending: list[_Step] = []
+        """Distributed: the steps reported since the last agreement, judged at the next one."""
+        self._save_owed = False
+        self._inject_owed = False
         self._writer: ThreadPoolExecutor | None = None
         """``checkpoint.async``: the thread that writes periodic checkpoints while training goes on."""
         self._write_group: Group | None = None
@@ -288,7 +306,7 @@ class TrainSession:
         """
         env = os.environ
         policy, health, peak, gpu_type, provider = CheckpointPolicy(), HealthPolicy(), None, "", ""
-        telemetry, gpus, spot, spec_resume = Telemetry(), 1, False, "auto"
+        telemetry, gpus, spot, spec_resume, agree_every = Telemetry(), 1, False, "auto", 1
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
@@ -296,6 +314,7 @@ class TrainSession:
             peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
             gpu_type, provider = spec.resources.gpu_type, spec.provider
             telemetry, gpus, spot, spec_resume = spec.telemetry, spec.total_gpus, spec.spot, spec.resume
+            agree_every = spec.distributed.agree_every if spec.distributed is not None else 1
         group = current_group()
         events_path = env.get("GPUFLEET_EVENTS") if group.is_main else None
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
@@ -322,6 +341,7 @@ class TrainSession:
             resume=env.get("GPUFLEET_RESUME") or resume or spec_resume,
             job=env.get("GPUFLEET_JOB_ID") or None,
             group=group,
+            agree_every=agree_every,
         )
         session.inject_preempt_at = _env_step(env, "GPUFLEET_DEBUG_PREEMPT_AT")
         session.inject_rollback_at = _env_step(env, "GPUFLEET_DEBUG_ROLLBACK_AT")
@@ -439,6 +459,8 @@ class TrainSession:
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
+        if self._pending:  # the loop was left between two agreements: judge those steps first
+            self._flush(time.monotonic())
         if self._preempting() and (self.total_steps is None or self.step < self.total_steps):
             self._preempt()  # the loop was left early because of SIGTERM: that is a preemption
         bad = self.nonfinite_state()
@@ -535,8 +557,42 @@ class TrainSession:
         values = loss_values(loss)
         batches = len(values) if batches is None else batches
         now = time.monotonic()
-        if self.group.distributed:
-            values, tokens = self._agree(values, tokens, now)
+        if not self.group.distributed:
+            self._close_step(values, tokens, batches, metrics, now - self._step_started, now, decide=True)
+            return
+        # A group closes its steps together, at each agreement (every ``agree_every`` steps, and the last).
+        self._pending.append(_Step(values, tokens, batches, dict(metrics), now - self._step_started))
+        self.step += 1  # provisional until the agreement judges it
+        self.data_position += batches
+        last = self.total_steps is not None and self.step >= self.total_steps
+        if len(self._pending) < self.agree_every and not last:
+            self._step_started = time.monotonic()
+            if self._watch is not None:
+                self._watch.progress(self.step)
+            return
+        self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        """The ranks agree on the pending steps (the last one just reported), then judge and close each."""
+        pending, self._pending = self._pending, []
+        self.step -= len(pending)  # back to the first pending step: each is counted once judged
+        self.data_position -= sum(p.batches for p in pending)
+        agreed = self._agree(pending, now)
+        for i, (step, (mean, total)) in enumerate(zip(pending, agreed, strict=True)):
+            if not self._close_step(mean, total, step.batches, step.metrics, step.seconds, now, i == len(pending) - 1):
+                return  # rolled back: the steps after the bad one are thrown away
+
+    def _close_step(
+        self,
+        values: list[float],
+        tokens: int,
+        batches: int,
+        metrics: dict[str, float],
+        seconds: float,
+        now: float,
+        decide: bool,
+    ) -> bool:
+        """Judge one step and count it; at a decision point also inject, preempt and save. False: rolled back."""
         verdict, micro = self.monitor.judge_step(values)
         value = step_loss(values)
         if not verdict.healthy:
@@ -555,16 +611,19 @@ class TrainSession:
             if self.health_policy.action == "rollback":
                 bad_end = position + per if per and micro is not None else self.data_position + batches
                 self._rollback(self.step + 1, skip_to=bad_end + self.health_policy.skip_extra_batches)
-                return
+                return False
             self._unhealthy_since_save = True
         else:
             self.monitor.accept(value)
-        self._step_seconds[self.step] = now - self._step_started
+        self._step_seconds[self.step] = seconds
         self.step += 1
         self.data_position += batches
         self.last_loss = value
         self._window_tokens += tokens
         self._note_metrics(metrics)
+        p = self.policy
+        self._save_owed |= p.every_steps is not None and self.step % p.every_steps == 0
+        self._inject_owed |= self.inject_preempt_at == self.step
         if now - self._last_log >= self.log_every_s or self.step == self.total_steps:
             elapsed = max(now - self._window_start, 1e-9)
             tokens_per_s = self._window_tokens / elapsed
@@ -586,31 +645,42 @@ class TrainSession:
                 **per_rank,
             )
             self._last_log, self._window_tokens, self._window_start = now, 0, now
-        if self.inject_rollback_at == self.step and not self._injected_rollback:
+        if (
+            self.inject_rollback_at is not None
+            and self.inject_rollback_at <= self.step
+            and not self._injected_rollback
+            and decide
+        ):
             self._injected_rollback = True
             self._rollback(self.step, skip_to=None, injected=True)
-            return
-        if self.inject_preempt_at == self.step:
+            return False
+        if not decide:
+            return True
+        if self._inject_owed:
+            self._inject_owed = False
             self._preempt_signal = signal.SIGTERM
             self._agreed_preempt = True  # the same step on every rank: no need to ask the others
         if self._preempting():
             self._preempt()
         if self._save_due(now):
+            self._save_owed = False
             bad = self.nonfinite_state()
             if bad is not None and self.health_policy.action == "rollback":
                 self._roll_back_bad_state(bad, "before a checkpoint")
-            else:
-                self._save("periodic", bad)
+                return False
+            self._save("periodic", bad)
         self._step_started = time.monotonic()
         if self._watch is not None:
             self._watch.progress(self.step)
         write = self._in_flight
         if write is not None and write.future.done() and write.future.exception() is None:
             self._finish_write()  # a failed write is dealt with where every rank waits for it, together
+        return True
 
-    def _agree(self, values: list[float], tokens: int, now: float) -> tuple[list[float], int]:
-        """One all-reduce at the step boundary: the mean loss of every micro-batch over the ranks, the
-        tokens of all ranks, and whether any rank was asked to stop or saw a time-based checkpoint due.
+    def _agree(self, pending: Sequence[_Step], now: float) -> list[tuple[list[float], int]]:
+        """One all-reduce for the steps since the last one: the mean loss of every micro-batch of each step
+        over the ranks, the tokens of all ranks, and whether any rank was asked to stop or saw a
+        time-based checkpoint due.
 
         Every rank then judges the same numbers, so they save, roll back, skip and stop together;
         a NaN on one rank makes the mean NaN everywhere. Each rank must report as many micro-batch
@@ -618,18 +688,19 @@ class TrainSession:
         """
         p = self.policy
         seconds_due = p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
-        flags = [float(tokens), float(self._preempt_signal is not None), float(seconds_due)]
-        # Each rank fills its own slot: the sum gives every rank's step seconds (this step, outside the
-        # agreement) and its wait in the previous agreement; the rank that never waits holds the others up.
-        n, world, rank = len(values), self.group.world_size, self.group.rank
+        losses = [v for step in pending for v in step.values]
+        flags = [*(float(step.tokens) for step in pending), float(self._preempt_signal is not None), float(seconds_due)]
+        # Each rank fills its own slot: the sum gives every rank's step seconds (outside the agreement)
+        # and its wait in the previous agreement; the rank that never waits holds the others up.
+        n, k, world, rank = len(losses), len(pending), self.group.world_size, self.group.rank
         timing = [0.0] * (2 * world)
-        timing[rank], timing[world + rank] = now - self._agreed_at, self._last_wait
+        timing[rank], timing[world + rank] = (now - self._agreed_at) / k, self._last_wait
         entered = time.monotonic()
-        summed = self.group.agree([*values, *flags, *timing])
+        summed = self.group.agree([*losses, *flags, *timing])
         self._agreed_at = time.monotonic()
         self._last_wait = self._agreed_at - entered
-        self._agreed_preempt = summed[n + 1] > 0
-        self._agreed_seconds_due = summed[n + 2] > 0
+        self._agreed_preempt = summed[n + k] > 0
+        self._agreed_seconds_due = summed[n + k + 1] > 0
         if self._agreed_preempt and self._preempt_signal is None:
             self._preempt_signal = signal.SIGTERM  # another rank got it first
         if self.group.is_main:
@@ -637,10 +708,14 @@ class TrainSession:
                 self._rank_window = [[0.0] * world, [0.0] * world, [0.0] * world]
             busy, wait, counts = self._rank_window
             for r in range(world):
-                busy[r] += summed[n + 3 + r]
-                wait[r] += summed[n + 3 + world + r]
+                busy[r] += summed[n + k + 2 + r]
+                wait[r] += summed[n + k + 2 + world + r]
                 counts[r] += 1
-        return [v / world for v in summed[:n]], int(summed[n])
+        out, at = [], 0
+        for i, step in enumerate(pending):
+            out.append(([v / world for v in summed[at : at + len(step.values)]], int(summed[n + i])))
+            at += len(step.values)
+        return out
 
     def log(self, kind: str = "metrics", **data: Any) -> None:
         """Record anything else (validation loss, test metrics) in the job's event log.
@@ -684,7 +759,7 @@ class TrainSession:
     # ---- checkpoints -----------------------------------------------------------------------
     def _save_due(self, now: float) -> bool:
         p = self.policy
-        if p.every_steps is not None and self.step % p.every_steps == 0:
+        if self._save_owed:  # a multiple of every_steps was reached since the last decision point
             return True
         if self.group.distributed:
             return self._agreed_seconds_due
@@ -892,6 +967,22 @@ class TrainSession:
             expect = Expectation(job=self.job)
             info, manifest, skipped = sharded_candidate(self.ckpts, self.group, before_step=before_step, expect=expect)
             state: dict[str, Any] | None = None
+            single = [
+                bad
+                for bad in skipped
+                if bad.manifest is not None
+                and bad.manifest.format != "dcp"
+                and bad.manifest.healthy
+                and (self.job is None or bad.manifest.job in (None, self.job))
+            ]
+            if single and (info is None or single[0].step > info.step):
+                # Starting over (or from an older sharded one) would silently throw that progress away.
+                raise CheckpointError(
+                    f"{single[0].path.name} (step {single[0].step}) was written by a single process (torch format), "
+                    f"which a group of {self.group.world_size} ranks cannot reshard: resume the job with one rank "
+                    "(resources.gpus: 1, no distributed block), or start over with resume: never in a fresh "
+                    "checkpoint directory"
+                )
         else:
             expect = Expectation(job=self.job, objects=frozenset([*self._objects, "trainer"]))
             # A sharded checkpoint loads here too: a job cut down to one process reshards it.
@@ -1038,6 +1129,7 @@ class TrainSession:
         self.data_position = target
         self._step_seconds.clear()
         self._unhealthy_since_save = False
+        self._save_owed = False
         self._step_started = time.monotonic()
         if self._watch is not None:
             self._watch.progress(self.step)

@@ -24,7 +24,7 @@ from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.ray import RayBackend
 from gpufleet.backends.slurm import SlurmBackend
 from gpufleet.errors import UsageError
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv
+from gpufleet.runtime.protocol import ENV_TORCHRUN_SHUTDOWN, REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.spec import JobSpec, parse_spec
 
 RANK = """
@@ -195,6 +195,14 @@ def test_entry_argv_runs_the_group_launcher(rank_script: Path) -> None:
     script = spec.copy_with(distributed={"launcher": "script"})
     assert entry_argv(script)[0] == sys.executable and entry_argv(script)[1] == str(rank_script)
     assert entry_argv(spec.copy_with(distributed=None))[1] == str(rank_script)
+
+
+def test_torchrun_gives_the_ranks_the_job_grace_before_its_sigkill(rank_script: Path, tmp_path: Path) -> None:
+    """torchrun SIGKILLs its ranks 30 s after its SIGTERM by default: a group gets the job's grace instead."""
+    spec = two_ranks(rank_script, "ok").copy_with(checkpoint={"every_steps": 5, "grace_seconds": 45.5})
+    assert job_environment(spec, 1, tmp_path, "local")[ENV_TORCHRUN_SHUTDOWN] == "46"
+    one = spec.copy_with(resources={"gpus": 1}, distributed=None)
+    assert ENV_TORCHRUN_SHUTDOWN not in job_environment(one, 1, tmp_path, "local")
 
 
 def test_local_two_rank_job_runs_both_ranks_and_completes(local2: Any, rank_script: Path) -> None:

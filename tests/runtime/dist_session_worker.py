@@ -1,6 +1,6 @@
 """One rank of a TrainSession test under torchrun (``test_distributed_session.py`` starts 2 of these).
 
-``python dist_session_worker.py MODE ROOT``: a small replicated model trains 12 steps of two
+``python dist_session_worker.py MODE ROOT [AGREE_EVERY]``: a small replicated model trains 12 steps of two
 accumulated micro-batches (random batches, as scripts draw them) with a
 ``TrainSession`` whose checkpoints go to ``ROOT/ckpt`` (every 4 steps) and whose events rank 0
 writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
@@ -8,6 +8,8 @@ writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
 - ``nan``: rank 1's second micro-batch loss at step 6 is NaN (the other rank's are finite);
 - ``signal``: rank 1 sends itself SIGTERM during step 7;
 - ``plain``: nothing.
+
+``AGREE_EVERY`` (default 1) is the session's steps per agreement of the ranks.
 
 Each rank writes ``ROOT/rank-<r>.json`` (its step, data position and rollbacks) when its session
 ends, however it ends.
@@ -28,7 +30,7 @@ from gpufleet.runtime.group import current_group
 from gpufleet.spec import CheckpointPolicy, HealthPolicy
 
 
-def main(mode: str, root: Path) -> None:
+def main(mode: str, root: Path, agree_every: int = 1) -> None:
     group = current_group()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -45,6 +47,7 @@ def main(mode: str, root: Path) -> None:
         log_every_s=0.0,
         job="dist-test",
         group=group,
+        agree_every=agree_every,
     )
     try:
         with session:
@@ -67,4 +70,4 @@ def main(mode: str, root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1)

@@ -37,7 +37,7 @@ def loop(root: Path, *, background: bool, hold: threading.Event | None = None) -
         model=model,
         optimizer=optimizer,
         total_steps=9,
-        policy=CheckpointPolicy(every_steps=2, keep=10, **{"async": background}),
+        policy=CheckpointPolicy.model_validate({"every_steps": 2, "keep": 10, "async": background}),
         events=events,
         log_every_s=0.0,
         echo=False,

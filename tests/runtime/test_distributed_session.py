@@ -34,12 +34,14 @@ from gpufleet.workloads.tinylm import TINY
 WORKER = Path(__file__).with_name("dist_session_worker.py")
 
 
-def torchrun(mode: str, root: Path) -> int:
+def torchrun(mode: str, root: Path, agree_every: int = 1) -> int:
     """Two ranks of the worker; torchrun's exit status (1 when a rank exits 75)."""
     root.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     with (root / "torchrun.log").open("w") as log:
-        proc = subprocess.run([*argv, str(WORKER), mode, str(root)], stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        proc = subprocess.run(
+            [*argv, str(WORKER), mode, str(root), str(agree_every)], stdout=log, stderr=subprocess.STDOUT, timeout=300
+        )
     return proc.returncode
 
 
@@ -47,8 +49,10 @@ def ranks(root: Path) -> list[dict[str, Any]]:
     return [json.loads((root / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
 
-def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path) -> None:
-    assert torchrun("nan", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+@pytest.mark.parametrize("agree_every", [1, 4])
+def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path, agree_every: int) -> None:
+    """Agreeing every 4 steps, the NaN of step 6 is judged at step 8 and rolled back the same way."""
+    assert torchrun("nan", tmp_path, agree_every) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     first, second = ranks(tmp_path)
     assert first == second and first["rollbacks"] == 1 and first["step"] == 12
     events, _ = read_events(tmp_path / "events.jsonl")
@@ -57,17 +61,36 @@ def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path) -> None:
     assert unhealthy["step"] == 6 and unhealthy["micro_batch"] == 1  # the ranks' mean of that micro-batch: NaN
 
 
-def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path: Path) -> None:
-    assert torchrun("signal", tmp_path) != 0  # each rank exited 75; torchrun reports a failure
+@pytest.mark.parametrize(("agree_every", "stop"), [(1, 7), (4, 8)])
+def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(
+    tmp_path: Path, agree_every: int, stop: int
+) -> None:
+    """SIGTERM during step 7 on rank 1: every rank stops at the next agreement (step 7, or 8 agreeing every 4)."""
+    assert torchrun("signal", tmp_path, agree_every) != 0  # each rank exited 75; torchrun reports a failure
     first, second = ranks(tmp_path)
-    assert first == second and first["step"] == 7
+    assert first == second and first["step"] == stop
     newest = CheckpointDir(tmp_path / "ckpt").scan()[-1]
-    assert newest.step == 7 and newest.manifest is not None and newest.manifest.world_size == 2
+    assert newest.step == stop and newest.manifest is not None and newest.manifest.world_size == 2
     events, _ = read_events(tmp_path / "events.jsonl")
     assert [e["status"] for e in events if e["kind"] == "session_end"] == ["requeue"]
     # Run again: both ranks resume from step 7 and finish.
-    assert torchrun("plain", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    assert torchrun("plain", tmp_path, agree_every) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     assert [r["step"] for r in ranks(tmp_path)] == [12, 12]
+
+
+def test_a_group_refuses_a_single_process_checkpoint_instead_of_starting_over(tmp_path: Path) -> None:
+    """A checkpoint written by one process cannot be resharded: the attempt fails saying so, nothing is lost."""
+    one = subprocess.run([sys.executable, str(WORKER), "plain", str(tmp_path)], capture_output=True, timeout=300)
+    assert one.returncode == 0, one.stderr.decode()[-2000:]
+    assert [i.step for i in CheckpointDir(tmp_path / "ckpt").scan()] == [4, 8, 12]
+    (tmp_path / "events.jsonl").unlink()
+    assert torchrun("plain", tmp_path) != 0
+    events, _ = read_events(tmp_path / "events.jsonl")
+    end = [e for e in events if e["kind"] == "session_end"]
+    assert [e["status"] for e in end] == ["failed"]
+    assert "step-00000012 (step 12) was written by a single process" in end[0]["error"]
+    assert "resume: never" in end[0]["error"]
+    assert [i.step for i in CheckpointDir(tmp_path / "ckpt").scan()] == [4, 8, 12]  # untouched
 
 
 def backend_steps(home: Path, job: int) -> int:

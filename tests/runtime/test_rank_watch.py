@@ -115,7 +115,7 @@ def hang_spec(timeout_s: float) -> Any:
             "args": {**TINY, "steps": 14},
             "resources": {"nodes": 1, "gpus": 2, "cpus": 2},
             "distributed": {"strategy": "ddp", "timeout_seconds": timeout_s},
-            "checkpoint": {"every_steps": 4, "grace_seconds": 60},
+            "checkpoint": {"every_steps": 4, "grace_seconds": 10},
             "max_restarts": 3,
         }
     )
