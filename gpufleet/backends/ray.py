@@ -9,9 +9,19 @@ the next one, which restores the last checkpoint. The actor is detached, so it o
 ``gpufleet submit`` that created it, and named ``gpufleet-job-<id>`` in the ``gpufleet``
 namespace, so ``preempt`` and ``cancel`` find it from any process.
 
+A job of more than one rank (``distributed``: ``resources.gpus`` ranks on one node, started by
+gpufleet under the default ``launcher: torchrun``) runs on Ray's own machinery: a placement group
+of one bundle per rank (:func:`placement_bundles`: the rank's share of ``resources.cpus``, and one
+GPU on clusters that have GPUs), strategy ``PACK``, named ``gpufleet-job-<id>`` and held across
+attempts the way a one-process job's actor holds its resources. The actor then asks for nothing
+itself (it only supervises), so no CPU is reserved twice, and it is not in the group: it removes
+the group when the job ends, which would end it too. Each attempt starts one rank actor per bundle
+and runs the ranks as torchrun would (see :mod:`~gpufleet.backends.ray_runner`). Jobs over several
+nodes are refused (``MULTI_NODE``).
+
 This module is the client side: finding and joining the cluster, :class:`RayBackend` (submit,
-preempt, cancel, sync) and :func:`plan_sync`. The actor's side, what runs in the Ray worker (the
-attempt loop, the ``PR_SET_PDEATHSIG`` shim, the status file), is
+preempt, cancel, sync) and :func:`plan_sync`. The actor's side, what runs in the Ray workers (the
+attempt loop, the ranks, the ``PR_SET_PDEATHSIG`` shim, the status file), is
 :mod:`gpufleet.backends.ray_runner`; this module imports it, never the reverse.
 
 State is pushed by the actor, pulled by the client: the actor is the only writer of
@@ -41,13 +51,25 @@ from typing import Any, Protocol
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import SyncPlan
-from gpufleet.backends.ray_runner import AttemptRecord, JobRunner, RunnerArgs, RunStatus, read_status, status_path
+from gpufleet.backends.ray_runner import (
+    AttemptRecord,
+    JobRunner,
+    RunnerArgs,
+    RunStatus,
+    placement_name,
+    read_status,
+    status_path,
+)
 from gpufleet.errors import UsageError
+from gpufleet.runtime.protocol import threads_per_rank
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Attempt, Job
 
 NAMESPACE = "gpufleet"
 CALL_TIMEOUT_S = 30.0
+PLACEMENT_STRATEGY = "PACK"
+"""A multi-rank job's bundles on as few nodes as fit; ``STRICT_PACK`` would wait forever on a cluster
+whose nodes are each too small for the whole job, though it has room for it."""
 START_HINT = "start the development cluster with `scripts/dev-ray up`, or set GPUFLEET_RAY_ADDRESS to a running one"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -89,6 +111,8 @@ def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, 
     details: dict[tuple[int, str], dict[str, Any]] = {}
     for rec in status.attempts:
         details[(rec.n, "attempt_start")] = {"node": rec.node}
+        if rec.ranks:
+            details[(rec.n, "attempt_start")]["ranks"] = [r.model_dump() for r in rec.ranks]
         details[(rec.n, "sigterm")] = {"reason": rec.stop, "grace": rec.grace}
     return lifecycle.plan_sync(
         job,
@@ -182,17 +206,50 @@ class Cluster(Protocol):
     def call(self, job_id: int, method: str, *args: Any, timeout: float) -> Any:
         """Call an actor method; ``LookupError`` with no live actor, ``TimeoutError`` if it does not answer."""
 
-    def kill(self, job_id: int) -> None: ...
+    def kill(self, job_id: int) -> None:
+        """End the job's actor for good and give back its placement group, if it has them."""
 
     def alive(self, job_id: int) -> bool: ...
+
+
+def placement_bundles(spec: JobSpec, resources: Mapping[str, float]) -> tuple[dict[str, float], ...]:
+    """One bundle per rank of a multi-rank job (none for one process): the placement group it holds.
+
+    A rank gets its node's ``resources.cpus`` shared by the node's ranks (``threads_per_rank``, the
+    threads it runs), and one GPU where the cluster has GPUs, as a one-process job asks for its GPUs.
+    Under ``launcher: script`` the command starts its own ranks: it runs as one process holding the
+    node's resources, as on the local backend.
+    """
+    if spec.world_size <= 1 or spec.distributed is None or spec.distributed.launcher != "torchrun":
+        return ()
+    bundle = {"CPU": float(threads_per_rank(spec))}
+    if resources.get("GPU", 0.0) > 0:
+        bundle["GPU"] = 1.0
+    return tuple(dict(bundle) for _ in range(spec.world_size))
 
 
 def actor_options(spec: JobSpec, resources: Mapping[str, float]) -> dict[str, Any]:
     """Ray actor options for ``spec`` (name and namespace aside); GPUs only on clusters that have them.
 
     A job that asks for more than the whole cluster has would wait forever: refused here instead.
+    A multi-rank job's actor asks for nothing: its ranks' bundles hold the job's resources.
     """
     cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    options: dict[str, Any] = {"lifetime": "detached", "max_restarts": spec.max_restarts, "max_task_retries": 0}
+    bundles = placement_bundles(spec, resources)
+    if bundles:
+        want_cpus = sum(b["CPU"] for b in bundles)
+        if want_cpus > cpus:
+            raise UsageError(
+                f"{len(bundles)} ranks x {threads_per_rank(spec)} CPUs (resources.cpus={spec.resources.cpus} per node) "
+                f"exceed the Ray cluster's {cpus:g} CPUs: lower resources.cpus or resources.gpus, or add nodes"
+            )
+        if len(bundles) > gpus > 0:
+            raise UsageError(
+                f"{len(bundles)} ranks need one GPU each, more than the Ray cluster's {gpus:g} GPUs: "
+                "lower resources.gpus or add nodes"
+            )
+        return {**options, "num_cpus": 0, "num_gpus": 0}
     if spec.resources.cpus > cpus:
         raise UsageError(
             f"resources.cpus={spec.resources.cpus} exceeds the Ray cluster's {cpus:g} CPUs: lower it or add nodes"
@@ -200,13 +257,7 @@ def actor_options(spec: JobSpec, resources: Mapping[str, float]) -> dict[str, An
     use_gpus = spec.resources.gpus if gpus > 0 else 0
     if use_gpus > gpus:
         raise UsageError(f"resources.gpus={use_gpus} exceeds the Ray cluster's {gpus:g} GPUs: lower it or add nodes")
-    return {
-        "lifetime": "detached",
-        "num_cpus": spec.resources.cpus,
-        "num_gpus": use_gpus,
-        "max_restarts": spec.max_restarts,
-        "max_task_retries": 0,
-    }
+    return {**options, "num_cpus": spec.resources.cpus, "num_gpus": use_gpus}
 
 
 def _prepare_client_env(where: ClusterAddress) -> None:
@@ -296,9 +347,12 @@ class RayCluster:
 
     def kill(self, job_id: int) -> None:
         import ray
+        from ray.util.placement_group import get_placement_group, remove_placement_group
 
         with contextlib.suppress(LookupError):
             ray.kill(self._handle(job_id), no_restart=True)
+        with contextlib.suppress(ValueError):  # a multi-rank job's, which the actor removes when it ends
+            remove_placement_group(get_placement_group(placement_name(job_id)))
 
     def alive(self, job_id: int) -> bool:
         try:
@@ -315,7 +369,7 @@ class RayCluster:
 class RayBackend(Backend):
     """Submit jobs as Ray actors; attempts and states come back through ``sync``."""
 
-    features = frozenset({Feature.PREEMPT_GRACE})
+    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK})
 
     def __init__(self, home: Path, cluster: Cluster | None = None) -> None:
         super().__init__(home)
@@ -333,8 +387,16 @@ class RayBackend(Backend):
 
     def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
         cluster = self.cluster()
-        args = RunnerArgs(str(self.home), job_id, spec.model_dump_json(), spec.workdir or os.getcwd())
-        ref = cluster.start(args, actor_options(spec, cluster.resources()))
+        resources = cluster.resources()
+        args = RunnerArgs(
+            str(self.home),
+            job_id,
+            spec.model_dump_json(),
+            spec.workdir or os.getcwd(),
+            bundles=placement_bundles(spec, resources),
+            strategy=PLACEMENT_STRATEGY,
+        )
+        ref = cluster.start(args, actor_options(spec, resources))
         self.store.set_backend_ref(job_id, ref)
         self.store.add_event(job_id, "submitted", actor=actor_name(job_id), ray_actor_id=ref, address=cluster.address)
 
@@ -393,6 +455,8 @@ class RayBackend(Backend):
             problem = err
         for job in jobs:
             gone = cluster is not None and not cluster.alive(job.id)  # asked before the file is read
+            if cluster is not None and gone and job.spec.world_size > 1:
+                cluster.kill(job.id)  # an actor out of restarts leaves its placement group behind
             self._apply(job, gone=gone)
         if problem is not None:
             raise problem
