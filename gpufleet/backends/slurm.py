@@ -7,10 +7,28 @@ from ``SLURM_RESTART_COUNT`` (unset on the first run), sends its output to
 the training process itself, which saves and exits. Slurm requeues it (``--requeue`` with
 ``PreemptMode=REQUEUE``); the next run restores the checkpoint.
 
+A job of several ranks (``distributed`` with ``world_size > 1``) is one Slurm task per rank:
+``--nodes=N --ntasks-per-node=G --cpus-per-task=cpus/G``. Its script runs ``srun`` as a child
+(``runtime.slurm_rank.run_group``); each task maps Slurm's task variables to torch's
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and becomes the rank.
+At a preemption slurmd signals every task once itself, so the script forwards nothing: it waits
+for ``srun`` and exits with the group's status (75 when the ranks saved for the preemption or
+one of them was lost), the status the local launcher gives. ``srun`` runs with
+``--kill-on-bad-exit=0``, so a rank that exits 75 first does not get the others killed before
+rank 0 has written the attempt's end: a rank that dies is found by the others through the
+process-group timeout (``distributed.timeout_seconds``), and they leave the lost-rank marker
+that requeues the attempt. ``--wait`` is that timeout plus :data:`RANK_EXIT_SPREAD_S`: a rank
+still running that long after the first one exited is stuck outside any collective (nothing
+will end it), and srun SIGKILLs it, where ``--wait=0`` would hold the nodes forever.
+``--label`` prefixes each line of the attempt log with its rank. A job under
+``launcher: script`` over several nodes gets one task per node with ``NODE_RANK``, ``NNODES``
+and the rendezvous address, and launches its own ranks.
+
 Mapping: ``team`` -> ``--account``; ``priority > 0`` -> the high partition, else the low,
 preemptible one (``GPUFLEET_SLURM_HIGH`` / ``GPUFLEET_SLURM_LOW``, default ``high`` / ``low``);
 ``resources.cpus`` -> ``--cpus-per-task``; ``resources.gpus`` -> ``--gres=gpu:N`` on clusters
-with GPUs (``GPUFLEET_SLURM_GRES=0`` leaves it out on CPU-only clusters). The grace between
+with GPUs (``GPUFLEET_SLURM_GRES=0`` leaves it out on CPU-only clusters); it is per node, and
+every task of a node sees the node's GPUs (``LOCAL_RANK`` picks one). The grace between
 SIGTERM and SIGKILL is the cluster's ``KillWait``/``GraceTime``.
 
 State is pulled: ``sync()`` asks ``sacct --duplicates`` for every run of every active job and
@@ -24,6 +42,7 @@ GPUs were held for (see ``slurm_usage``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,11 +55,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpufleet.backends import lifecycle
-from gpufleet.backends.base import Backend, ingest_events, register
+from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, SyncPlan, attempt_end
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Attempt, Job, Store
 
@@ -84,16 +103,64 @@ def partition_for(spec: JobSpec) -> str:
     return os.environ.get("GPUFLEET_SLURM_LOW", "low")
 
 
-def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
-    """The batch script: Python, so nothing the user wrote ever meets a shell."""
-    folder = job_dir(home, job_id)
-    argv = entry_argv(spec)
-    env = job_environment(spec, job_id, home, "slurm")
-    payload = json.dumps({"argv": argv, "env": env, "cwd": spec.workdir, "folder": str(folder)})
-    return f"""#!{sys.executable}
-# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt.
-import json, os, time
-spec = json.loads({payload!r})
+RANK_EXIT_SPREAD_S = 60
+"""Seconds beyond the process-group timeout that the ranks of an attempt may take to exit after
+the first one did: the survivors of a dead rank first wait out the timeout, then mark the group
+lost and exit; ranks that finish or save for a preemption exit within moments of each other."""
+
+
+def _launcher(spec: JobSpec) -> str | None:
+    return spec.distributed.launcher if spec.distributed is not None else None
+
+
+def runs_ranks(spec: JobSpec) -> bool:
+    """Whether the job's attempt is several Slurm tasks started by ``srun``, not one process.
+
+    A job under ``launcher: script`` on one node is one process, as on the local backend: it
+    starts its own ranks.
+    """
+    if spec.world_size <= 1:
+        return False
+    return _launcher(spec) == "torchrun" or spec.resources.nodes > 1
+
+
+def task_shape(spec: JobSpec) -> tuple[int, int]:
+    """Slurm tasks per node and CPUs per task: one task per rank, each with its share of the node's CPUs."""
+    if runs_ranks(spec) and _launcher(spec) == "torchrun":
+        return spec.ranks_per_node, threads_per_rank(spec)
+    return 1, spec.resources.cpus
+
+
+def allocated_cpus(spec: JobSpec) -> int:
+    """The CPUs Slurm allocates to the whole job (``CR_CPU``: tasks times CPUs per task)."""
+    tasks, cpus = task_shape(spec)
+    return spec.resources.nodes * tasks * cpus
+
+
+def srun_argv(spec: JobSpec) -> list[str]:
+    """The ``srun`` that starts the ranks, each behind ``runtime.slurm_rank`` (see the module docstring)."""
+    tasks, cpus = task_shape(spec)
+    per_node = ["--per-node"] if _launcher(spec) == "script" else []
+    shim = [sys.executable, "-m", "gpufleet.runtime.slurm_rank", *per_node]
+    timeout = spec.distributed.timeout_seconds if spec.distributed is not None else 0.0
+    return [
+        "srun",
+        "--label",
+        "--kill-on-bad-exit=0",
+        f"--wait={math.ceil(timeout) + RANK_EXIT_SPREAD_S}",
+        f"--nodes={spec.resources.nodes}",
+        f"--ntasks={spec.resources.nodes * tasks}",
+        f"--ntasks-per-node={tasks}",
+        f"--cpus-per-task={cpus}",  # srun no longer takes it from the allocation (Slurm 22.05)
+        *shim,
+        "--",
+        *rank_argv(spec),
+    ]
+
+
+def _attempt_start(payload: str) -> str:
+    """The start every batch script shares: the environment, the ``attempt_start`` event, the log."""
+    return f"""spec = json.loads({payload!r})
 attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
 os.environ.update(spec["env"])
 os.environ["GPUFLEET_ATTEMPT"] = str(attempt)
@@ -106,14 +173,46 @@ with open(os.path.join(folder, "events.jsonl"), "a") as fh:
 log = os.open(os.path.join(folder, "logs", f"attempt-{{attempt}}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 os.dup2(log, 1)
 os.dup2(log, 2)
-if spec["cwd"]:
+"""
+
+
+def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
+    """The batch script: Python, so nothing the user wrote ever meets a shell.
+
+    One process ``exec``s the entrypoint; a job of several ranks runs ``srun`` as a child instead,
+    behind handlers that only note SIGTERM, SIGINT and SIGUSR1: Slurm signals the ranks itself,
+    and the script has to outlive them to exit with the group's status.
+    """
+    folder = job_dir(home, job_id)
+    env = job_environment(spec, job_id, home, "slurm")
+    head = f"#!{sys.executable}\n# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt"
+    if not runs_ranks(spec):
+        payload = json.dumps({"argv": entry_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder)})
+        return f"""{head}.
+import json, os, time
+{_attempt_start(payload)}if spec["cwd"]:
     os.chdir(spec["cwd"])
 os.execvp(spec["argv"][0], spec["argv"])
+"""
+    payload = json.dumps({"srun": srun_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder)})
+    return f"""{head}, and srun starts its ranks.
+import json, os, signal, sys, time
+stops = []
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, lambda signum, frame: stops.append(signum))
+{_attempt_start(payload)}from gpufleet.runtime.slurm_rank import run_group
+if spec["cwd"]:
+    os.chdir(spec["cwd"])
+sys.exit(run_group(spec["srun"], attempt, stops))
 """
 
 
 def sbatch_argv(spec: JobSpec, job_id: int, home: Path, script: Path) -> list[str]:
     folder = job_dir(home, job_id)
+    tasks, cpus = task_shape(spec)
+    shape = ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+    if runs_ranks(spec):
+        shape = [f"--nodes={spec.resources.nodes}", f"--ntasks-per-node={tasks}", f"--cpus-per-task={cpus}"]
     argv = [
         "sbatch",
         "--parsable",
@@ -122,9 +221,7 @@ def sbatch_argv(spec: JobSpec, job_id: int, home: Path, script: Path) -> list[st
         f"--job-name=gpufleet-{job_id}-{spec.name}",
         f"--account={spec.team}",
         f"--partition={partition_for(spec)}",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--cpus-per-task={spec.resources.cpus}",
+        *shape,
         f"--output={folder / 'logs' / 'slurm-%j.out'}",
         "--export=ALL",
     ]
@@ -281,6 +378,8 @@ def plan_slurm(
 class SlurmBackend(Backend):
     """Submit to a real Slurm; attempts and states come back through ``sync``."""
 
+    features = frozenset({Feature.MULTI_RANK, Feature.MULTI_NODE})
+
     def __init__(self, home: Path, runner: Runner = run_slurm) -> None:
         super().__init__(home)
         self.run = runner
@@ -389,7 +488,7 @@ def slurm_usage(store: Store, runner: Runner = run_slurm) -> dict[str, Any]:
     for usage in store_usages(store, job_ids=[j.id for j in jobs.values()]):
         job = store.job(usage.job_id)
         resource = resource_of.get(job.id, "gpu" if job.spec.resources.gpus > 0 else "cpu")
-        units = job.spec.resources.gpus if resource == "gpu" else job.spec.resources.cpus
+        units = job.spec.total_gpus if resource == "gpu" else allocated_cpus(job.spec)
         key = (job.team, resource)
         ledger[key] = ledger.get(key, 0.0) + usage.wall_s * units
     between = time.time() - asked

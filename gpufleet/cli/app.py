@@ -81,6 +81,9 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "backend": job.backend,
         "gpu_type": spec.resources.gpu_type,
         "gpus": spec.resources.gpus,
+        "nodes": spec.resources.nodes,
+        "world_size": spec.world_size,
+        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
         "provider": spec.provider,
         "spot": spec.spot,
         "attempts": len(attempts),
@@ -205,6 +208,9 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         "completed",
         "failed",
         "cancelled",
+        "rank_stalled",
+        "rank_stall_cleared",
+        "checkpoint_failed",
     )
     events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, notable)]
     ckpt_dir = gpufleet_home() / "jobs" / str(job_id) / "checkpoints"
@@ -228,7 +234,10 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     )
     console.print(
         ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
-        + f"  {summary['gpus']}x {summary['gpu_type']} on {summary['provider']}"
+        + f"  {summary['gpus']}x {summary['gpu_type']}"
+        + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
+        + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
+        + f" on {summary['provider']}"
         f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
     )
     t0 = job.submitted_at

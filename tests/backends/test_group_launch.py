@@ -264,10 +264,9 @@ def test_local_refuses_more_than_one_node(local2: Any, rank_script: Path) -> Non
     assert backend.store.jobs() == []
 
 
-def test_remote_backends_do_not_declare_ranks_or_nodes_yet() -> None:
-    for cls in (SlurmBackend, RayBackend):
-        assert not {Feature.MULTI_RANK, Feature.MULTI_NODE} & cls.features
-    assert RayBackend.features == frozenset({Feature.PREEMPT_GRACE})
+def test_backends_declare_ranks_and_nodes() -> None:
+    assert {Feature.MULTI_RANK, Feature.MULTI_NODE} <= SlurmBackend.features
+    assert Feature.MULTI_RANK in RayBackend.features and Feature.MULTI_NODE not in RayBackend.features
     assert Feature.MULTI_RANK in LocalBackend.features and Feature.MULTI_NODE not in LocalBackend.features
 
 

@@ -1,4 +1,4 @@
-"""The real single-node Slurm that `scripts/dev-slurm up` starts: node, accounting, accounts, preemption.
+"""The real Slurm that `scripts/dev-slurm up` starts: two nodes, accounting, accounts, preemption.
 
 These tests do not start Slurm themselves: the Makefile runs `scripts/dev-slurm up` first. They find the
 cluster through `$GPUFLEET_SLURM_DIR/env` (default `.dev/slurm/env`). When it is not up they fail under CI
@@ -104,7 +104,7 @@ def _read(path: Path) -> str:
 
 
 def test_node_is_idle(slurm: Env) -> None:
-    """The one node is up and schedulable: idle, or busy with jobs that some other test left queued."""
+    """The nodes are up and schedulable: idle, or busy with jobs that some other test left queued."""
 
     def healthy() -> bool:
         res = _run(slurm, "sinfo", "-h", "-N", "-o", "%T")
@@ -116,6 +116,17 @@ def test_node_is_idle(slurm: Env) -> None:
         return states == {"idle"}
 
     _wait("the node to be idle", healthy, timeout=20)
+
+
+def test_two_nodes_one_of_them_behind_low_and_high(slurm: Env) -> None:
+    """`low` and `high` share one node, so a high job that needs it must preempt; `wide` spans both."""
+    res = _run(slurm, "sinfo", "-h", "-N", "-o", "%P %N")  # one line per node and partition
+    assert res.returncode == 0, res.stderr
+    members: dict[str, set[str]] = {}
+    for partition, node in map(str.split, res.stdout.splitlines()):
+        members.setdefault(partition.rstrip("*"), set()).add(node)
+    assert len(members["low"]) == 1 and members["low"] == members["high"]
+    assert len(members["wide"]) == 2 and members["low"] < members["wide"]
 
 
 def test_trivial_job_completes_and_is_accounted(slurm: Env, tmp_path: Path) -> None:
