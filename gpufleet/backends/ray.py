@@ -16,13 +16,14 @@ GPU on clusters that have GPUs), strategy ``PACK``, named ``gpufleet-job-<id>`` 
 attempts the way a one-process job's actor holds its resources. The actor then asks for nothing
 itself (it only supervises), so no CPU is reserved twice, and it is not in the group: it removes
 the group when the job ends, which would end it too. Each attempt starts one rank actor per bundle
-and runs the ranks as torchrun would (see :mod:`~gpufleet.backends.ray_runner`). Jobs over several
+and runs the ranks as torchrun would (see :mod:`~gpufleet.backends.ray_ranks`). Jobs over several
 nodes are refused (``MULTI_NODE``).
 
 This module is the client side: finding and joining the cluster, :class:`RayBackend` (submit,
 preempt, cancel, sync) and :func:`plan_sync`. The actor's side, what runs in the Ray workers (the
-attempt loop, the ranks, the ``PR_SET_PDEATHSIG`` shim, the status file), is
-:mod:`gpufleet.backends.ray_runner`; this module imports it, never the reverse.
+attempt loop, the ``PR_SET_PDEATHSIG`` shim, the status file), is
+:mod:`gpufleet.backends.ray_runner`, and the ranks of an attempt :mod:`gpufleet.backends.ray_ranks`;
+this module imports them, never the reverse.
 
 State is pushed by the actor, pulled by the client: the actor is the only writer of
 ``jobs/<id>/ray-status.json`` (attempts with PIDs, times, exit codes and outcomes; temp file,
@@ -33,7 +34,8 @@ a file system every Ray node shares. The backend job id is the Ray actor id.
 The cluster: ``$GPUFLEET_RAY_ADDRESS``, else the address in ``$GPUFLEET_HOME/ray-address``, else
 the development cluster's (``scripts/dev-ray up`` writes ``.dev/ray/address`` and its token).
 ``ray`` is imported only when a cluster is needed (``pip install 'gpufleet[ray]'``): here to join
-it, in :mod:`~gpufleet.backends.ray_runner` only where it is already loaded (inside the actor).
+it, in :mod:`~gpufleet.backends.ray_runner` and :mod:`~gpufleet.backends.ray_ranks` only where it is
+already loaded (inside the actors).
 """
 
 from __future__ import annotations

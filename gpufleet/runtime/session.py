@@ -311,7 +311,7 @@ class TrainSession:
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
             policy, health = spec.checkpoint, spec.health
-            peak = _job_peak_flops(spec.resources.gpu_type, spec.resources.gpus)
+            peak = _job_peak_flops(spec.resources.gpu_type, spec.total_gpus)  # MFU counts every rank
             gpu_type, provider = spec.resources.gpu_type, spec.provider
             telemetry, gpus, spot, spec_resume = spec.telemetry, spec.total_gpus, spec.spot, spec.resume
             agree_every = spec.distributed.agree_every if spec.distributed is not None else 1

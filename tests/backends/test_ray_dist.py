@@ -20,19 +20,16 @@ import pytest
 
 from gpufleet.backends.base import Feature
 from gpufleet.backends.ray import RayBackend, actor_options, placement_bundles
-from gpufleet.backends.ray_runner import (
-    JobRunner,
+from gpufleet.backends.ray_ranks import (
     RankGone,
     RankGroup,
     RankProcess,
     RankSlot,
-    RunnerArgs,
     group_exit,
     rank_environments,
     rank_order,
-    read_status,
-    status_path,
 )
+from gpufleet.backends.ray_runner import JobRunner, RunnerArgs, read_status, status_path
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
 from gpufleet.runtime.group import lost_marker

@@ -145,9 +145,14 @@ def test_steps_outside_context_manager_is_an_error(tmp_path: Path) -> None:
         next(sess.steps())
 
 
-def test_step_events_carry_live_mfu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a known GPU type, the runtime's step events report MFU through the estimator's formula."""
-    spec = {"name": "t", "entrypoint": "gpufleet.workloads.tinylm:train", "resources": {"gpu_type": "A100", "gpus": 2}}
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_step_events_carry_live_mfu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: int) -> None:
+    """With a known GPU type, the runtime's step events report MFU through the estimator's formula,
+    against the peak of all the job's GPUs (every node's)."""
+    resources = {"gpu_type": "A100", "gpus": 2, "nodes": nodes}
+    spec: dict[str, Any] = {"name": "t", "entrypoint": "gpufleet.workloads.tinylm:train", "resources": resources}
+    if nodes > 1:
+        spec["distributed"] = {"launcher": "script"}  # the script is run once per node; here, one of them
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
     monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
@@ -162,5 +167,5 @@ def test_step_events_carry_live_mfu(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     fpt = CharLM(config).flops_per_token()
     steps = [e for e in read_events(tmp_path / "events.jsonl")[0] if e["kind"] == "step"]
     assert steps and all(e["mfu"] > 0 for e in steps)
-    peak = gpu_peak("A100").peak_flops("bf16") * 2
+    peak = gpu_peak("A100").peak_flops("bf16") * 2 * nodes
     assert steps[-1]["mfu"] == pytest.approx(steps[-1]["tokens_per_s"] * fpt / peak)
