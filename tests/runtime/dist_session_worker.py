@@ -7,6 +7,7 @@ writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
 
 - ``nan``: rank 1's second micro-batch loss at step 6 is NaN (the other rank's are finite);
 - ``signal``: rank 1 sends itself SIGTERM during step 7;
+- ``slow``: rank 1 takes 60 ms longer than rank 0 at every step (a straggler);
 - ``plain``: nothing.
 
 ``AGREE_EVERY`` (default 1) is the session's steps per agreement of the ranks.
@@ -21,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -61,6 +63,8 @@ def main(mode: str, root: Path, agree_every: int = 1) -> None:
                 optimizer.step()
                 if group.rank == 1 and step == 5 and mode == "nan" and session.rollbacks == 0:
                     losses[1] = float("nan")
+                if group.rank == 1 and mode == "slow":
+                    time.sleep(0.06)
                 if group.rank == 1 and step == 6 and mode == "signal":
                     os.kill(os.getpid(), signal.SIGTERM)
                 session.report(losses)

@@ -29,6 +29,7 @@ from gpufleet.runtime.events import EventLog, read_events
 from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import parse_spec
 from gpufleet.store import latest_step
+from gpufleet.telemetry.ranks import rank_findings
 from gpufleet.workloads.tinylm import TINY
 
 WORKER = Path(__file__).with_name("dist_session_worker.py")
@@ -91,6 +92,17 @@ def test_a_group_refuses_a_single_process_checkpoint_instead_of_starting_over(tm
     assert "step-00000012 (step 12) was written by a single process" in end[0]["error"]
     assert "resume: never" in end[0]["error"]
     assert [i.step for i in CheckpointDir(tmp_path / "ckpt").scan()] == [4, 8, 12]  # untouched
+
+
+def test_a_slow_rank_is_found_from_the_waits_of_the_others(tmp_path: Path) -> None:
+    """Rank 1 is 60 ms slower a step: rank 0 waits for it at each agreement, and diagnosis names it."""
+    assert torchrun("slow", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    events, _ = read_events(tmp_path / "events.jsonl")
+    steps = [e for e in events if e["kind"] == "step"]
+    assert all(len(e["rank_wait_s"]) == 2 and len(e["rank_step_s"]) == 2 for e in steps)
+    found = rank_findings(events)
+    assert [f.rule_id for f in found] == ["straggler"] and found[0].gpus[0].startswith("rank1@")
+    assert found[0].extra["rank_wait_s"][0] > found[0].extra["rank_wait_s"][1]
 
 
 def backend_steps(home: Path, job: int) -> int:
