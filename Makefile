@@ -64,6 +64,10 @@ bench: install
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/drift_vs_evidently.py
 	$(BIN)/python bench/mmd.py
+	$(BIN)/python bench/dist_step_overhead.py
+	$(BIN)/python bench/dist_save_throughput.py
+	$(BIN)/python bench/dist_preemption_loss.py
+	$(BIN)/python bench/dist_async_save.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 from collections.abc import Sequence
@@ -110,3 +111,52 @@ def finish(*, json_mode: bool, result: dict[str, Any], table: str, verdict: str,
 def finite_or_none(value: float) -> float | None:
     """JSON has no NaN or inf."""
     return value if value == value and abs(value) != float("inf") else None
+
+
+RANK_RESULT_ENV = "GPUFLEET_BENCH_RESULT"
+"""Where rank 0 of a benchmark started by ``run_ranks`` writes its result (a JSON file)."""
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank that torchrun started (it sets ``RANK``)."""
+    return "RANK" in os.environ
+
+
+def run_ranks(
+    script: str, argv: Sequence[str], ranks: int, *, json_mode: bool, env: dict[str, str] | None = None
+) -> int:
+    """Run ``script argv`` as ``ranks`` ranks under ``torch.distributed.run --standalone`` (gloo on CPU).
+
+    Rank 0 hands back its figures with ``write_rank_result``; this prints them as ``finish`` does and
+    returns the exit status (2 when the ranks failed). Each rank gets one thread (``OMP_NUM_THREADS=1``),
+    ``env`` on top; its stderr (the progress lines) passes through, its stdout is dropped.
+    """
+    import subprocess
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gpufleet-bench-ranks-"))
+    out = folder / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", script, *argv]
+    child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), RANK_RESULT_ENV: str(out)}
+    progress(f"starting {ranks} ranks under torchrun (gloo)")
+    try:
+        proc = subprocess.run(cmd, env=child_env, stdout=subprocess.DEVNULL, check=False)
+        if proc.returncode != 0 or not out.exists():
+            progress(f"torchrun exited {proc.returncode}")
+            return 2
+        payload = json.loads(out.read_text(encoding="utf-8"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return finish(
+        json_mode=json_mode,
+        result=payload["result"],
+        table=payload["table"],
+        verdict=payload["verdict"],
+        ok=bool(payload["ok"]),
+    )
+
+
+def write_rank_result(*, result: dict[str, Any], table: str, verdict: str, ok: bool) -> None:
+    """Rank 0 under ``run_ranks``: hand the figures back to the process that started the ranks."""
+    payload = {"result": result, "table": table, "verdict": verdict, "ok": ok}
+    Path(os.environ[RANK_RESULT_ENV]).write_text(json.dumps(payload, allow_nan=False, default=str), encoding="utf-8")

@@ -174,7 +174,7 @@ class TrainSession:
         job: str | None = None,
         echo: bool = True,
         group: Group | None = None,
-        agree_every: int = 1,
+        agree_every: int = 4,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -264,7 +264,10 @@ class TrainSession:
         self._agreed_seconds_due = False
         """Distributed: a time-based checkpoint was due on some rank at the last step boundary."""
         self.agree_every = agree_every
-        """Distributed: steps per agreement of the ranks (``distributed.agree_every``)."""
+        """Distributed: steps per agreement of the ranks (``distributed.agree_every``), and at every
+        step a checkpoint is due: a NaN or a SIGTERM on one rank is acted on up to this many steps
+        minus one later; one agreement a step costs a few % of a step (the ranks wait for the
+        slowest), every 4 steps under 2 % (``bench/dist_step_overhead.py``)."""
         self._pending: list[_Step] = []
         """Distributed: the steps reported since the last agreement, judged at the next one."""
         self._save_owed = False
@@ -306,7 +309,7 @@ class TrainSession:
         """
         env = os.environ
         policy, health, peak, gpu_type, provider = CheckpointPolicy(), HealthPolicy(), None, "", ""
-        telemetry, gpus, spot, spec_resume, agree_every = Telemetry(), 1, False, "auto", 1
+        telemetry, gpus, spot, spec_resume, agree_every = Telemetry(), 1, False, "auto", 4
         if env.get("GPUFLEET_SPEC"):
             spec_path = Path(env["GPUFLEET_SPEC"])
             spec = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path))
@@ -564,8 +567,14 @@ class TrainSession:
         self._pending.append(_Step(values, tokens, batches, dict(metrics), now - self._step_started))
         self.step += 1  # provisional until the agreement judges it
         self.data_position += batches
-        last = self.total_steps is not None and self.step >= self.total_steps
-        if len(self._pending) < self.agree_every and not last:
+        # The ranks also meet at every step a checkpoint or an injected fault is due, so those land
+        # on the same steps as for one process; the count is the same on every rank.
+        due = (
+            (self.total_steps is not None and self.step >= self.total_steps)
+            or (self.policy.every_steps is not None and self.step % self.policy.every_steps == 0)
+            or self.step in (self.inject_preempt_at, self.inject_rollback_at)
+        )
+        if len(self._pending) < self.agree_every and not due:
             self._step_started = time.monotonic()
             if self._watch is not None:
                 self._watch.progress(self.step)
