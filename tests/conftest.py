@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
+from gpufleet.backends.base import Backend
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.slurm import slurm_env
 
@@ -136,6 +137,31 @@ def promql(prometheus: str) -> Callable[[str], list[dict[str, Any]]]:
         return result
 
     return query
+
+
+def follow(backend: Backend, until: Callable[[], bool], timeout: float = 240.0, poll_s: float = 0.3) -> None:
+    """Sync a remote backend (Slurm, Ray) until ``until()`` holds (the timeout is only a safety net)."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        backend.sync()
+        time.sleep(poll_s)
+
+
+def final_dcp_state(
+    home: Path, job: int, *, step: int, world_size: int | None = None, strategy: str | None = None
+) -> dict[str, Any]:
+    """The full model and optimizer state of a job's newest checkpoint, which must be sharded and at ``step``."""
+    from gpufleet.runtime.checkpoint import CheckpointDir
+    from gpufleet.runtime.sharded import full_state
+
+    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
+    manifest = newest.manifest
+    assert newest.step == step and manifest is not None and manifest.format == "dcp", newest
+    assert world_size is None or manifest.world_size == world_size, manifest.world_size
+    assert strategy is None or manifest.strategy == strategy, manifest.strategy
+    state = full_state(newest.path, manifest)
+    return {"model": state["model"], "optimizer": state["optimizer"]}
 
 
 def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:

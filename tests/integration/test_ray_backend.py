@@ -14,11 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import follow
 
 from gpufleet.backends.ray import RayBackend
 from gpufleet.backends.ray_runner import read_status, status_path
@@ -42,14 +42,6 @@ def toy(name: str, cpus: int = 1, steps: int = 150) -> JobSpec:
             "checkpoint": {"every_steps": 10, "grace_seconds": 10},
         }
     )
-
-
-def follow(backend: RayBackend, until: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        backend.sync()
-        time.sleep(0.3)
 
 
 def gone(pid: int) -> bool:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_bitwise_equal
+from conftest import assert_bitwise_equal, final_dcp_state, follow
 from typer.testing import CliRunner
 
 from gpufleet.backends.ray import RayBackend
@@ -28,8 +27,6 @@ from gpufleet.cli.app import app
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
-from gpufleet.runtime.checkpoint import CheckpointDir
-from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import latest_step
 from gpufleet.workloads.tinylm import TINY
@@ -52,15 +49,6 @@ def tinylm_ddp(name: str) -> JobSpec:
     )
 
 
-def follow(backend: RayBackend, until: Callable[[], bool], timeout: float = 240) -> None:
-    """Sync until ``until()`` holds (the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        backend.sync()
-        time.sleep(0.2)
-
-
 def ended(backend: RayBackend, job: int) -> Callable[[], bool]:
     return lambda: backend.store.job(job).state in ("completed", "failed", "cancelled")
 
@@ -74,11 +62,7 @@ def gone(pid: int) -> bool:
 
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
-    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
-    assert newest.step == STEPS and newest.manifest is not None
-    assert (newest.manifest.format, newest.manifest.world_size, newest.manifest.strategy) == ("dcp", 2, "ddp")
-    state = full_state(newest.path, newest.manifest)
-    return {"model": state["model"], "optimizer": state["optimizer"]}
+    return final_dcp_state(home, job, step=STEPS, world_size=2, strategy="ddp")
 
 
 def cli(*args: str) -> dict[str, Any]:

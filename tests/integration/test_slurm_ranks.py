@@ -14,13 +14,12 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_bitwise_equal, service_missing
+from conftest import assert_bitwise_equal, final_dcp_state, follow, service_missing
 from typer.testing import CliRunner
 
 from gpufleet.backends.slurm import SlurmBackend, slurm_env, slurm_usage
@@ -29,7 +28,6 @@ from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.checkpoint import CheckpointDir
-from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import TERMINAL, latest_step
 from gpufleet.workloads.tinylm import TINY
@@ -64,15 +62,6 @@ def backend(slurm: dict[str, str], home: Path, monkeypatch: pytest.MonkeyPatch) 
             backend.cancel(job.id)
 
 
-def follow(backend: SlurmBackend, until: Callable[[], bool], timeout: float = 240) -> None:
-    """Sync until ``until()`` holds (the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        backend.sync()
-        time.sleep(0.3)
-
-
 def ended(backend: SlurmBackend, job: int) -> Callable[[], bool]:
     return lambda: backend.store.job(job).state in TERMINAL
 
@@ -82,11 +71,7 @@ def at_step(backend: SlurmBackend, job: int, step: int) -> Callable[[], bool]:
 
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
-    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
-    assert newest.step == STEPS and newest.manifest is not None
-    assert (newest.manifest.format, newest.manifest.world_size, newest.manifest.strategy) == ("dcp", 2, "ddp")
-    state = full_state(newest.path, newest.manifest)
-    return {"model": state["model"], "optimizer": state["optimizer"]}
+    return final_dcp_state(home, job, step=STEPS, world_size=2, strategy="ddp")
 
 
 def task_exits(home: Path, job: int, attempt: int) -> dict[int, str]:

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, drive
+from conftest import assert_bitwise_equal, drive, final_dcp_state
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.runtime import CheckpointDir, EventLog, TrainSession
-from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import CheckpointPolicy, parse_spec
 from gpufleet.store import latest_step
 from gpufleet.workloads.tinylm import TINY
@@ -106,10 +105,7 @@ def tinylm(name: str, *, background: bool) -> Any:
 
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
-    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
-    assert newest.step == 24 and newest.manifest is not None and newest.manifest.format == "dcp"
-    state = full_state(newest.path, newest.manifest)
-    return {"model": state["model"], "optimizer": state["optimizer"]}
+    return final_dcp_state(home, job, step=24)
 
 
 @pytest.mark.timeout(900)

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_bitwise_equal, drive
+from conftest import assert_bitwise_equal, drive, final_dcp_state
 
 from gpufleet.backends.lifecycle import attempt_processes
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.runtime.events import EventLog, read_events
-from gpufleet.runtime.sharded import full_state
 from gpufleet.spec import parse_spec
 from gpufleet.store import latest_step
 from gpufleet.telemetry.ranks import rank_findings
@@ -125,10 +124,7 @@ def tinylm(strategy: str, name: str) -> Any:
 
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
-    newest = CheckpointDir(home / "jobs" / str(job) / "checkpoints").scan()[-1]
-    assert newest.step == backend_steps(home, job) and newest.manifest is not None and newest.manifest.format == "dcp"
-    state = full_state(newest.path, newest.manifest)
-    return {"model": state["model"], "optimizer": state["optimizer"]}
+    return final_dcp_state(home, job, step=backend_steps(home, job))
 
 
 @pytest.mark.timeout(900)
