@@ -2,7 +2,8 @@
 
 WAL mode lets the CLI read while the scheduler writes; every write is one short transaction.
 The scheduler is the only process that changes job and attempt states; the CLI inserts jobs and
-requests (preempt, cancel), which the scheduler acts on.
+requests (preempt, cancel), which the scheduler acts on, and replaces the spec of a job that has
+not ended (resize), which the scheduler reads when it starts the job's next attempt.
 """
 
 from __future__ import annotations
@@ -165,12 +166,7 @@ class Store:
 
     # ---- jobs ----------------------------------------------------------------------------
     def add_job(self, spec: JobSpec, backend: str, env: dict[str, str] | None = None) -> int:
-        stored = spec.model_dump_json()
-        if parse_spec(json.loads(stored), source=f"job {spec.name!r} as stored") != spec:
-            raise SpecError(
-                f"job {spec.name!r} does not read back as it was written (a value JSON cannot hold, such as "
-                "inf or NaN, inside args?): give finite numbers"
-            )
+        stored = _stored_spec(spec)
         now = time.time()
         with self.transaction() as db:
             cur = db.execute(
@@ -185,6 +181,33 @@ class Store:
                 (job_id, now, json.dumps({"priority": spec.priority})),
             )
         return job_id
+
+    def replace_spec(self, job_id: int, old: JobSpec, new: JobSpec, kind: str, **data: Any) -> None:
+        """Give a job that has not ended ``new`` for its next attempts, with a ``kind`` event, in one transaction.
+
+        A compare-and-set: it is written only if the job still has ``old`` and has not ended, so two
+        resizes at once cannot both win, and a job that ended meanwhile is left as it ended. An
+        attempt already running keeps the spec it started with (the scheduler holds its copy); the
+        job's ``spec.json`` follows when its next attempt starts (``write_spec_file``).
+        """
+        stored = _stored_spec(new)
+        now = time.time()
+        with self.transaction() as db:
+            row = db.execute("SELECT spec, state FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is None:
+                raise UsageError(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
+            if row["state"] in TERMINAL:
+                raise UsageError(f"job {job_id} is already {row['state']}: an ended job keeps the spec it ran with")
+            if parse_spec(json.loads(row["spec"]), source=f"job {job_id}") != old:
+                raise UsageError(
+                    f"job {job_id} was resized by another command meanwhile: see `gpufleet show {job_id}`, "
+                    "then run this one again if it is still needed"
+                )
+            db.execute("UPDATE jobs SET spec=?, updated_at=? WHERE id=?", (stored, now, job_id))
+            db.execute(
+                "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, NULL, ?, ?, 'backend', ?)",
+                (job_id, now, kind, json.dumps(data)),
+            )
 
     def _job(self, row: sqlite3.Row) -> Job:
         state, reason = row["state"], row["reason"]
@@ -419,6 +442,17 @@ class Store:
             ).fetchall()
             db.execute("UPDATE requests SET handled_at=? WHERE handled_at IS NULL", (time.time(),))
         return [(r["job_id"], r["kind"], r["grace"]) for r in rows]
+
+
+def _stored_spec(spec: JobSpec) -> str:
+    """``spec`` as the jobs table holds it, refused when it would not read back as itself."""
+    stored = spec.model_dump_json()
+    if parse_spec(json.loads(stored), source=f"job {spec.name!r} as stored") != spec:
+        raise SpecError(
+            f"job {spec.name!r} does not read back as it was written (a value JSON cannot hold, such as "
+            "inf or NaN, inside args?): give finite numbers"
+        )
+    return stored
 
 
 def _placeholder_spec(name: str, team: str) -> JobSpec:

@@ -7,12 +7,14 @@ and shown the same way.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -20,7 +22,7 @@ from gpufleet.errors import GpufleetError, StoreError, UsageError
 from gpufleet.paths import job_dir, private_dir
 from gpufleet.runtime.events import read_events_checked
 from gpufleet.runtime.protocol import check_environment
-from gpufleet.spec import JobSpec
+from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import TERMINAL, Job, Store
 
 B = TypeVar("B", bound="type[Backend]")
@@ -33,15 +35,69 @@ class Feature(enum.Enum):
     PREEMPT_GRACE = "a grace time per preemption (--grace): this scheduler applies its own (Slurm's KillWait)"
     MULTI_RANK = "jobs of more than one rank (distributed: with gpus > 1)"
     MULTI_NODE = "jobs over more than one node (resources.nodes > 1)"
+    RESIZE = (
+        "changing a job's GPUs between attempts (gpufleet resize): its request to the scheduler is fixed at "
+        "submission; cancel the job and submit its spec again with the new resources (the new job has a "
+        "checkpoint folder of its own, so it starts from step 0)"
+    )
+
+
+MAX_RESOURCE = 1024
+"""The most GPUs per node, and nodes, a spec accepts (the bounds of ``Resources``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """What ``Backend.resize`` changed: the job's spec before and after, and what happens next."""
+
+    job_id: int
+    state: str
+    """The job's state when it was resized: a ``running`` job keeps its size until its next attempt."""
+    before: JobSpec
+    after: JobSpec
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    @property
+    def distributed_dropped(self) -> bool:
+        """The job was a group and is now one process (a world of 1 takes no ``distributed`` block)."""
+        return self.before.distributed is not None and self.after.distributed is None
+
+
+def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str) -> JobSpec:
+    """``spec`` with ``gpus`` per node on ``nodes`` (``None``: as it is), validated as a submitted spec is.
+
+    A world of one rank takes no ``distributed`` block (``JobSpec`` refuses one), so a group resized
+    to one GPU on one node loses it and runs as one process: a single process restores the group's
+    sharded (DCP) checkpoint, so the job resumes where it was. The block is not brought back by a
+    later resize: that process writes single-process checkpoints, which a group cannot reshard.
+    """
+    if not 0 <= gpus <= MAX_RESOURCE:
+        raise UsageError(f"--gpus {gpus} is invalid: give the GPUs per node, from 0 to {MAX_RESOURCE}")
+    if nodes is not None and not 1 <= nodes <= MAX_RESOURCE:
+        raise UsageError(f"--nodes {nodes} is invalid: give the number of nodes, from 1 to {MAX_RESOURCE}")
+    nodes = spec.resources.nodes if nodes is None else nodes
+    if spec.distributed is None and nodes > 1:
+        raise UsageError(
+            f"--nodes {nodes}: this job is one process (it has no `distributed` block), which runs on one node; "
+            "keep --nodes 1, or submit the job again with a `distributed` block"
+        )
+    fields = spec.model_dump()
+    fields["resources"] = {**fields["resources"], "gpus": gpus, "nodes": nodes}
+    if spec.distributed is not None and nodes * max(gpus, 1) < 2:
+        fields["distributed"] = None
+    return parse_spec(fields, source=source)
 
 
 class Backend(ABC):
-    """Submit, preempt and cancel jobs; states and events land in the store.
+    """Submit, preempt, cancel and resize jobs; states and events land in the store.
 
     The public methods hold the guards every backend needs (the job exists, is this backend's,
-    has not ended, is running before a preemption, the grace is valid and supported; a submit the
-    scheduler refuses leaves nothing behind) and call the hooks: subclasses override the hooks,
-    not these methods.
+    has not ended, is running before a preemption, the grace is valid and supported, a resized
+    spec validates and is one this backend runs; a submit the scheduler refuses leaves nothing
+    behind) and call the hooks: subclasses override the hooks, not these methods.
     """
 
     name: ClassVar[str]
@@ -83,6 +139,39 @@ class Backend(ABC):
         """Stop the job for good."""
         self._cancel(self.active(job_id))
 
+    def resize(self, job_id: int, gpus: int, nodes: int | None = None) -> Resize:
+        """Give the job ``gpus`` per node on ``nodes`` from its next attempt on (``resized`` event).
+
+        A queued job starts at the new size; a running one keeps its GPUs until its attempt ends
+        (a preemption ends it now). What lets the job resume on another world size is its
+        checkpoints: sharded ones reshard (``runtime.sharded``). The new spec is refused as a
+        submitted one would be (it must validate, and this backend must run it), and is written
+        only if the job has neither ended nor been resized meanwhile (``Store.replace_spec``).
+        """
+        self.require(Feature.RESIZE)
+        job = self.active(job_id)
+        spec = resized_spec(job.spec, gpus=gpus, nodes=nodes, source=f"job {job_id} resized")
+        done = Resize(job.id, job.state, job.spec, spec)
+        if not done.changed:
+            return done
+        if spec.world_size > 1:
+            self.require(Feature.MULTI_RANK)
+        if spec.resources.nodes > 1:
+            self.require(Feature.MULTI_NODE)
+        spec = self._resize(job, spec)
+        self.store.replace_spec(
+            job.id,
+            job.spec,
+            spec,
+            "resized",
+            old_gpus=job.spec.total_gpus,
+            new_gpus=spec.total_gpus,
+            old_world_size=job.spec.world_size,
+            new_world_size=spec.world_size,
+            distributed_dropped=done.distributed_dropped,
+        )
+        return Resize(job.id, job.state, job.spec, spec)
+
     def sync(self) -> None:
         """Bring the store up to date with the scheduler (nothing to do where it writes the store itself)."""
         return None
@@ -120,6 +209,14 @@ class Backend(ABC):
     def _cancel(self, job: Job) -> None:
         """Cancel a job that has not ended."""
 
+    def _resize(self, job: Job, spec: JobSpec) -> JobSpec:
+        """Check the resized spec fits this scheduler before it is written; the spec to store.
+
+        Called only on backends with ``Feature.RESIZE``; the new spec applies from the job's next
+        attempt, which the backend starts from the stored spec.
+        """
+        return spec
+
     def _refresh(self, job: Job) -> Job:
         """The job as the scheduler sees it now (default: as stored)."""
         return job
@@ -141,14 +238,39 @@ def add_job_folder(
     private_dir(folder)
     try:
         (folder / "logs").mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(folder / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(spec.model_dump_json(indent=2))
+        write_spec_file(folder, spec)
     except OSError as err:
         store.delete_job(job_id)
         shutil.rmtree(folder, ignore_errors=True)
         raise StoreError(f"cannot lay out {folder}: {err.strerror}; free some space or fix its permissions") from None
     return job_id, folder
+
+
+def write_spec_file(folder: Path, spec: JobSpec) -> bool:
+    """Make ``folder/spec.json`` hold ``spec`` (what an attempt reads via ``GPUFLEET_SPEC``); whether it changed.
+
+    Written whole or not at all (temp file, fsync, rename): the ranks of an attempt each read it
+    as they start, and must never see half a file. The store's copy is the authority; a backend
+    whose jobs can be resized calls this with the stored spec just before it starts an attempt,
+    so the file and the attempt agree (see ``LocalScheduler._launch``).
+    """
+    path = folder / "spec.json"
+    text = spec.model_dump_json(indent=2)
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    tmp = folder / f".spec.json.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def ingest_events(store: Store, home: Path, job: Job) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gpufleet.backends.base import Backend, Feature, ingest_events, register
+from gpufleet.backends.base import Backend, Feature, ingest_events, register, write_spec_file
 from gpufleet.backends.lifecycle import (
     NOT_STARTED,
     alive,
@@ -67,8 +67,10 @@ def store_for(home: Path) -> Store:
 class LocalBackend(Backend):
     """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
 
-    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK})
-    """One host: a job of several ranks runs them all here (one slot each); never several nodes."""
+    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE})
+    """One host: a job of several ranks runs them all here (one slot each); never several nodes. Each
+    attempt is launched from the job's stored spec, so a resized job simply starts its next one bigger
+    or smaller."""
 
     def __init__(self, home: Path, *, spawn: bool = True) -> None:
         super().__init__(home)
@@ -85,6 +87,15 @@ class LocalBackend(Backend):
 
     def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
         self._wake()
+
+    def _resize(self, job: Job, spec: JobSpec) -> JobSpec:
+        slots = configured_slots()
+        if slots_of(spec) > slots:
+            raise UsageError(
+                f"--gpus {spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s): "
+                f"give {slots} or fewer, or set GPUFLEET_LOCAL_SLOTS"
+            )
+        return spec
 
     def _preempt(self, job: Job, grace: float | None) -> None:
         self.store.add_request(job.id, "preempt", grace)
@@ -333,6 +344,10 @@ class LocalScheduler:
             "GPUFLEET_ATTEMPT": str(n),
         }
         argv = entry_argv(spec)
+        try:  # the stored spec is the authority; the attempt reads this copy (a resize changes the store only)
+            write_spec_file(folder, spec)
+        except OSError as err:
+            raise StoreError(f"cannot write {folder / 'spec.json'}: {err.strerror}; free some space there") from None
         started = time.time()
         self.store.begin_attempt(job.id, n, started)  # intent first: a crash now cannot launch it twice
         log = (folder / "logs" / f"attempt-{n}.log").open("ab")
@@ -364,7 +379,15 @@ class LocalScheduler:
         # by its GPUFLEET_* variables.
         self.running[job.id] = _Running(job, n, proc, log)
         self.store.set_attempt_pid(job.id, n, proc.pid)
-        self.store.add_event(job.id, "attempt_start", attempt=n, ts=started, pid=proc.pid)
+        self.store.add_event(
+            job.id,
+            "attempt_start",
+            attempt=n,
+            ts=started,
+            pid=proc.pid,
+            gpus=spec.total_gpus,
+            world_size=spec.world_size,
+        )
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:

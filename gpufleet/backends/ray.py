@@ -111,8 +111,11 @@ def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, 
             status = status.with_last(ended_at=now, outcome="lost")
         status = status.model_copy(update={"state": "failed", "reason": why})
     details: dict[tuple[int, str], dict[str, Any]] = {}
+    # The actor runs every attempt from the spec it was created with, which is the stored one (Ray jobs
+    # are not resized): each attempt's GPUs and world size, as the ledger prices them.
+    size = {"gpus": job.spec.total_gpus, "world_size": job.spec.world_size}
     for rec in status.attempts:
-        details[(rec.n, "attempt_start")] = {"node": rec.node}
+        details[(rec.n, "attempt_start")] = {"node": rec.node, **size}
         if rec.ranks:
             details[(rec.n, "attempt_start")]["ranks"] = [r.model_dump() for r in rec.ranks]
         details[(rec.n, "sigterm")] = {"reason": rec.stop, "grace": rec.grace}

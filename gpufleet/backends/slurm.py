@@ -167,7 +167,8 @@ os.environ["GPUFLEET_ATTEMPT"] = str(attempt)
 folder = spec["folder"]
 os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
 event = {{"ts": time.time(), "attempt": attempt, "kind": "attempt_start", "pid": os.getpid(),
-         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "node": os.uname().nodename}}
+         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "node": os.uname().nodename,
+         "gpus": spec["gpus"], "world_size": spec["world_size"]}}
 with open(os.path.join(folder, "events.jsonl"), "a") as fh:
     fh.write(json.dumps(event) + "\\n")
 log = os.open(os.path.join(folder, "logs", f"attempt-{{attempt}}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -181,20 +182,22 @@ def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
 
     One process ``exec``s the entrypoint; a job of several ranks runs ``srun`` as a child instead,
     behind handlers that only note SIGTERM, SIGINT and SIGUSR1: Slurm signals the ranks itself,
-    and the script has to outlive them to exit with the group's status.
+    and the script has to outlive them to exit with the group's status. Its ``attempt_start``
+    event names the GPUs and world size the attempt runs with (``spec.total_gpus``, ``world_size``).
     """
     folder = job_dir(home, job_id)
     env = job_environment(spec, job_id, home, "slurm")
+    size = {"gpus": spec.total_gpus, "world_size": spec.world_size}
     head = f"#!{sys.executable}\n# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt"
     if not runs_ranks(spec):
-        payload = json.dumps({"argv": entry_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder)})
+        payload = json.dumps({"argv": entry_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder), **size})
         return f"""{head}.
 import json, os, time
 {_attempt_start(payload)}if spec["cwd"]:
     os.chdir(spec["cwd"])
 os.execvp(spec["argv"][0], spec["argv"])
 """
-    payload = json.dumps({"srun": srun_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder)})
+    payload = json.dumps({"srun": srun_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder), **size})
     return f"""{head}, and srun starts its ranks.
 import json, os, signal, sys, time
 stops = []
@@ -368,8 +371,11 @@ def plan_slurm(
             action = "requeue"
         elif state == "failed" and pending:
             action = "cancel"
+    # Every run is the same sbatch request (Slurm jobs are not resized): the GPUs the ledger prices it at.
+    size = {"gpus": job.spec.total_gpus, "world_size": job.spec.world_size}
+    details = {(n, "attempt_start"): size for n in range(1, len(seen) + 1)}
     plan = lifecycle.plan_sync(
-        job, stored, seen, state=state, reason=reason, restarts=max(0, len(started) - 1), now=now
+        job, stored, seen, state=state, reason=reason, restarts=max(0, len(started) - 1), now=now, details=details
     )
     return plan, action
 

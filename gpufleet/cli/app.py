@@ -23,10 +23,11 @@ from gpufleet.cli.report import report_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
+from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
-from gpufleet.spec import load_spec
+from gpufleet.spec import JobSpec, load_spec
 from gpufleet.store import Job, Store, latest_step
 
 app = typer.Typer(
@@ -181,16 +182,19 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     store = _store()
     job = store.job(job_id)
     summary = job_summary(store, job)
+    starts = store.events(job_id, ("attempt_start", "resized"))
+    ran = [(a, attempt_gpus(job, a, starts)) for a in store.attempts(job_id)]
     attempts = [
         {
             "attempt": a.n,
             "outcome": a.outcome or a.state,
             "pid": a.pid,
+            "gpus": gpus,
             "started_at": a.started_at,
             "ended_at": a.ended_at,
             "exit_code": a.exit_code,
         }
-        for a in store.attempts(job_id)
+        for a, gpus in ran
     ]
     notable = (
         "queued",
@@ -198,6 +202,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         "sigterm",
         "sigkill",
         "preempted_by",
+        "resized",
         "restore",
         "checkpoint_skipped",
         "unhealthy",
@@ -244,16 +249,17 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     console.print(
         table(
             "attempts",
-            ["attempt", "outcome", "start", "wall", "exit"],
+            ["attempt", "outcome", "gpus", "start", "wall", "exit"],
             [
                 [
                     a.n,
                     a.outcome or a.state,
+                    gpus,
                     f"+{a.started_at - t0:.1f}s",
                     duration((a.ended_at or time.time()) - a.started_at),
                     a.exit_code,
                 ]
-                for a in store.attempts(job_id)
+                for a, gpus in ran
             ],
         )
     )
@@ -329,6 +335,83 @@ def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
         emit_json({"id": job_id, "requested": "cancel"})
     else:
         console.print(f"cancellation of job {job_id} requested")
+
+
+@app.command()
+def resize(
+    job_id: JobArg,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs per node from the job's next attempt on.")],
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", help="Nodes from the next attempt on (default: as now).")
+    ] = None,
+    now: Annotated[
+        bool, typer.Option("--now", help="Preempt the job if it runs, so that it resumes at once on the new size.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size."""
+    backend = _backend_of(job_id)
+    done = backend.resize(job_id, gpus, nodes)
+    preempted, missed = False, None
+    if now and done.changed and done.state == "running":
+        try:
+            backend.preempt(job_id)
+            preempted = True
+        except UsageError as err:  # it stopped running meanwhile: its next attempt, if any, has the new size
+            missed = str(err)
+    if json_out:
+        emit_json(
+            {
+                "id": job_id,
+                "state": done.state,
+                "changed": done.changed,
+                "before": _size(done.before),
+                "after": _size(done.after),
+                "distributed_dropped": done.distributed_dropped,
+                "preempted": preempted,
+                "not_preempted": missed,
+            }
+        )
+        return
+    before, after = _size(done.before), _size(done.after)
+    if not done.changed:
+        console.print(f"job {job_id} already has {_describe_size(after)}: nothing to change", highlight=False)
+        return
+    console.print(f"job {job_id}: {_describe_size(before)} -> {_describe_size(after)}", highlight=False)
+    if done.distributed_dropped:
+        console.print(
+            "its `distributed` block is dropped: the job now runs as one process, which restores the sharded "
+            "checkpoint its ranks wrote",
+            highlight=False,
+        )
+    if preempted:
+        console.print(f"preemption of job {job_id} requested: it saves, and resumes on the new size", highlight=False)
+    elif missed is not None:
+        console.print(f"not preempted ({missed}): its next attempt, if any, starts on the new size", highlight=False)
+    elif done.state == "running":
+        console.print(
+            f"job {job_id} keeps running on its current GPUs until its attempt ends; "
+            f"`gpufleet preempt {job_id}` applies the change now (it saves and resumes on the new size)",
+            highlight=False,
+        )
+    else:
+        console.print(f"job {job_id} is {done.state}: its next attempt starts on the new size", highlight=False)
+
+
+def _size(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "gpus": spec.resources.gpus,
+        "nodes": spec.resources.nodes,
+        "total_gpus": spec.total_gpus,
+        "world_size": spec.world_size,
+        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
+    }
+
+
+def _describe_size(size: dict[str, Any]) -> str:
+    nodes = f" x {size['nodes']} nodes" if size["nodes"] > 1 else ""
+    ranks = f"{size['world_size']} ranks" if size["world_size"] > 1 else "one process"
+    return f"{size['gpus']} GPU{'' if size['gpus'] == 1 else 's'}{nodes} ({ranks})"
 
 
 @app.command()

@@ -1,4 +1,8 @@
-"""From what the store recorded (attempts and events) to ``AttemptUsage`` values for the ledger."""
+"""From what the store recorded (attempts and events) to ``AttemptUsage`` values for the ledger.
+
+Each attempt is priced at the GPUs it ran on, not at the job's spec: a job can change its GPUs
+between attempts (``gpufleet resize``), and its spec only says what the next attempt gets.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,37 @@ from gpufleet.store import Attempt, Event, Job, Store
 def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:
     value = data.get(key)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
+    """The GPUs (over all nodes) ``attempt`` held, as its backend recorded them when it started it.
+
+    Every backend puts ``gpus`` and ``world_size`` in its ``attempt_start`` event, taken from the
+    spec it starts the attempt from: an event, not a new column of ``attempts``, so no database is
+    migrated and records written before keep their meaning. Only the backend's own event counts:
+    the runtime's event log (where a Slurm batch script also writes one) is written by user code,
+    and a line claiming fewer GPUs must not lower a bill.
+
+    Without that figure (a record from before attempts carried it, or a local scheduler that died
+    between starting the attempt and recording it), the GPUs in force when the attempt started:
+    the ``old_gpus`` of the first ``resized`` event after its start, else the job's spec (which,
+    for a job never resized, is what every attempt ran on).
+    """
+    for e in events:
+        if e.kind == "attempt_start" and e.attempt == attempt.n and e.source == "backend":
+            recorded = _count(e.data.get("gpus"))
+            if recorded is not None:
+                return recorded
+    for e in events:
+        if e.kind == "resized" and e.ts >= attempt.started_at:
+            before = _count(e.data.get("old_gpus"))
+            if before is not None:
+                return before
+    return job.spec.total_gpus
 
 
 def attempt_usage(
@@ -76,7 +111,7 @@ def attempt_usage(
         gpu_type=spec.resources.gpu_type,
         provider=spec.provider,
         spot=spec.spot,
-        gpus=spec.total_gpus,
+        gpus=attempt_gpus(job, attempt, events),
         start=start,
         end=end,
         outcome=outcome,
