@@ -5,7 +5,7 @@ Layout under ``$GPUFLEET_HOME`` (default ``~/.gpufleet``)::
     state.db                 SQLite: jobs, attempts, events, requests
     scheduler.pid            PID of the local scheduler while it runs
     scheduler.log
-    jobs/<id>/spec.json      the validated JobSpec, as submitted
+    jobs/<id>/spec.json      the validated JobSpec the latest attempt started with (resize changes it)
     jobs/<id>/events.jsonl   what the runtime reported, one JSON object a line
     jobs/<id>/logs/attempt-<n>.log
     jobs/<id>/checkpoints/step-<8 digits>/
