@@ -5,6 +5,7 @@
     GpufleetError                 base; every message names the bad value and the fix
     ├── SpecError                 a JobSpec (YAML) that does not validate
     ├── UsageError                a bad command-line value, an unknown job, a bad path
+    │   └── ParameterError        a bad argument of a library function, named as the function spells it
     ├── CheckpointError           nothing restorable, or a checkpoint that fails verification
     │   ├── CorruptCheckpoint     a checkpoint whose manifest or files do not verify
     │   ├── ForeignCheckpoint     a sound checkpoint of another job, or lacking what this job saves
@@ -18,6 +19,8 @@ that ran and failed), never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -33,6 +36,67 @@ class SpecError(GpufleetError):
 
 class UsageError(GpufleetError):
     """A bad command-line value, an unknown job id, an unreadable path."""
+
+
+class ParameterError(UsageError):
+    """A bad argument of a library function: the message names the function's parameters (``gpus=0``).
+
+    ``template`` is a :meth:`str.format` string over ``values``: ``{gpus}`` shows a parameter and its
+    value (a string quoted), ``{gpus:name}`` its name alone, ``{gpus!r}`` or ``{gpus!s}`` its value
+    alone. A command line that took the values as flags says the same with :meth:`as_flags`
+    (``--gpus 0``), so each caller reads the names it typed.
+    """
+
+    def __init__(self, template: str, /, **values: object) -> None:
+        super().__init__(template)
+        self.template = template
+        self.values = values
+
+    def __str__(self) -> str:
+        return self._render({})
+
+    def as_flags(self, flags: Mapping[str, str]) -> UsageError:
+        """The same error in command-line words: each parameter in ``flags`` (``{"gpus": "--gpus"}``) by its flag."""
+        return UsageError(self._render(flags))
+
+    def _render(self, flags: Mapping[str, str]) -> str:
+        return self.template.format_map({k: _Shown(k, v, flags.get(k)) for k, v in self.values.items()})
+
+
+class _Shown:
+    """One value of a :class:`ParameterError` as a format field: ``gpus=0``, or ``--gpus 0`` under a flag."""
+
+    __slots__ = ("flag", "name", "value")
+
+    def __init__(self, name: str, value: object, flag: str | None) -> None:
+        self.name, self.value, self.flag = name, value, flag
+
+    def __format__(self, spec: str) -> str:
+        label = self.name if self.flag is None else self.flag
+        if spec == "name":
+            return label
+        if spec:
+            raise ValueError(f"format spec {spec!r} of {self.name!r}: use none or 'name'")
+        value = repr(self.value) if isinstance(self.value, str) else str(self.value)
+        return f"{label}{'=' if self.flag is None else ' '}{value}"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@contextmanager
+def parameters_as_flags(flags: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a :class:`ParameterError` in command-line words (:meth:`ParameterError.as_flags`).
+
+    A context manager, or a decorator of a command: ``@parameters_as_flags({"gpus": "--gpus"})``.
+    """
+    try:
+        yield
+    except ParameterError as err:
+        raise err.as_flags(flags) from None
 
 
 class CheckpointError(GpufleetError):

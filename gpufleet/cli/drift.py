@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpufleet.cli.render import console, emit_json, err_console, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 
 if TYPE_CHECKING:
     from gpufleet.quality.drift import DriftReport
@@ -111,6 +111,9 @@ def _print_report(report: DriftReport) -> None:
     console.print(f"[{colour}]{report.verdict}[/]", highlight=False, soft_wrap=True)
 
 
+@parameters_as_flags(
+    {"columns": "--columns", "method": "--method", "threshold": "--threshold", "correction": "--correction"}
+)
 def drift_command(
     reference: RefArg,
     current: CurArg,

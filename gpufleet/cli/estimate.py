@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli.render import console, emit_json, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.estimate.flops import TransformerShape, require_recompute
 from gpufleet.estimate.layout import GIB, LayoutOption, advise_layout, usable_bytes
 from gpufleet.estimate.memory import (
@@ -50,6 +50,32 @@ MicroBatch = Annotated[int | None, typer.Option(help="Micro-batch size b (sequen
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
+def _flags(*params: str) -> dict[str, str]:
+    """Parameter of :mod:`gpufleet.estimate` -> the option a command takes it as (Typer's spelling)."""
+    return {p: "--" + p.replace("_", "-") for p in params}
+
+
+_SHAPE_FLAGS = _flags("params", "layers", "hidden", "heads", "seq", "micro_batch", "expert_params", "ep", "recompute")
+_MFU_FLAGS = _flags(
+    "params",
+    "layers",
+    "heads",
+    "head_dim",
+    "seq",
+    "num_gpus",
+    "tokens_per_second",
+    "step_time",
+    "tokens_per_step",
+    "embedding_params",
+    "recompute",
+    "dtype",
+)
+_MEMORY_FLAGS = _SHAPE_FLAGS | _flags(
+    "gpus", "strategy", "tp", "pp", "micro_batches", "virtual_stages", "offload", "gpus_per_node", "precision"
+)
+_LAYOUT_FLAGS = _SHAPE_FLAGS | _flags("gpus", "gpus_per_node", "precision", "headroom", "reserve_gib")
+
+
 def parse_count(text: str, flag: str) -> int:
     """``"6.74e9"``, ``"7B"``, ``"350M"`` -> an int; anything else is a :class:`UsageError` naming ``flag``."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text.lower())
@@ -75,6 +101,7 @@ def _gib(n: int | float | None) -> str:
 
 
 @estimate_app.command()
+@parameters_as_flags(_MFU_FLAGS)
 def mfu(
     params: Count,
     layers: Annotated[int, typer.Option(help="Transformer layers L.")],
@@ -136,6 +163,7 @@ def mfu(
 
 
 @estimate_app.command()
+@parameters_as_flags(_MEMORY_FLAGS)
 def memory(
     params: Count,
     gpus: Annotated[int, typer.Option(help="GPUs of the job.")],
@@ -213,6 +241,7 @@ def _print_memory(est: MemoryEstimate, usable: int | None) -> None:
 
 
 @estimate_app.command()
+@parameters_as_flags(_LAYOUT_FLAGS)
 def layout(
     params: Count,
     gpus: Annotated[int, typer.Option(help="GPUs of the job.")],

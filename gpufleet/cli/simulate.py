@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpufleet.cli.render import console, emit_json, err_console, money, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 
 if TYPE_CHECKING:
     from gpufleet.placement.simulate import SimResult
@@ -198,6 +198,7 @@ def _run_with_progress(
         return run(report)
 
 
+@parameters_as_flags({"jobs": "--jobs", "days": "--days", "seed": "--seed"})
 def simulate_command(
     catalog: Annotated[Path, typer.Option("--catalog", help="Offer catalogue YAML (see examples/catalog.yaml).")],
     jobs: Annotated[int, typer.Option("--jobs", help="Jobs to simulate.")] = 5000,

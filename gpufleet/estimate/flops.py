@@ -27,23 +27,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
 
 def require_positive(**values: float) -> None:
-    """Raise :class:`UsageError` naming the first value that is zero, negative or not a number."""
+    """Raise :class:`ParameterError` naming the first value that is zero, negative or not a number."""
     for name, value in values.items():
         if isinstance(value, bool) or not value > 0:
-            flag = name.replace("_", "-")
-            raise UsageError(f"--{flag} must be positive, got {value!r}: pass a size greater than zero")
+            raise ParameterError(
+                f"{{{name}:name}} must be positive, got {{{name}!r}}: pass a size greater than zero", **{name: value}
+            )
+
+
+def _unknown_recompute(recompute: str) -> ParameterError:
+    return ParameterError(f"unknown {{recompute}}: use one of {', '.join(RECOMPUTE)}", recompute=recompute)
 
 
 def require_recompute(recompute: str) -> Recompute:
     if recompute not in RECOMPUTE:
-        raise UsageError(f"unknown --recompute {recompute!r}: use one of {', '.join(RECOMPUTE)}")
+        raise _unknown_recompute(recompute)
     return recompute
 
 
@@ -67,9 +72,10 @@ class TransformerShape:
     def __post_init__(self) -> None:
         require_positive(params=self.params, layers=self.layers, heads=self.heads, head_dim=self.head_dim, seq=self.seq)
         if not 0 <= self.embedding_params < self.params:
-            raise UsageError(
-                f"--embedding-params {self.embedding_params} must be in [0, --params {self.params}): "
-                "give the embedding share of the parameters"
+            raise ParameterError(
+                "{embedding_params} must be in [0, {params}): give the embedding share of the parameters",
+                embedding_params=self.embedding_params,
+                params=self.params,
             )
 
     @property
@@ -97,7 +103,7 @@ def recompute_flops_per_token(shape: TransformerShape, recompute: Recompute) -> 
         return forward_attention
     if recompute == "full":
         return 2 * shape.dense_params + forward_attention
-    raise UsageError(f"unknown --recompute {recompute!r}: use one of {', '.join(RECOMPUTE)}")
+    raise _unknown_recompute(recompute)
 
 
 def hardware_flops_per_token(shape: TransformerShape, recompute: Recompute) -> int:

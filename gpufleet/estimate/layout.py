@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.estimate.flops import Recompute, require_positive
 from gpufleet.estimate.memory import ActivationShape, MemoryEstimate, Offload, Precision, Strategy, estimate_memory
 from gpufleet.estimate.peak import GpuPeak, gpu_peak
@@ -87,12 +87,19 @@ class LayoutOption:
 def usable_bytes(gpu: GpuPeak, *, headroom: float = 0.10, reserve_gib: float = 1.0) -> int:
     """Memory a training process can plan on: the datasheet figure less a fraction and a fixed reserve."""
     if not 0 <= headroom < 1:
-        raise UsageError(f"--headroom {headroom} must be in [0, 1): a fraction of the GPU's memory to keep free")
+        raise ParameterError(
+            "{headroom} must be in [0, 1): a fraction of the GPU's memory to keep free", headroom=headroom
+        )
     if reserve_gib < 0:
-        raise UsageError(f"--reserve-gib {reserve_gib} must be >= 0: the GiB kept for the CUDA context")
+        raise ParameterError("{reserve_gib} must be >= 0: the GiB kept for the CUDA context", reserve_gib=reserve_gib)
     usable = int(gpu.memory_bytes * (1 - headroom) - reserve_gib * GIB)
     if usable <= 0:
-        raise UsageError(f"--headroom {headroom} and --reserve-gib {reserve_gib} leave nothing of {gpu.name}'s memory")
+        raise ParameterError(
+            "{headroom} and {reserve_gib} leave nothing of {gpu!s}'s memory",
+            headroom=headroom,
+            reserve_gib=reserve_gib,
+            gpu=gpu.name,
+        )
     return usable
 
 

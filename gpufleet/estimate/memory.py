@@ -44,7 +44,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError
 from gpufleet.estimate.flops import Recompute, require_positive, require_recompute
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid"]
@@ -72,19 +72,21 @@ def parse_strategy(name: str) -> Strategy:
     key = name.strip().lower().replace("-", "_")
     key = STRATEGY_ALIASES.get(key, key)
     if key not in STRATEGIES:
-        raise UsageError(f"unknown --strategy {name!r}: use one of {', '.join(STRATEGIES)} (or fsdp = fsdp_full)")
+        raise ParameterError(
+            f"unknown {{strategy}}: use one of {', '.join(STRATEGIES)} (or fsdp = fsdp_full)", strategy=name
+        )
     return key
 
 
 def parse_offload(name: str) -> Offload:
     if name not in OFFLOADS:
-        raise UsageError(f"unknown --offload {name!r}: use one of {', '.join(OFFLOADS)}")
+        raise ParameterError(f"unknown {{offload}}: use one of {', '.join(OFFLOADS)}", offload=name)
     return name
 
 
 def parse_precision(name: str) -> Precision:
     if name not in STATE_BYTES:
-        raise UsageError(f"unknown --precision {name!r}: use one of {', '.join(STATE_BYTES)}")
+        raise ParameterError(f"unknown {{precision}}: use one of {', '.join(STATE_BYTES)}", precision=name)
     return name
 
 
@@ -102,7 +104,9 @@ class ActivationShape:
         require_positive(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq)
         require_positive(micro_batch=self.micro_batch)
         if self.hidden % self.heads:
-            raise UsageError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}: fix the model shape")
+            raise ParameterError(
+                "{hidden} is not divisible by {heads}: fix the model shape", hidden=self.hidden, heads=self.heads
+            )
 
 
 def activation_bytes_per_layer(
@@ -164,19 +168,31 @@ def _check_degrees(
 ) -> None:
     require_positive(params=params, gpus=gpus, tp=tp, pp=pp, ep=ep)
     if gpus % (tp * pp):
-        raise UsageError(
-            f"--gpus {gpus} is not divisible by --tp {tp} * --pp {pp}: pick degrees whose product divides it"
+        raise ParameterError(
+            "{gpus} is not divisible by {tp} * {pp}: pick degrees whose product divides it", gpus=gpus, tp=tp, pp=pp
         )
     if (gpus // (tp * pp)) % ep:
-        raise UsageError(f"--ep {ep} does not divide the {gpus // (tp * pp)} data-parallel ranks: pick a divisor")
+        raise ParameterError(
+            f"{{ep}} does not divide the {gpus // (tp * pp)} data-parallel ranks: pick a divisor", ep=ep
+        )
     if not 0 <= expert_params < params:
-        raise UsageError(f"--expert-params {expert_params} must be in [0, --params {params}): the experts' share")
+        raise ParameterError(
+            "{expert_params} must be in [0, {params}): the experts' share", expert_params=expert_params, params=params
+        )
     if ep > 1 and expert_params == 0:
-        raise UsageError(f"--ep {ep} needs --expert-params: expert parallelism divides only the expert weights")
+        raise ParameterError(
+            "{ep} needs {expert_params:name}: expert parallelism divides only the expert weights",
+            ep=ep,
+            expert_params=expert_params,
+        )
     if shape is not None and shape.heads % tp:
-        raise UsageError(f"--heads {shape.heads} is not divisible by --tp {tp}: pick a tensor degree dividing it")
+        raise ParameterError(
+            "{heads} is not divisible by {tp}: pick a tensor degree dividing it", heads=shape.heads, tp=tp
+        )
     if shape is not None and shape.layers % pp:
-        raise UsageError(f"--layers {shape.layers} is not divisible by --pp {pp}: pick a pipeline degree dividing it")
+        raise ParameterError(
+            "{layers} is not divisible by {pp}: pick a pipeline degree dividing it", layers=shape.layers, pp=pp
+        )
 
 
 def _shard_degree(strategy: Strategy, dp: int, tp: int, gpus_per_node: int) -> int:
@@ -218,11 +234,20 @@ def _validate_options(
     parse_precision(precision)
     shard_p, _, shard_o = _SHARDED[strategy]
     if offload != "none" and not shard_o:
-        raise UsageError("--offload needs a sharded strategy (zero1, zero2, zero3 or fsdp_*): ddp keeps states on GPU")
+        raise ParameterError(
+            "{offload:name} needs a sharded strategy (zero1, zero2, zero3 or fsdp_*): ddp keeps states on GPU",
+            offload=offload,
+        )
     if offload == "params" and not shard_p:
-        raise UsageError(f"--offload params needs sharded weights (zero3, fsdp_full, fsdp_hybrid), not {strategy}")
+        raise ParameterError(
+            "{offload} needs sharded weights (zero3, fsdp_full, fsdp_hybrid), not {strategy!s}",
+            offload=offload,
+            strategy=strategy,
+        )
     if virtual_stages > 1 and (pp == 1 or (shape is not None and shape.layers % (pp * virtual_stages))):
-        raise UsageError(f"--virtual-stages {virtual_stages} needs --pp > 1 and layers divisible by pp * v")
+        raise ParameterError(
+            "{virtual_stages} needs {pp:name} > 1 and layers divisible by pp * v", virtual_stages=virtual_stages, pp=pp
+        )
 
 
 def estimate_memory(

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 
 Dtype = Literal["bf16", "fp16", "tf32", "fp32"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp16", "tf32", "fp32")
@@ -40,7 +40,7 @@ ADA_WHITEPAPER = (
 
 def parse_dtype(name: str) -> Dtype:
     if name not in DTYPES:
-        raise UsageError(f"unknown --dtype {name!r}: use one of {', '.join(DTYPES)}")
+        raise ParameterError(f"unknown {{dtype}}: use one of {', '.join(DTYPES)}", dtype=name)
     return name
 
 

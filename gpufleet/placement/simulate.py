@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.placement.catalog import Catalog
 from gpufleet.placement.policies import Fleet, Need, Policy, make_policy
 from gpufleet.placement.quota import QuotaBook
@@ -684,9 +684,9 @@ class Scenario:
 def build_scenario(catalog: Catalog, workload: WorkloadModel, *, jobs: int, days: float, seed: int) -> Scenario:
     """Jobs over ``days`` days, outages over the days plus ``drain_days``, all from ``seed``."""
     if not days > 0:
-        raise UsageError(f"--days must be > 0, got {days}")
+        raise ParameterError("{days:name} must be > 0, got {days!s}", days=days)
     if jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {jobs}")
+        raise ParameterError("{jobs:name} must be >= 1, got {jobs!s}", jobs=jobs)
     for_jobs, for_outages, for_preemptions = np.random.SeedSequence(seed).spawn(3)
     table = generate_jobs(catalog, workload, jobs=jobs, days=days, rng=np.random.default_rng(for_jobs))
     horizon = 24.0 * (days + workload.drain_days)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.estimate import estimate_app, parse_count
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import GpufleetError, ParameterError, UsageError
+from gpufleet.estimate.layout import usable_bytes
+from gpufleet.estimate.memory import estimate_memory
+from gpufleet.estimate.peak import gpu_peak
 
 app = typer.Typer(pretty_exceptions_enable=False)
 app.add_typer(estimate_app, name="estimate")
@@ -109,3 +113,30 @@ def test_parse_count() -> None:
     ]
     with pytest.raises(UsageError, match="--params 'seven'"):
         parse_count("seven", "params")
+
+
+def test_the_core_names_parameters_and_the_command_line_names_flags() -> None:
+    """One bad input said twice: in the library's parameter names, and in the options the user typed."""
+    why = "is not divisible by {} * {}: pick degrees whose product divides it"
+    with pytest.raises(ParameterError) as core:
+        estimate_memory(7_000_000_000, 8, tp=3)
+    assert str(core.value) == "gpus=8 " + why.format("tp=3", "pp=1")
+    assert _run("memory", "--params", "7B", "--gpus", "8", "--tp", "3") == (
+        2,
+        "error: --gpus 8 " + why.format("--tp 3", "--pp 1"),
+    )
+    with pytest.raises(ParameterError, match=r"^headroom=1\.5 must be in \[0, 1\): "):
+        usable_bytes(gpu_peak("h100"), headroom=1.5)
+    code, out = _run("layout", "--params", "7B", "--gpus", "8", "--gpu", "h100", "--headroom", "1.5")
+    assert code == 2 and out.startswith("error: --headroom 1.5 must be in [0, 1): ")
+    code, out = _run(
+        "mfu", *MODEL, "--head-dim", "128", "--seq", "8", "--gpu", "h100", "--step-time", "0", "--tokens-per-step", "1M"
+    )
+    assert code == 2 and out.startswith("error: --step-time must be positive, got 0.0: ")
+
+
+def test_a_parameter_without_a_flag_keeps_its_name() -> None:
+    err = ParameterError("{gpus} is not divisible by {tp}: see {note!s}", gpus=8, tp=3, note="{x}")
+    assert str(err.as_flags({"gpus": "--gpus"})) == "--gpus 8 is not divisible by tp=3: see {x}"
+    again = pickle.loads(pickle.dumps(err))
+    assert isinstance(again, ParameterError) and str(again) == str(err) == "gpus=8 is not divisible by tp=3: see {x}"

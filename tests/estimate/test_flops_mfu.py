@@ -45,11 +45,11 @@ def test_matches_nanogpt_count_of_the_charlm() -> None:
 
 def test_step_time_form_and_bad_sizes() -> None:
     assert tokens_per_second(step_time=2.0, tokens_per_step=1_048_576) == 524_288
-    with pytest.raises(UsageError, match="--step-time"):
+    with pytest.raises(UsageError, match=r"^step_time must be positive, got 0: "):
         tokens_per_second(step_time=0, tokens_per_step=1)
-    with pytest.raises(UsageError, match="--layers must be positive"):
+    with pytest.raises(UsageError, match=r"^layers must be positive, got -1: "):
         TransformerShape(params=10, layers=-1, heads=1, head_dim=1, seq=1)
-    with pytest.raises(UsageError, match="--embedding-params"):
+    with pytest.raises(UsageError, match=r"^embedding_params=10 must be in \[0, params=10\): "):
         TransformerShape(params=10, layers=1, heads=1, head_dim=1, seq=1, embedding_params=10)
 
 

@@ -15,7 +15,7 @@ LLAMA2_7B = ActivationShape(layers=32, hidden=4096, heads=32, seq=4096, micro_ba
 def test_usable_memory_keeps_10_percent_and_1_gib() -> None:
     assert usable_bytes(gpu_peak("h100")) == 71 * GIB
     assert usable_bytes(gpu_peak("a100-40gb"), headroom=0.0, reserve_gib=0.0) == 40 * GIB
-    with pytest.raises(UsageError, match=r"--headroom 1\.5"):
+    with pytest.raises(UsageError, match=r"^headroom=1\.5 must be in \[0, 1\): "):
         usable_bytes(gpu_peak("h100"), headroom=1.5)
 
 
@@ -37,8 +37,8 @@ def test_degrees_that_do_not_divide_the_model_are_rejected_with_the_reason() -> 
     options = advise_layout(124_000_000, 8, "l4", shape=shape)
     bad = [o for o in options if o.estimate is None]
     assert {(o.tp, o.pp) for o in bad} >= {(8, 1), (1, 4), (1, 8)}
-    assert any(o.reason == "--heads 12 is not divisible by --tp 8" for o in bad)
-    assert any(o.reason == "--layers 6 is not divisible by --pp 4" for o in bad)
+    assert any(o.reason == "heads=12 is not divisible by tp=8" for o in bad)
+    assert any(o.reason == "layers=6 is not divisible by pp=4" for o in bad)
     assert all(o.tp <= 8 for o in options)
 
 

@@ -308,6 +308,14 @@ def test_unknown_policy_is_a_usage_error_listing_the_names() -> None:
         make_policy("fastest")
 
 
+def test_a_scenario_of_no_jobs_or_days_names_the_parameter() -> None:
+    cat = fleet_catalog(rate=1.0)
+    with pytest.raises(UsageError, match=r"^days must be > 0, got 0$"):
+        build_scenario(cat, WorkloadModel(), jobs=10, days=0, seed=0)
+    with pytest.raises(UsageError, match=r"^jobs must be >= 1, got 0$"):
+        build_scenario(cat, WorkloadModel(), jobs=0, days=1, seed=0)
+
+
 # -- quotas and the queue -----------------------------------------------------------------------
 
 

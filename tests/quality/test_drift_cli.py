@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.drift import drift_command, split_assignments, split_columns
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import GpufleetError, ParameterError, UsageError
 from gpufleet.quality.io import read_table
 
 app = typer.Typer(pretty_exceptions_enable=False)
@@ -143,6 +143,19 @@ def test_bad_options_exit_2(tables: tuple[Path, Path, Path], args: list[str], me
     ref, drifted, _ = tables
     code, out = _run(str(ref), str(drifted), *args)
     assert code == 2 and message in out
+
+
+def test_a_missing_threshold_is_asked_for_by_parameter_in_the_core_and_by_flag_here(
+    tables: tuple[Path, Path, Path],
+) -> None:
+    from gpufleet.quality.drift import drift_report
+
+    ref, drifted, _ = tables
+    why = "wasserstein_raw has no scale-free default threshold: give one, e.g. "
+    with pytest.raises(ParameterError) as core:
+        drift_report(read_table(ref), read_table(drifted), method="wasserstein_raw")
+    assert str(core.value) == why + "threshold=0.5"
+    assert _run(str(ref), str(drifted), "--method", "wasserstein_raw") == (2, "error: " + why + "--threshold 0.5")
 
 
 def test_bad_files_exit_2(tables: tuple[Path, Path, Path], tmp_path: Path) -> None:
