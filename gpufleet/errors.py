@@ -11,10 +11,11 @@
     │   ├── ForeignCheckpoint     a sound checkpoint of another job, or lacking what this job saves
     │   └── CheckpointSpaceError  a save that found the disk full (nothing earlier is touched)
     ├── HealthError               training kept producing unhealthy steps after rollbacks
-    └── StoreError                the state database cannot be opened or is from a newer version
+    ├── StoreError                the state database cannot be opened or is from a newer version
+    └── ServiceUnavailable        a service a command needs does not answer (exit 3), and how to start it
 
-The CLI turns any of these into one line on stderr and exit code 2 (bad input) or 1 (a check
-that ran and failed), never a traceback.
+The CLI turns any of these into one line on stderr and exit code 2 (bad input), 1 (a check that
+ran and failed) or 3 (a service it needs is unreachable), never a traceback.
 """
 
 from __future__ import annotations
@@ -135,3 +136,13 @@ class HealthError(GpufleetError):
 
 class StoreError(GpufleetError):
     """The state database cannot be used."""
+
+
+class ServiceUnavailable(GpufleetError):
+    """A service a command needs (Slurm, Ray, an MLflow server, a trace collector) does not answer.
+
+    Not bad input: the same command works once the service is up, so it exits 3 (the contract in
+    the README) and the message says how to start it or where it was looked for.
+    """
+
+    exit_code = 3

@@ -8,7 +8,7 @@ from gpufleet.backends.base import Backend, Feature, get_backend, register, regi
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.ray import RayBackend
 from gpufleet.backends.slurm import SlurmBackend
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.store import Store
 
 __all__ = [
@@ -30,12 +30,12 @@ def sync_remote(home: Path, store: Store) -> None:
 
     Every scheduler is asked even when one of them is unreachable; the first problem is raised after.
     """
-    problems: list[UsageError] = []
+    problems: list[UsageError | ServiceUnavailable] = []
     for backend in registered().values():
         if store.has_active(backend.name):
             try:
                 backend(home).sync()
-            except UsageError as err:
+            except (UsageError, ServiceUnavailable) as err:
                 problems.append(err)
     if problems:
         raise problems[0]

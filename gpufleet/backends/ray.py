@@ -62,7 +62,7 @@ from gpufleet.backends.ray_runner import (
     read_status,
     status_path,
 )
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.runtime.protocol import threads_per_rank
 from gpufleet.spec import JobSpec
 from gpufleet.store import TERMINAL, Attempt, Job
@@ -181,7 +181,7 @@ def check_reachable(where: ClusterAddress, timeout: float = 3.0) -> None:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as err:
-        raise UsageError(
+        raise ServiceUnavailable(
             f"no Ray cluster answers at {where.address} (from {where.source}: {err.strerror or err}); {START_HINT}"
         ) from None
 
@@ -193,7 +193,7 @@ def cluster_problem(home: Path | None = None) -> str | None:
         return f"no GPUFLEET_RAY_ADDRESS and no {dev_ray_dir() / 'address'}"
     try:
         check_reachable(where)
-    except UsageError as err:
+    except (UsageError, ServiceUnavailable) as err:
         return str(err)
     return None
 
@@ -291,7 +291,7 @@ class RayCluster:
     def connect(cls, home: Path) -> RayCluster:
         where = find_cluster(home)
         if where is None:
-            raise UsageError(f"no Ray cluster configured; {START_HINT}")
+            raise ServiceUnavailable(f"no Ray cluster configured; {START_HINT}")
         check_reachable(where)
         _prepare_client_env(where)
         import logging
@@ -311,7 +311,9 @@ class RayCluster:
             )
         except (ConnectionError, RuntimeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UsageError(f"cannot join the Ray cluster at {where.address} ({first}); {START_HINT}") from None
+            raise ServiceUnavailable(
+                f"cannot join the Ray cluster at {where.address} ({first}); {START_HINT}"
+            ) from None
         return cls(where.address)
 
     def resources(self) -> dict[str, float]:
@@ -453,10 +455,10 @@ class RayBackend(Backend):
         if not jobs:
             return
         cluster: Cluster | None = None
-        problem: UsageError | None = None
+        problem: UsageError | ServiceUnavailable | None = None
         try:
             cluster = self.cluster()
-        except UsageError as err:
+        except (UsageError, ServiceUnavailable) as err:
             problem = err
         for job in jobs:
             gone = cluster is not None and not cluster.alive(job.id)  # asked before the file is read

@@ -57,7 +57,7 @@ from typing import Any, Protocol
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, SyncPlan, attempt_end
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.paths import job_dir
 from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.spec import JobSpec
@@ -83,16 +83,16 @@ def slurm_env() -> dict[str, str]:
 def run_slurm(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a Slurm client command (argument list, never a shell); a clear error when it fails."""
     if shutil.which(argv[0]) is None:
-        raise UsageError(f"`{argv[0]}` not found: Slurm's client commands are not installed; {START_HINT}")
+        raise ServiceUnavailable(f"`{argv[0]}` not found: Slurm's client commands are not installed; {START_HINT}")
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, env=slurm_env(), timeout=60)
     except subprocess.TimeoutExpired:
-        raise UsageError(f"`{' '.join(argv)}` timed out: is slurmctld running? {START_HINT}") from None
+        raise ServiceUnavailable(f"`{' '.join(argv)}` timed out: is slurmctld running? {START_HINT}") from None
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip().splitlines()
         first = message[-1] if message else f"exit code {proc.returncode}"
         if "Unable to contact slurm controller" in proc.stderr or "Connection refused" in proc.stderr:
-            raise UsageError(f"Slurm controller unreachable ({first}); {START_HINT}")
+            raise ServiceUnavailable(f"Slurm controller unreachable ({first}); {START_HINT}")
         raise UsageError(f"{argv[0]} refused: {first}")
     return proc
 

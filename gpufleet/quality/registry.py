@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.paths import gpufleet_home
 from gpufleet.quality.deploy import (
     CHALLENGER,
@@ -92,6 +92,10 @@ def quiet_mlflow() -> Iterator[None]:
                 lg.setLevel(level)
 
 
+UNREACHABLE_MARKS = ("Max retries exceeded", "Connection refused", "Failed to establish a new connection")
+"""Words of MLflow's error (its HTTP client's) when no tracking server answers at the URI."""
+
+
 @contextlib.contextmanager
 def mlflow_errors(uri: str) -> Iterator[None]:
     """Turn MLflow's own failures (store unreachable, bad URI) into one-line gpufleet errors."""
@@ -101,6 +105,11 @@ def mlflow_errors(uri: str) -> Iterator[None]:
         if isinstance(err, UsageError) or not type(err).__module__.startswith("mlflow"):
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if any(mark in str(err) for mark in UNREACHABLE_MARKS):
+            raise ServiceUnavailable(
+                f"no MLflow server answers at {uri}: start it (mlflow server --host 127.0.0.1 --port PORT), "
+                "or point $MLFLOW_TRACKING_URI at a running one"
+            ) from None
         raise UsageError(f"MLflow at {uri} failed: {first} (check $MLFLOW_TRACKING_URI)") from None
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.fmt import compact_duration
 from gpufleet.paths import job_dir
 from gpufleet.store import Attempt, Event, Job, Store
@@ -395,7 +395,9 @@ def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, 
             err.close()
         reason = f"HTTP {err.code} {err.reason}" + (f": {detail}" if detail else "")
     except urllib.error.URLError as err:
-        reason = str(err.reason)
+        raise ServiceUnavailable(
+            f"no trace collector answers at {url} ({err.reason}): start one there, or send to another endpoint"
+        ) from None
     except (OSError, ValueError) as err:
         reason = str(err) or type(err).__name__
     raise UsageError(f"cannot send trace to {url}: {reason}; check the collector is up (--endpoint)")

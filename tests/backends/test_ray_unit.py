@@ -34,7 +34,7 @@ from gpufleet.backends.ray_runner import (
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.store import Store
 
@@ -429,13 +429,14 @@ def test_no_cluster_is_a_clear_error_and_leaves_nothing(
 ) -> None:
     monkeypatch.delenv("GPUFLEET_RAY_ADDRESS", raising=False)
     monkeypatch.setenv("GPUFLEET_RAY_DIR", str(tmp_path / "no-dev-ray"))
-    with pytest.raises(UsageError, match=r"no Ray cluster configured; start .*scripts/dev-ray up"):
+    with pytest.raises(ServiceUnavailable, match=r"no Ray cluster configured; start .*scripts/dev-ray up"):
         RayBackend(home).submit(command_spec("pass"))
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("GPUFLEET_RAY_ADDRESS", f"127.0.0.1:{port}")
-    with pytest.raises(UsageError, match=rf"no Ray cluster answers at 127.0.0.1:{port} \(from GPUFLEET_RAY_ADDRESS"):
+    answers = rf"no Ray cluster answers at 127.0.0.1:{port} \(from GPUFLEET_RAY_ADDRESS"
+    with pytest.raises(ServiceUnavailable, match=answers):
         RayBackend(home).submit(command_spec("pass"))
     monkeypatch.setenv("GPUFLEET_RAY_ADDRESS", "nonsense")
     with pytest.raises(UsageError, match="is not host:port"):
@@ -456,7 +457,7 @@ def test_sync_reads_status_files_even_without_a_cluster(
     (home / "jobs" / str(job_id)).mkdir(parents=True)
     done = AttemptRecord(n=1, pid=5, started_at=1.0, ended_at=2.0, exit_code=0, outcome="completed")
     write_status(status_path(home, job_id), RunStatus(job_id=job_id, state="completed", attempts=(done,)))
-    with pytest.raises(UsageError, match="no Ray cluster configured"):
+    with pytest.raises(ServiceUnavailable, match="no Ray cluster configured"):
         RayBackend(home).sync()
     assert store.job(job_id).state == "completed" and store.attempts(job_id)[0].outcome == "completed"
     RayBackend(home).sync()  # nothing active any more: no cluster needed

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import REPO
 
 from gpufleet.runtime import CheckpointDir
 
@@ -152,3 +153,18 @@ def test_a_job_that_reported_nothing_shows_so(home: Path, tmp_path: Path) -> Non
     assert "no step reported yet" in shown.stdout and "step None" not in shown.stdout
     logs = run(home, "logs", "1")
     assert logs.stdout.startswith("(empty: attempt 1 of job 1")
+
+
+def test_an_unreachable_service_exits_3_with_how_to_start_it(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad input is 2; a cluster that does not answer is 3, one line, nothing left behind."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("GPUFLEET_RAY_ADDRESS", f"127.0.0.1:{port}")
+    proc = run(home, "submit", str(REPO / "examples" / "toy.yaml"), "--backend", "ray", check=3)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0]
+    assert "scripts/dev-ray up" in lines[0] and "Traceback" not in proc.stderr
+    assert jobs_in_db(home) == 0

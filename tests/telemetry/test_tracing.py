@@ -16,7 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.trace import trace_command
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.spec import parse_spec
 from gpufleet.store import Store
 from gpufleet.telemetry.tracing import (
@@ -243,12 +243,14 @@ def test_send_otlp_posts_json(store: Store, collector: tuple[str, type[_Collecto
         send_otlp(payload, url, timeout=5)
 
 
-def test_send_otlp_failures_are_usage_errors() -> None:
+def test_send_otlp_failures_name_the_endpoint() -> None:
+    """No collector listening is a service that does not answer (exit 3); a bad URL is bad input (exit 2)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(UsageError, match=f"127.0.0.1:{port}/v1/traces"):
+    with pytest.raises(ServiceUnavailable, match=f"127.0.0.1:{port}/v1/traces") as caught:
         send_otlp({}, f"http://127.0.0.1:{port}", timeout=2)
+    assert caught.value.exit_code == 3
     with pytest.raises(UsageError, match="not an http"):
         send_otlp({}, "file:///etc/passwd")
 
