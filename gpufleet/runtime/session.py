@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError
+from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError, SpecError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
 from gpufleet.runtime.checkpoint import (
@@ -49,7 +49,7 @@ from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template
 from gpufleet.runtime.events import EventLog
 from gpufleet.runtime.group import Group, PeerLost, current_group, dist_timeout, is_peer_loss, mark_lost
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.runtime.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
 from gpufleet.runtime.watchdog import RankInfo, RankWatch, stall_seconds
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
@@ -367,6 +367,7 @@ class TrainSession:
         if self.group.is_main:
             self.ckpts.clean_temporaries()
         self.group.barrier()
+        self._check_strategy()
         self._fingerprint = model_fingerprint(self._model.state_dict())
         self._check_resume_mode()
         if self.gpu_sampler is not None:
@@ -951,6 +952,17 @@ class TrainSession:
         if self._last_saved_step != self.step:
             self._save("preempt", self.nonfinite_state())
         raise Preempted(self.step)
+
+    def _check_strategy(self) -> None:
+        """``distributed.strategy: fsdp`` on a model without parameters shards nothing: say so, do not train."""
+        parameters = getattr(self._model, "parameters", None)
+        if os.environ.get(ENV_STRATEGY) != "fsdp" or not self.group.distributed or not callable(parameters):
+            return
+        if not any(True for _ in parameters()):
+            raise SpecError(
+                f"distributed.strategy is fsdp, but the {type(self._model).__name__} given to TrainSession has no "
+                "parameters to shard: give the model with its parameters, or use strategy ddp or none"
+            )
 
     def _check_resume_mode(self) -> None:
         """``resume: never`` starts from scratch; another run's checkpoints are not mixed in silently."""

@@ -8,6 +8,7 @@ writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
 - ``nan``: rank 1's second micro-batch loss at step 6 is NaN (the other rank's are finite);
 - ``signal``: rank 1 sends itself SIGTERM during step 7;
 - ``slow``: rank 1 takes 60 ms longer than rank 0 at every step (a straggler);
+- ``noparams``: the session is given a model without parameters (and no optimizer);
 - ``plain``: nothing.
 
 ``AGREE_EVERY`` (default 1) is the session's steps per agreement of the ranks.
@@ -35,13 +36,15 @@ from gpufleet.spec import CheckpointPolicy, HealthPolicy
 def main(mode: str, root: Path, agree_every: int = 1) -> None:
     group = current_group()
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model: torch.nn.Module = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if mode == "noparams":
+        model = torch.nn.ReLU()
     events = EventLog(root / "events.jsonl") if group.is_main else None
     session = TrainSession(
         ckpt_dir=root / "ckpt",
         model=model,
-        optimizer=optimizer,
+        optimizer=None if mode == "noparams" else optimizer,
         total_steps=12,
         policy=CheckpointPolicy(every_steps=4, keep=5),
         health=HealthPolicy(action="rollback", window=200, min_history=100),  # NaN, not spikes

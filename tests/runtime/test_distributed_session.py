@@ -104,6 +104,17 @@ def test_a_slow_rank_is_found_from_the_waits_of_the_others(tmp_path: Path) -> No
     assert found[0].extra["rank_wait_s"][0] > found[0].extra["rank_wait_s"][1]
 
 
+def test_fsdp_on_a_model_without_parameters_fails_the_attempt_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_DIST_STRATEGY", "fsdp")
+    assert torchrun("noparams", tmp_path) != 0
+    events, _ = read_events(tmp_path / "events.jsonl")
+    end = [e for e in events if e["kind"] == "session_end"]
+    assert [e["status"] for e in end] == ["failed"] and "no parameters to shard" in end[0]["error"]
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
+
+
 def backend_steps(home: Path, job: int) -> int:
     spec = parse_spec(json.loads((home / "jobs" / str(job) / "spec.json").read_text()))
     return int(spec.args["steps"])
