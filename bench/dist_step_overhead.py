@@ -1,15 +1,17 @@
 """Per-step overhead of the distributed session: a 2-rank DDP tinylm loop bare vs inside a ``TrainSession``.
 
-    .venv/bin/python bench/dist_step_overhead.py [--json] [--ranks 2] [--rounds 5] [--steps 30] [--warmup 10]
+    .venv/bin/python bench/dist_step_overhead.py [--json] [--ranks 2] [--rounds 5] [--steps 30]
+        [--warmup 10] [--agree-every 4]
 
 Started without torchrun, it starts itself under ``torch.distributed.run --standalone`` (gloo
 on CPU) and prints rank 0's result. Every rank builds the same tinylm (batch 32 split among the
 ranks, context 64), wrapped in ``DistributedDataParallel``, and trains it with two loops in
 turn, step by step (bare, session, session, bare, ...): the bare DDP loop, and the same loop
-reporting to a ``TrainSession`` (whose ``report`` makes one all-reduce per step so the ranks
-decide together; no checkpoint inside the timed window). The one all-reduce is also timed on
-its own. Target: overhead of the median step <= 2%; the agreement alone is reported as a share
-of the bare step (the issue's threshold for agreeing only every k steps: 1%).
+reporting to a ``TrainSession`` whose ranks meet every ``--agree-every`` steps (one all-reduce
+and a wait for the slowest rank; no checkpoint inside the timed window). The one all-reduce is
+also timed on its own. Target: overhead <= 2%, on the median step when the ranks meet at every
+step, on the mean step otherwise (the median would hide the one step in k that pays); the
+all-reduce alone is reported as a share of the bare step.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--agree-every",
         type=int,
-        default=1,
-        help="the session's distributed.agree_every (default 1); above 1 the overhead is judged on mean steps",
+        default=4,
+        help="the session's distributed.agree_every (default 4, as in a JobSpec); above 1 the overhead is "
+        "judged on mean steps",
     )
     args = p.parse_args(argv)
     if args.ranks < 2 or args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.agree_every < 1:
