@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.backends.slurm import SlurmBackend, run_slurm
-from gpufleet.errors import UsageError
+from gpufleet.errors import ServiceUnavailable
 from gpufleet.spec import parse_spec
 
 
@@ -78,5 +78,6 @@ def test_drain_and_resume_the_node(slurm: dict[str, str], home: Path) -> None:
 
 def test_missing_client_commands_say_how_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(UsageError, match="scripts/dev-slurm up"):
+    with pytest.raises(ServiceUnavailable, match="scripts/dev-slurm up") as caught:  # exit 3, not "bad input"
         run_slurm(["sinfo"])
+    assert caught.value.exit_code == 3
