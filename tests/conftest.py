@@ -164,6 +164,30 @@ def final_dcp_state(
     return {"model": state["model"], "optimizer": state["optimizer"]}
 
 
+def straight_and_preempted(
+    backend: LocalBackend, scheduler: LocalScheduler, straight_spec: Any, cut_spec: Any, targets: list[int]
+) -> tuple[int, int]:
+    """Run ``straight_spec`` to its end, then ``cut_spec`` preempted once past each step of ``targets``.
+
+    The ids of both jobs; the straight one completed, the cut one ended (completed or failed).
+    """
+    from gpufleet.store import latest_step
+
+    straight = backend.submit(straight_spec)
+    drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
+    assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
+    cut = backend.submit(cut_spec)
+    for n, target in enumerate(sorted(targets), start=1):
+
+        def reached(n: int = n, target: int = target) -> bool:
+            return len(backend.store.attempts(cut)) == n and (latest_step(backend.store, cut) or 0) >= target
+
+        drive(scheduler, reached, timeout=600)
+        backend.preempt(cut)
+    drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+    return straight, cut
+
+
 def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
     """Tensors ``torch.equal``, containers alike element by element, anything else ``==``."""
     if isinstance(a, torch.Tensor):

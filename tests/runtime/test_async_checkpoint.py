@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, drive, final_dcp_state
+from conftest import assert_bitwise_equal, final_dcp_state, straight_and_preempted
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.runtime import CheckpointDir, EventLog, TrainSession
 from gpufleet.spec import CheckpointPolicy, parse_spec
-from gpufleet.store import latest_step
 from gpufleet.workloads.tinylm import TINY
 
 
@@ -117,18 +116,10 @@ def test_a_group_with_background_saves_preempted_twice_ends_bit_identical(
     backend = LocalBackend(home, spawn=False)
     scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
     try:
-        straight = backend.submit(tinylm("straight", background=False))
-        drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
-        assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
-        cut = backend.submit(tinylm("cut", background=True))
-        for n, target in enumerate(sorted(random.Random(7).sample(range(4, 20), 2)), start=1):
-
-            def reached(n: int = n, target: int = target) -> bool:
-                return len(backend.store.attempts(cut)) == n and (latest_step(backend.store, cut) or 0) >= target
-
-            drive(scheduler, reached, timeout=600)
-            backend.preempt(cut)
-        drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+        targets = random.Random(7).sample(range(4, 20), 2)
+        straight, cut = straight_and_preempted(
+            backend, scheduler, tinylm("straight", background=False), tinylm("cut", background=True), targets
+        )
     finally:
         scheduler.shutdown(grace_s=30)
     job = backend.store.job(cut)

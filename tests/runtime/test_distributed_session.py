@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_bitwise_equal, drive, final_dcp_state
+from conftest import assert_bitwise_equal, drive, final_dcp_state, straight_and_preempted
 
 from gpufleet.backends.lifecycle import attempt_processes
 from gpufleet.backends.local import LocalBackend, LocalScheduler
@@ -27,7 +27,6 @@ from gpufleet.cost.usage import store_usages
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.runtime.events import EventLog, read_events
 from gpufleet.spec import parse_spec
-from gpufleet.store import latest_step
 from gpufleet.telemetry.ranks import rank_findings
 from gpufleet.workloads.tinylm import TINY
 
@@ -148,18 +147,10 @@ def test_a_group_preempted_three_times_ends_bit_identical(
     backend = LocalBackend(home, spawn=False)
     scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
     try:
-        straight = backend.submit(tinylm(strategy, "straight"))
-        drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)
-        assert backend.store.job(straight).state == "completed", backend.store.job(straight).reason
-        cut = backend.submit(tinylm(strategy, "cut"))
-        for n, target in enumerate(sorted(random.Random(13).sample(range(3, 26), 3)), start=1):
-
-            def reached(n: int = n, target: int = target) -> bool:
-                return len(backend.store.attempts(cut)) == n and (latest_step(backend.store, cut) or 0) >= target
-
-            drive(scheduler, reached, timeout=600)
-            backend.preempt(cut)
-        drive(scheduler, lambda: backend.store.job(cut).state in ("completed", "failed"), timeout=600)
+        targets = random.Random(13).sample(range(3, 26), 3)
+        straight, cut = straight_and_preempted(
+            backend, scheduler, tinylm(strategy, "straight"), tinylm(strategy, "cut"), targets
+        )
     finally:
         scheduler.shutdown(grace_s=30)
     job = backend.store.job(cut)
