@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib
 import os
 import signal
 from collections.abc import Iterator, Sequence
@@ -197,6 +198,29 @@ def die_with_parent() -> None:
         os._exit(137)
 
 
+WORLD_DEFAULT_MODULES = (
+    "torch.distributed.checkpoint.state_dict",  # pulls torch.distributed.nn.functional and FSDP
+    "torch.distributed.optim",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+    "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.distributed.algorithms.model_averaging.averagers",
+)
+"""Modules whose functions take ``group=dist.group.WORLD`` as a default argument.
+
+Imported after ``init_process_group``, each such default holds the world group for good, so
+``destroy_process_group`` cannot free it and gloo's worker threads outlive the interpreter: the
+last of them to drop a collective's tensor then takes the GIL during finalisation, and the rank
+dies of SIGABRT ("terminate called without an active exception") after a run that succeeded.
+Imported before, the defaults are ``None`` and the group dies with ``destroy_process_group``.
+"""
+
+
+def import_world_defaults() -> None:
+    """Import :data:`WORLD_DEFAULT_MODULES`, before anyone initialises the world group."""
+    for module in WORLD_DEFAULT_MODULES:
+        importlib.import_module(module)
+
+
 def _destroy() -> None:
     import torch.distributed as dist
 
@@ -222,11 +246,12 @@ def current_group() -> Group:
         import torch
 
         die_with_parent()
+        import_world_defaults()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=dist_timeout()))
-        # Ours to tear down: a gloo group left to the interpreter's exit can abort it (SIGABRT under FSDP).
+        # Ours to tear down before the interpreter's finalisation (see WORLD_DEFAULT_MODULES).
         atexit.register(_destroy)
     return Group(
         rank=dist.get_rank(),

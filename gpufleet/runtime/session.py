@@ -47,7 +47,15 @@ from gpufleet.runtime.checkpoint import (
 )
 from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template, reseeded_rng, strategy_of
 from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.group import Group, PeerLost, current_group, dist_timeout, is_peer_loss, mark_lost
+from gpufleet.runtime.group import (
+    Group,
+    PeerLost,
+    current_group,
+    dist_timeout,
+    import_world_defaults,
+    is_peer_loss,
+    mark_lost,
+)
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
@@ -59,6 +67,10 @@ if TYPE_CHECKING:
     from gpufleet.telemetry.gpu import GpuSampler
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):
+    # A rank of a group: before the script initialises the world group itself (runtime.group).
+    import_world_defaults()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ writes to ``ROOT/events.jsonl``. ``MODE`` is what happens on rank 1 only:
 ``AGREE_EVERY`` (default 1) is the session's steps per agreement of the ranks.
 
 Each rank writes ``ROOT/rank-<r>.json`` (its step, data position and rollbacks) when its session
-ends, however it ends.
+ends, however it ends, and, having torn its process group down, how many native threads it still
+runs (``native_threads``; gloo's workers must be gone before the interpreter finalises).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from gpufleet.runtime import EventLog, TrainSession
+from gpufleet.runtime import group as group_module
 from gpufleet.runtime.group import current_group
 from gpufleet.spec import CheckpointPolicy, HealthPolicy
 
@@ -73,6 +76,9 @@ def main(mode: str, root: Path, agree_every: int = 1) -> None:
                 session.report(losses)
     finally:
         out = {"step": session.step, "data_position": session.data_position, "rollbacks": session.rollbacks}
+        if group.distributed and sys.platform == "linux":  # the teardown gpufleet registers at exit, run now
+            group_module._destroy()
+            out["native_threads"] = len(os.listdir("/proc/self/task")) - threading.active_count()
         (root / f"rank-{group.rank}.json").write_text(json.dumps(out))
 
 
