@@ -46,8 +46,8 @@ from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import job_usages
 from gpufleet.errors import GpufleetError
+from gpufleet.jobs.store import TERMINAL, Store
 from gpufleet.spec import parse_spec
-from gpufleet.store import TERMINAL, Store
 
 RANKS = 2
 MIN_PROGRESS = 20

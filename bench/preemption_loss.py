@@ -35,8 +35,8 @@ import _common as common
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import GpufleetError
+from gpufleet.jobs.store import TERMINAL, Event, Store, latest_step
 from gpufleet.spec import parse_spec
-from gpufleet.store import TERMINAL, Event, Store, latest_step
 
 MIN_STEP = 30
 PHASE_TIMEOUT_S = 180.0

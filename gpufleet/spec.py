@@ -24,9 +24,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from gpufleet.config import read_yaml, validate
 from gpufleet.errors import SpecError
 from gpufleet.paths import NAME_HINT, NAME_RE
+from gpufleet.yamlio import read_yaml, validate
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -30,9 +30,9 @@ from gpufleet.backends.base import Backend, Feature
 from gpufleet.backends.lifecycle import REQUEUED_OUTCOMES, alive
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import TERMINAL, Store
 from gpufleet.paths import job_dir
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import TERMINAL, Store
 
 # ---- the jobs: small scripts, each one behaviour ----------------------------------------------
 

@@ -15,7 +15,7 @@ import torch
 
 from gpufleet.backends.base import Backend
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.slurm import slurm_env
+from gpufleet.backends.slurm.backend import slurm_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def slurm() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def ray() -> str:
     """The GCS address of a running Ray cluster (`scripts/dev-ray up`); fails under CI, skips elsewhere, without one."""
-    from gpufleet.backends.ray import cluster_problem, find_cluster
+    from gpufleet.backends.ray.backend import cluster_problem, find_cluster
 
     problem = cluster_problem()
     where = find_cluster(None)
@@ -171,7 +171,7 @@ def straight_and_preempted(
 
     The ids of both jobs; the straight one completed, the cut one ended (completed or failed).
     """
-    from gpufleet.store import latest_step
+    from gpufleet.jobs.store import latest_step
 
     straight = backend.submit(straight_spec)
     drive(scheduler, lambda: backend.store.job(straight).state in ("completed", "failed"), timeout=600)

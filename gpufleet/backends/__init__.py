@@ -6,10 +6,10 @@ from pathlib import Path
 
 from gpufleet.backends.base import Backend, Feature, get_backend, register, registered
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.slurm import SlurmBackend
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.errors import ServiceUnavailable, UsageError
-from gpufleet.store import Store
+from gpufleet.jobs.store import Store
 
 __all__ = [
     "Backend",

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from gpufleet.errors import GpufleetError, StoreError, UsageError
+from gpufleet.jobs.events import read_events_checked
+from gpufleet.jobs.protocol import check_environment
+from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import job_dir, private_dir
-from gpufleet.runtime.events import read_events_checked
-from gpufleet.runtime.protocol import check_environment
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import TERMINAL, Job, Store
 
 B = TypeVar("B", bound="type[Backend]")
 _REGISTRY: dict[str, type[Backend]] = {}

@@ -18,14 +18,14 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.runtime.events import SESSION_EXIT as SESSION_EXIT  # re-exported: it moved to the runtime
-from gpufleet.runtime.events import exit_from_events as exit_from_events
-from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
-from gpufleet.store import TERMINAL, Attempt, Job
+from gpufleet.jobs.events import SESSION_EXIT as SESSION_EXIT  # re-exported: it moved to the runtime
+from gpufleet.jobs.events import exit_from_events as exit_from_events
+from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
+from gpufleet.jobs.store import TERMINAL, Attempt, Job, SyncEvent, SyncPlan
 
 # Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
 _PDEATHSIG = (
@@ -84,32 +84,6 @@ def attempt_end(code: int | None, stop: str | None, *, attempt: int, restarts: i
 
 REQUEUED_OUTCOMES = ("preempted", "requeued", "lost")
 """Outcomes after which the job goes back to the queue (while restarts remain)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SyncEvent:
-    """A backend event a sync records (``attempt_start``, ``sigterm``, ``attempt_end``, ...)."""
-
-    kind: str
-    attempt: int | None
-    ts: float
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncPlan:
-    """What one sync of a remote backend writes, in one transaction (:meth:`Store.apply_sync`)."""
-
-    attempts: tuple[Attempt, ...]
-    """Attempts that changed since the store last saw them."""
-    events: tuple[SyncEvent, ...]
-    state: str
-    reason: str | None
-    restarts: int
-
-    def moves(self, job: Job) -> bool:
-        """Whether the job row changes."""
-        return (self.state, self.restarts) != (job.state, job.restarts) or self.reason not in (None, job.reason)
 
 
 def plan_sync(

@@ -35,10 +35,10 @@ from gpufleet.backends.lifecycle import (
     signal_group,
 )
 from gpufleet.errors import StoreError, UsageError
+from gpufleet.jobs.protocol import check_environment, entry_argv, job_environment
+from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import check_environment, entry_argv, job_environment
 from gpufleet.spec import JobSpec
-from gpufleet.store import TERMINAL, Job, Store
 
 DEFAULT_SLOTS = 1
 

@@ -25,10 +25,10 @@ from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.jobs.store import Job, Store, latest_step
 from gpufleet.paths import gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
 from gpufleet.spec import JobSpec, load_spec
-from gpufleet.store import Job, Store, latest_step
 
 app = typer.Typer(
     name="gpufleet",
@@ -423,7 +423,7 @@ def cost(
     json_out: JsonOpt = False,
 ) -> None:
     """GPU-hours and money per job and team, with the work lost to preemption."""
-    from gpufleet.cost.report import cost_report
+    from gpufleet.cost.gather import cost_report
 
     report = cost_report(_store(), team=team, job_ids=job, rates_path=rates, out=out)
     if json_out:

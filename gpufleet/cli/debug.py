@@ -25,7 +25,7 @@ from gpufleet.paths import gpufleet_home, job_dir
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
 
 if TYPE_CHECKING:
-    from gpufleet.resumecheck import ResumeReport
+    from gpufleet.devtools.resumecheck import ResumeReport
 
 debug_app = typer.Typer(
     help="Numerical debugging: determinism across runs and seeds, exact resumption, loss spikes.",
@@ -49,7 +49,7 @@ def profile_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Profile a few steps of a job in-process: time shares, top operators, and what to try next."""
-    from gpufleet.profiling import profile_job
+    from gpufleet.devtools.profile import profile_job
 
     _positive("--steps", steps)
     _positive("--top", top)
@@ -103,7 +103,7 @@ def determinism(
     json_out: JsonOpt = False,
 ) -> None:
     """Run the loop twice with one seed (bitwise comparison) and once with another (spread); exit 1 if they differ."""
-    from gpufleet.debug import check_determinism, plot_losses
+    from gpufleet.devtools.debug import check_determinism, plot_losses
 
     _positive("--steps", steps)
     job = load_spec(spec)
@@ -159,7 +159,7 @@ def resume_check(
     json_out: JsonOpt = False,
 ) -> None:
     """Run the job uninterrupted and preempted-then-resumed, each attempt a process; exit 1 unless bitwise equal."""
-    from gpufleet.resumecheck import check_resume
+    from gpufleet.devtools.resumecheck import check_resume
 
     report = check_resume(
         load_spec(spec),
@@ -268,7 +268,7 @@ def spikes(
     json_out: JsonOpt = False,
 ) -> None:
     """Find loss spikes and NaN/inf losses in a logged run with the runtime's own detector."""
-    from gpufleet.debug import detect_spikes, read_losses
+    from gpufleet.devtools.debug import detect_spikes, read_losses
 
     source, spec_path = _resolve_run(run)
     policy = _policy(spec_path, zscore, window)

@@ -23,13 +23,13 @@ from pathlib import Path
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cli.render import console, emit_json, gpu_time, money, print_cost
 from gpufleet.cli.watch import JobWatcher, make_progress
+from gpufleet.cost.gather import cost_report
 from gpufleet.cost.ledger import Cost
-from gpufleet.cost.report import cost_report
 from gpufleet.errors import UsageError
+from gpufleet.jobs.faults import FaultPlan
+from gpufleet.jobs.store import latest_step
 from gpufleet.paths import gpufleet_home
-from gpufleet.runtime.faults import FaultPlan
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import latest_step
 
 LOW_STEPS, HIGH_STEPS, PREEMPT_AFTER = 240, 100, 60
 

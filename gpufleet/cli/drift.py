@@ -175,7 +175,7 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic data
 
 def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: SeedOpt = 0) -> None:
     """Lab: a weekly cycle fools a yesterday-vs-today monitor; season-matched references and a placebo band do not."""
-    from gpufleet.quality.labs import plot_seasonal_lab, seasonal_lab
+    from gpufleet.demos.quality_labs import plot_seasonal_lab, seasonal_lab
 
     lab = seasonal_lab(seed)
     if out is not None:
@@ -219,7 +219,8 @@ def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: Se
 
 def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
     """Lab: MMD on all-MiniLM-L6-v2 embeddings of a query stream: a topic shift alarms, a resample does not."""
-    from gpufleet.quality.embeddings import embedding_lab, load_encoder
+    from gpufleet.demos.quality_labs import embedding_lab
+    from gpufleet.quality.embeddings import load_encoder
 
     lab = embedding_lab(load_encoder(), seed=seed)
     if json_out:

@@ -136,9 +136,9 @@ def diagnose_job_command(
     """Find what holds a job back: GPU bottlenecks in its own GPU series (recorded by every attempt) and,
     for a distributed job, a rank that hung or holds the others up; each finding with its evidence."""
     from gpufleet.errors import UsageError
+    from gpufleet.jobs.events import iter_events
+    from gpufleet.jobs.store import Store
     from gpufleet.paths import gpufleet_home, job_dir
-    from gpufleet.runtime.events import iter_events
-    from gpufleet.store import Store
     from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
     from gpufleet.telemetry.gpu import job_gpu_samples
     from gpufleet.telemetry.ranks import rank_findings

@@ -66,7 +66,7 @@ def demo_command(
 ) -> None:
     """The whole chain on synthetic data: drift, policy, signed alert, retraining job, registry, canary."""
     from gpufleet.cli.watch import describe
-    from gpufleet.quality.chain import ChainConfig, run_quality_demo
+    from gpufleet.demos.quality_chain import ChainConfig, run_quality_demo
     from gpufleet.quality.registry import mlflow_errors, tracking_uri
 
     if mode not in ("canary", "shadow"):

@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cost.gather import CostReport
 from gpufleet.cost.ledger import Cost
-from gpufleet.cost.report import CostReport
 from gpufleet.fmt import compact_duration
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.

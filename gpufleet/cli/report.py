@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from gpufleet.cost.fleet import FleetReport
     from gpufleet.telemetry.dcgm import Sample
-    from gpufleet.telemetry.report import FleetReport
 
 WORST_JOBS = 10
 
@@ -32,10 +32,10 @@ def report_command(
     ] = False,
 ) -> None:
     """Fleet report: SLOs with their error budgets, GPU-hours and money per team, waste per job."""
+    from gpufleet.cost.fleet import build_fleet_report, parse_since
+    from gpufleet.cost.fleet_page import write_report
     from gpufleet.cost.rates import load_rates
     from gpufleet.paths import gpufleet_home
-    from gpufleet.telemetry.report import build_fleet_report, parse_since
-    from gpufleet.telemetry.report_note import write_report
     from gpufleet.telemetry.slo import load_slo
 
     now = time.time()
@@ -72,7 +72,7 @@ def _open_store(home: Path) -> Any:
     from gpufleet.backends import sync_remote
     from gpufleet.cli.render import err_console
     from gpufleet.errors import GpufleetError
-    from gpufleet.store import Store
+    from gpufleet.jobs.store import Store
 
     store = Store(home / "state.db")
     try:
@@ -100,7 +100,7 @@ def _gpu_samples(home: Path) -> Callable[[int], Sequence[Sample]]:
 def print_report(report: FleetReport, written: Sequence[Path] = ()) -> None:
     """The SLO table (met or breached in colour), the team table and the worst jobs by waste."""
     from gpufleet.cli.render import console, gpu_time, money, table
-    from gpufleet.telemetry.report import WASTE_PARTS
+    from gpufleet.cost.fleet import WASTE_PARTS
 
     window = "all history" if report.since is None else f"since {_iso(report.since)}"
     states = ", ".join(f"{n} {s}" for s, n in report.jobs_by_state.items()) or "no jobs"

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.backends.slurm import SlurmBackend, run_slurm, slurm_usage
+from gpufleet.backends.slurm.backend import SlurmBackend, run_slurm, slurm_usage
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Store
 from gpufleet.paths import check_name, gpufleet_home
-from gpufleet.store import Store
 
 slurm_app = typer.Typer(
     help="Operate a Slurm cluster: accounts, holds, drains, requeues, topology.", no_args_is_help=True
@@ -152,6 +152,6 @@ def usage(json_out: JsonOpt = False) -> None:
 @slurm_app.command()
 def topology(fleet: Annotated[Path, typer.Argument(help="Fleet topology YAML.")]) -> None:
     """Print a topology.conf (topology/tree) for the fleet's switches."""
-    from gpufleet.topology import load_fleet, render_topology_conf
+    from gpufleet.backends.slurm.topology import load_fleet, render_topology_conf
 
     typer.echo(render_topology_conf(load_fleet(fleet)), nl=False)

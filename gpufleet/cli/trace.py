@@ -10,8 +10,8 @@ import typer
 from gpufleet.backends import sync_remote
 from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import GpufleetError
+from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home
-from gpufleet.store import Store
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
 
 TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]

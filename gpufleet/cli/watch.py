@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpufleet.cli.render import console
-from gpufleet.store import TERMINAL, Event, Store, latest_step
+from gpufleet.jobs.store import TERMINAL, Event, Store, latest_step
 
 NOTABLE = (
     "attempt_start",

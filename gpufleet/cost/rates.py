@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
+from gpufleet.yamlio import read_yaml, validate
 
 
 class Rate(BaseModel):

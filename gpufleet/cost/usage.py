@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
-from gpufleet.store import Attempt, Event, Job, Store
+from gpufleet.jobs.store import Attempt, Event, Job, Store
 
 
 def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:

@@ -42,8 +42,8 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.errors import UsageError
 from gpufleet.export.skypilot import block_yaml
+from gpufleet.jobs.protocol import ENV_CKPT_DIR, ENV_JOB_ID, ENV_SPEC, REQUEUE_EXIT_CODE, job_environment
 from gpufleet.placement.catalog import WILDCARD, Catalog, Quota
-from gpufleet.runtime.protocol import ENV_CKPT_DIR, ENV_JOB_ID, ENV_SPEC, REQUEUE_EXIT_CODE, job_environment
 from gpufleet.spec import JobSpec
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"

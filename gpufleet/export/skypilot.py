@@ -44,7 +44,7 @@ import yaml
 
 from gpufleet import __version__
 from gpufleet.errors import UsageError
-from gpufleet.runtime.protocol import (
+from gpufleet.jobs.protocol import (
     ENV_CKPT_DIR,
     ENV_JOB_DIR,
     ENV_JOB_ID,

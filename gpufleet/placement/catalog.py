@@ -38,10 +38,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpufleet.config import describe_validation, read_yaml
 from gpufleet.errors import UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
 from gpufleet.spec import JobSpec, parse_spec
+from gpufleet.yamlio import describe_validation, read_yaml
 
 WILDCARD = "*"
 GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

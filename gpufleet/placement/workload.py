@@ -29,11 +29,11 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
 from gpufleet.placement.catalog import Catalog
 from gpufleet.placement.quota import NO_QUOTA, QuotaBook
 from gpufleet.spec import JobSpec, OfferChoice
+from gpufleet.yamlio import read_yaml, validate
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]

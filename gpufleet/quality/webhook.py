@@ -42,9 +42,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpufleet.config import describe_validation
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
+from gpufleet.yamlio import describe_validation
 
 TIMESTAMP_HEADER = "X-Gpufleet-Timestamp"
 SIGNATURE_HEADER = "X-Gpufleet-Signature"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
+    from gpufleet.jobs.events import EventLog
     from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest, Expectation
     from gpufleet.runtime.data import batch_generator, random_batch_indices
-    from gpufleet.runtime.events import EventLog
     from gpufleet.runtime.health import HealthMonitor
     from gpufleet.runtime.session import Preempted, TrainSession
 
@@ -25,7 +25,7 @@ _LAZY = {
     "Expectation": "gpufleet.runtime.checkpoint",
     "batch_generator": "gpufleet.runtime.data",
     "random_batch_indices": "gpufleet.runtime.data",
-    "EventLog": "gpufleet.runtime.events",
+    "EventLog": "gpufleet.jobs.events",
     "HealthMonitor": "gpufleet.runtime.health",
     "Preempted": "gpufleet.runtime.session",
     "TrainSession": "gpufleet.runtime.session",

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import GpufleetError
+from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 
-ENV_TIMEOUT = "GPUFLEET_DIST_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
 LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
 """Words of a gloo or NCCL error raised because another rank is gone or stuck."""
 _state = {"lost": False}

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.runtime.protocol import threads_per_rank
+from gpufleet.jobs.protocol import threads_per_rank
 from gpufleet.spec import parse_spec
 
 

@@ -34,9 +34,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from gpufleet.cost.rates import load_rates
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError, SpecError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
+from gpufleet.jobs.events import EventLog
+from gpufleet.jobs.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.checkpoint import (
     CheckpointDir,
     CheckpointInfo,
@@ -46,7 +49,6 @@ from gpufleet.runtime.checkpoint import (
     state_dict_mismatch,
 )
 from gpufleet.runtime.dist_state import apply_dcp_state, dcp_state, dcp_template, reseeded_rng, strategy_of
-from gpufleet.runtime.events import EventLog
 from gpufleet.runtime.group import (
     Group,
     PeerLost,
@@ -57,7 +59,6 @@ from gpufleet.runtime.group import (
     mark_lost,
 )
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
-from gpufleet.runtime.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
 from gpufleet.runtime.watchdog import RankInfo, RankWatch, stall_seconds
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
@@ -338,7 +339,12 @@ class TrainSession:
         labels = {**labels_from_env(env, gpu_type, provider), "attempt": str(attempt)}
         sampler = gpu_sampler_from_env(env, telemetry, gpus, attempt) if group.is_main else None
         if group.is_main:
-            events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, spot=spot))
+
+            def price() -> tuple[float | None, str]:
+                card = load_rates(env.get("GPUFLEET_RATES") or None)
+                return card.price(labels.get("gpu_type", ""), labels.get("provider", ""), spot=spot), card.currency
+
+            events.listeners.extend(exporter_from_env(env, labels, gpu=sampler, gpus=gpus, price=price))
         session = cls(
             ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
             model=model,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,19 +234,18 @@ def exporter_from_env(
     gpu: GpuSampler | None = None,
     *,
     gpus: int = 0,
-    spot: bool = False,
+    price: Callable[[], tuple[float | None, str]] | None = None,
 ) -> list[Any]:
-    """The listeners the environment asks for (none unless a metrics variable is set)."""
+    """The listeners the environment asks for (none unless a metrics variable is set).
+
+    ``price`` gives the price of one of the job's GPUs per hour and its currency (from the rate
+    card; asked only when metrics are wanted and the job has GPUs).
+    """
     port, textfile = env.get("GPUFLEET_METRICS_PORT"), env.get("GPUFLEET_METRICS_TEXTFILE")
     if port is None and textfile is None:
         return []
-    price, currency = None, "USD"
-    if gpus > 0:
-        from gpufleet.cost.rates import load_rates
-
-        card = load_rates(env.get("GPUFLEET_RATES") or None)
-        price, currency = card.price(labels.get("gpu_type", ""), labels.get("provider", ""), spot=spot), card.currency
-    metrics = JobMetrics(labels, gpus=gpus, price_per_gpu_hour=price, currency=currency)
+    per_hour, currency = price() if price is not None and gpus > 0 else (None, "USD")
+    metrics = JobMetrics(labels, gpus=gpus, price_per_gpu_hour=per_hour, currency=currency)
     listeners: list[Any] = [metrics]
     if port is not None:
         job_dir = env.get("GPUFLEET_JOB_DIR")

@@ -39,9 +39,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
-from gpufleet.store import Attempt, Event, Job
+from gpufleet.jobs.store import Attempt, Event, Job
+from gpufleet.yamlio import read_yaml, validate
 
 Comparison = Literal[">=", "<="]
 

@@ -37,8 +37,8 @@ from typing import Any, Literal, TypeAlias
 
 from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.fmt import compact_duration
+from gpufleet.jobs.store import Attempt, Event, Job, Store
 from gpufleet.paths import job_dir
-from gpufleet.store import Attempt, Event, Job, Store
 
 AttributeValue: TypeAlias = "str | int | float | bool"
 StatusCode = Literal["unset", "ok", "error"]

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from gpufleet.errors import SpecError
+from gpufleet.jobs.faults import FaultPlan
+from gpufleet.jobs.protocol import ENV_STRATEGY
 from gpufleet.runtime import TrainSession
-from gpufleet.runtime.faults import FaultPlan
 from gpufleet.runtime.group import Group, current_group
-from gpufleet.runtime.protocol import ENV_STRATEGY
 from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
 
 TINY: dict[str, Any] = {"batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}

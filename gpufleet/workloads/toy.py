@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from gpufleet.jobs.faults import FaultPlan
 from gpufleet.runtime import TrainSession
-from gpufleet.runtime.faults import FaultPlan
 
 
 def train(steps: int = 50, step_seconds: float = 0.02, seed: int = 0, exit_code: int = 0) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from backend_contract import SCENARIOS, FakeSlurm, Harness, check_crash_at_write
 from test_ray_unit import FakeCluster
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.slurm import SlurmBackend
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.spec import JobSpec
 
 

@@ -18,9 +18,9 @@ from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
-from gpufleet.runtime.events import read_events
+from gpufleet.jobs.events import read_events
+from gpufleet.jobs.store import latest_step
 from gpufleet.spec import parse_spec
-from gpufleet.store import latest_step
 
 SPEC = parse_spec(
     {

@@ -21,10 +21,10 @@ from conftest import drive
 from gpufleet.backends.base import Feature
 from gpufleet.backends.lifecycle import alive
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.slurm import SlurmBackend
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.errors import UsageError
-from gpufleet.runtime.protocol import ENV_TORCHRUN_SHUTDOWN, REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.jobs.protocol import ENV_TORCHRUN_SHUTDOWN, REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.spec import JobSpec, parse_spec
 
 RANK = """
@@ -104,7 +104,7 @@ def launch(rank_script: Path, tmp_path: Path) -> Iterator[Callable[[str], subpro
 
     def start(mode: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "GPUFLEET_EVENTS": str(tmp_path / "events.jsonl"), "GPUFLEET_ATTEMPT": "1"}
-        argv = ["-m", "gpufleet.runtime.group_launch", "--nproc-per-node=2", "--"]
+        argv = ["-m", "gpufleet.backends.group_launch", "--nproc-per-node=2", "--"]
         log = (tmp_path / "launcher.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, *argv, str(rank_script), str(tmp_path / "out"), mode],
@@ -188,7 +188,7 @@ def local2(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalB
 
 def test_entry_argv_runs_the_group_launcher(rank_script: Path) -> None:
     spec = two_ranks(rank_script, "ok")
-    assert entry_argv(spec)[:4] == [sys.executable, "-m", "gpufleet.runtime.group_launch", "--nproc-per-node=2"]
+    assert entry_argv(spec)[:4] == [sys.executable, "-m", "gpufleet.backends.group_launch", "--nproc-per-node=2"]
     assert entry_argv(spec)[4:] == ["--", str(rank_script), str(rank_script.parent / "out"), "ok"]
     module = spec.copy_with(entrypoint="gpufleet.workloads.toy:train")
     assert entry_argv(module)[-3:] == ["--", "-m", "gpufleet.runtime.launch"]
@@ -271,7 +271,7 @@ def test_backends_declare_ranks_and_nodes() -> None:
 
 
 def test_no_python_runs_any_command_per_rank(tmp_path: Path) -> None:
-    argv = ["-m", "gpufleet.runtime.group_launch", "--nproc-per-node=2", "--no-python", "--"]
+    argv = ["-m", "gpufleet.backends.group_launch", "--nproc-per-node=2", "--no-python", "--"]
     script = 'echo "$RANK/$WORLD_SIZE" > "$0/sh-$RANK"'
     proc = subprocess.run(
         [sys.executable, *argv, "/bin/sh", "-c", script, str(tmp_path)], capture_output=True, timeout=120
@@ -282,5 +282,5 @@ def test_no_python_runs_any_command_per_rank(tmp_path: Path) -> None:
 
 def test_launcher_refuses_bad_usage() -> None:
     for argv in (["--nproc-per-node=0", "--", "x.py"], ["--nproc-per-node=2", "x.py"], ["--nproc-per-node=2", "--"]):
-        proc = subprocess.run([sys.executable, "-m", "gpufleet.runtime.group_launch", *argv], capture_output=True)
+        proc = subprocess.run([sys.executable, "-m", "gpufleet.backends.group_launch", *argv], capture_output=True)
         assert proc.returncode == 2 and b"usage:" in proc.stderr

@@ -13,9 +13,9 @@ from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import latest_step
 from gpufleet.runtime import CheckpointDir
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import latest_step
 from gpufleet.workloads.tinylm import TINY
 
 

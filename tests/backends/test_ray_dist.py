@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from gpufleet.backends.base import Feature
-from gpufleet.backends.ray import RayBackend, actor_options, placement_bundles
-from gpufleet.backends.ray_ranks import (
+from gpufleet.backends.ray.backend import RayBackend, actor_options, placement_bundles
+from gpufleet.backends.ray.ranks import (
     RankGone,
     RankGroup,
     RankProcess,
@@ -29,7 +29,7 @@ from gpufleet.backends.ray_ranks import (
     rank_environments,
     rank_order,
 )
-from gpufleet.backends.ray_runner import JobRunner, RunnerArgs, read_status, status_path
+from gpufleet.backends.ray.runner import JobRunner, RunnerArgs, read_status, status_path
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
 from gpufleet.runtime.group import lost_marker

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from gpufleet.backends.lifecycle import attempt_argv
-from gpufleet.backends.ray import RayBackend, actor_options, find_cluster, plan_sync
-from gpufleet.backends.ray_runner import (
+from gpufleet.backends.ray.backend import RayBackend, actor_options, find_cluster, plan_sync
+from gpufleet.backends.ray.runner import (
     AttemptRecord,
     JobRunner,
     RunnerArgs,
@@ -35,8 +35,8 @@ from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.store import Store
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import Store
 
 # Attempt 1 sleeps until SIGTERM, then exits 75 ("requeue me"); later attempts exit 0 at once.
 PREEMPTIBLE = """

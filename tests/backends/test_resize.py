@@ -19,12 +19,12 @@ from conftest import drive, final_dcp_state
 
 from gpufleet.backends.base import Feature, resized_spec
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.slurm import SlurmBackend
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.cost.usage import attempt_gpus, store_usages
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Attempt, Event, Store
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import Attempt, Event, Store
 from gpufleet.workloads.tinylm import TINY
 
 

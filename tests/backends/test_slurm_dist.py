@@ -17,7 +17,7 @@ import pytest
 from test_slurm_unit import FakeSlurm
 
 from gpufleet.backends.base import Feature
-from gpufleet.backends.slurm import (
+from gpufleet.backends.slurm.backend import (
     SlurmBackend,
     allocated_cpus,
     batch_script,
@@ -26,10 +26,10 @@ from gpufleet.backends.slurm import (
     slurm_usage,
     srun_argv,
 )
+from gpufleet.backends.slurm.rank import first_host, master_port, node_address, rank_environment, tasks_on_node
+from gpufleet.jobs.protocol import rank_argv
 from gpufleet.paths import job_dir
 from gpufleet.runtime.group import lost_marker
-from gpufleet.runtime.protocol import rank_argv
-from gpufleet.runtime.slurm_rank import first_host, master_port, node_address, rank_environment, tasks_on_node
 from gpufleet.spec import JobSpec, parse_spec
 
 
@@ -68,7 +68,7 @@ def test_srun_runs_every_rank_behind_the_rank_shim_and_kills_only_a_stuck_one() 
     split = argv.index("--")
     assert argv[:4] == ["srun", "--label", "--kill-on-bad-exit=0", "--wait=120"]  # the 60 s group timeout + 60
     assert {"--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=2"} <= set(argv[:split])
-    assert argv[split - 3 : split] == [sys.executable, "-m", "gpufleet.runtime.slurm_rank"]
+    assert argv[split - 3 : split] == [sys.executable, "-m", "gpufleet.backends.slurm.rank"]
     assert argv[split + 1 :] == rank_argv(spec) == [sys.executable, "train.py", "--name", "$(rm -rf /)"]
 
 
@@ -206,7 +206,7 @@ def test_rank_shim_sets_the_variables_then_becomes_the_rank() -> None:
     env = {**os.environ, **TWO_NODES}
     show = "import json, os; print(json.dumps({k: os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'MASTER_PORT')}))"
     out = subprocess.run(
-        [sys.executable, "-m", "gpufleet.runtime.slurm_rank", "--", sys.executable, "-c", show],
+        [sys.executable, "-m", "gpufleet.backends.slurm.rank", "--", sys.executable, "-c", show],
         env=env,
         capture_output=True,
         text=True,
@@ -214,7 +214,9 @@ def test_rank_shim_sets_the_variables_then_becomes_the_rank() -> None:
         check=True,
     )
     assert json.loads(out.stdout) == {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": str(master_port(68))}
-    bad = subprocess.run([sys.executable, "-m", "gpufleet.runtime.slurm_rank", "true"], capture_output=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpufleet.backends.slurm.rank", "true"], capture_output=True, timeout=60
+    )
     assert bad.returncode == 2 and b"after `--`" in bad.stderr
 
 

@@ -12,11 +12,18 @@ from typing import Any
 
 import pytest
 
-from gpufleet.backends.slurm import SlurmBackend, batch_script, parse_sacct, plan_slurm, sbatch_argv, slurm_usage
+from gpufleet.backends.slurm.backend import (
+    SlurmBackend,
+    batch_script,
+    parse_sacct,
+    plan_slurm,
+    sbatch_argv,
+    slurm_usage,
+)
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Store
 from gpufleet.spec import parse_spec
-from gpufleet.store import Store
 
 SPEC = parse_spec(
     {

@@ -17,10 +17,10 @@ from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import SpecError, UsageError
-from gpufleet.runtime.events import read_events_checked
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.jobs.events import read_events_checked
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
+from gpufleet.jobs.store import latest_step
 from gpufleet.spec import parse_spec
-from gpufleet.store import latest_step
 
 
 def command(name: str, code: str, **fields: Any) -> Any:
@@ -190,7 +190,7 @@ def test_an_attempt_that_finished_unwatched_is_adopted_not_rerun(home: Path) -> 
 
 
 def test_slurm_refuses_a_grace_it_would_ignore_and_a_preemption_of_a_queued_job(home: Path) -> None:
-    from gpufleet.backends.slurm import SlurmBackend
+    from gpufleet.backends.slurm.backend import SlurmBackend
 
     calls: list[list[str]] = []
 
@@ -291,7 +291,7 @@ def test_a_full_home_is_one_clear_error_and_scheduling_resumes(
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_loses_event_lines_not_the_training(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpufleet.runtime.events import EventLog
+    from gpufleet.jobs.events import EventLog
 
     log = EventLog(Path("/dev/full"))
     log.emit("step", step=1)

@@ -49,8 +49,8 @@ def follow_a_job(tmp_path: Path, *, terminal: bool) -> str:
     from rich.console import Console
 
     from gpufleet.cli.watch import JobWatcher, make_progress
+    from gpufleet.jobs.store import Store
     from gpufleet.spec import parse_spec
-    from gpufleet.store import Store
 
     store = Store(tmp_path / "state.db")
     job = store.add_job(

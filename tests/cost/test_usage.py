@@ -10,8 +10,8 @@ import pytest
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import job_usages
+from gpufleet.jobs.store import Attempt, Store
 from gpufleet.spec import parse_spec
-from gpufleet.store import Attempt, Store
 
 SPEC = parse_spec({"name": "lm", "team": "nlp", "entrypoint": "gpufleet.workloads.toy:train"})
 OUTCOMES = ("preempted", "requeued", "preempted", "completed")

@@ -35,8 +35,8 @@ from gpufleet.export.kueue import (
     node_labels,
     parse_quantity,
 )
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 from gpufleet.placement.catalog import Catalog, load_catalog, parse_catalog
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.spec import JobSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,8 +29,8 @@ from gpufleet.export.skypilot import (
     skypilot_task,
     skypilot_yaml,
 )
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 from gpufleet.runtime import CheckpointDir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
 from gpufleet.spec import JobSpec, parse_spec
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "skypilot_task.json"

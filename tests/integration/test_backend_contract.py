@@ -19,8 +19,8 @@ import pytest
 from backend_contract import SCENARIOS, Harness, command_spec
 
 from gpufleet.backends.local import LocalBackend, scheduler_pid
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.slurm import SlurmBackend, slurm_env
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.slurm.backend import SlurmBackend, slurm_env
 from gpufleet.spec import JobSpec
 
 

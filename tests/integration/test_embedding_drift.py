@@ -16,7 +16,8 @@ from conftest import service_missing
 from typer.testing import CliRunner
 
 from gpufleet.cli.drift import embedding_lab_command
-from gpufleet.quality import embeddings, labs
+from gpufleet.demos import quality_labs as labs
+from gpufleet.quality import embeddings
 from gpufleet.quality.drift import drift_report
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def test_the_model_is_the_real_minilm(encoder: SentenceTransformer) -> None:
 
 
 def test_topic_shift_alarms_and_a_resample_does_not(encoder: SentenceTransformer) -> None:
-    lab = embeddings.embedding_lab(encoder, seed=0)
+    lab = labs.embedding_lab(encoder, seed=0)
     assert lab.documents == 40 and lab.queries_per_side == 150
     assert lab.same.drift is False and lab.same.p_value > 0.05
     assert lab.shift.drift is True and lab.shift.p_value < 0.01

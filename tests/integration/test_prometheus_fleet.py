@@ -23,9 +23,9 @@ from gpufleet.backends import get_backend
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
+from gpufleet.jobs.store import Store, latest_step
 from gpufleet.paths import job_dir
 from gpufleet.spec import parse_spec
-from gpufleet.store import Store, latest_step
 from gpufleet.telemetry.gpu import job_gpu_samples
 
 SCRAPE_S = 1.0  # scripts/dev-prometheus scrapes every second

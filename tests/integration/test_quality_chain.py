@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import service_missing
 
-from gpufleet.quality.chain import ChainConfig, run_quality_demo
-from gpufleet.store import Store
+from gpufleet.demos.quality_chain import ChainConfig, run_quality_demo
+from gpufleet.jobs.store import Store
 
 
 @pytest.fixture

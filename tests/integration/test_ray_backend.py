@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from conftest import follow
 
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.ray_runner import read_status, status_path
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.ray.runner import read_status, status_path
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
+from gpufleet.jobs.store import latest_step
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import latest_step
 
 REPO = Path(__file__).resolve().parents[2]
 

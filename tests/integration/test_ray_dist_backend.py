@@ -21,14 +21,14 @@ import pytest
 from conftest import assert_bitwise_equal, final_dcp_state, follow
 from typer.testing import CliRunner
 
-from gpufleet.backends.ray import RayBackend
-from gpufleet.backends.ray_runner import placement_name, read_status, status_path
+from gpufleet.backends.ray.backend import RayBackend
+from gpufleet.backends.ray.runner import placement_name, read_status, status_path
 from gpufleet.cli.app import app
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
+from gpufleet.jobs.store import latest_step
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import latest_step
 from gpufleet.workloads.tinylm import TINY
 
 STEPS = 30

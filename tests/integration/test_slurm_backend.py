@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from gpufleet.backends import get_backend, sync_remote
-from gpufleet.backends.slurm import SlurmBackend, slurm_usage
+from gpufleet.backends.slurm.backend import SlurmBackend, slurm_usage
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Store, latest_step
 from gpufleet.runtime import CheckpointDir
 from gpufleet.spec import parse_spec
-from gpufleet.store import Store, latest_step
 from gpufleet.workloads.tinylm import TINY
 
 LM: dict[str, Any] = {**TINY, "steps": 400}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.backends.slurm import SlurmBackend, run_slurm
+from gpufleet.backends.slurm.backend import SlurmBackend, run_slurm
 from gpufleet.errors import ServiceUnavailable
 from gpufleet.spec import parse_spec
 

@@ -22,14 +22,14 @@ import pytest
 from conftest import assert_bitwise_equal, final_dcp_state, follow, service_missing
 from typer.testing import CliRunner
 
-from gpufleet.backends.slurm import SlurmBackend, slurm_env, slurm_usage
+from gpufleet.backends.slurm.backend import SlurmBackend, slurm_env, slurm_usage
 from gpufleet.cli.app import app
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
+from gpufleet.jobs.store import TERMINAL, latest_step
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import TERMINAL, latest_step
 from gpufleet.workloads.tinylm import TINY
 
 STEPS = 120

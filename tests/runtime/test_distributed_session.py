@@ -24,8 +24,8 @@ from conftest import assert_bitwise_equal, drive, final_dcp_state, straight_and_
 from gpufleet.backends.lifecycle import attempt_processes
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cost.usage import store_usages
+from gpufleet.jobs.events import EventLog, read_events
 from gpufleet.runtime.checkpoint import CheckpointDir
-from gpufleet.runtime.events import EventLog, read_events
 from gpufleet.spec import parse_spec
 from gpufleet.telemetry.ranks import rank_findings
 from gpufleet.workloads.tinylm import TINY

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gpufleet.errors import UsageError
-from gpufleet.runtime.events import read_events
-from gpufleet.runtime.faults import FaultPlan
+from gpufleet.jobs.events import read_events
+from gpufleet.jobs.faults import FaultPlan
 from gpufleet.workloads import toy
 
 

@@ -20,7 +20,7 @@ from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import UsageError
-from gpufleet.runtime.faults import FaultPlan
+from gpufleet.jobs.faults import FaultPlan
 from gpufleet.runtime.watchdog import RankInfo, RankWatch, Stall, stall_seconds, suspects, where
 from gpufleet.spec import parse_spec
 from gpufleet.telemetry.ranks import rank_findings

@@ -14,8 +14,8 @@ import torch
 from conftest import assert_bitwise_equal
 
 from gpufleet.errors import HealthError
+from gpufleet.jobs.events import read_events
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
-from gpufleet.runtime.events import read_events
 from gpufleet.workloads import tinylm
 from gpufleet.workloads.tinylm import TINY
 

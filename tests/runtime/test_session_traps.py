@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from gpufleet.errors import CheckpointError, HealthError
+from gpufleet.jobs.events import EventLog
+from gpufleet.jobs.protocol import entry_argv
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
 from gpufleet.runtime.data import batch_generator, random_batch_indices
-from gpufleet.runtime.events import EventLog
-from gpufleet.runtime.protocol import entry_argv
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, KeepBest, parse_spec
 
 DATA_X = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))

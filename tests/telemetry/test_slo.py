@@ -10,11 +10,11 @@ import pytest
 from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.cost.fleet import build_fleet_report
 from gpufleet.cost.rates import load_rates
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Event
 from gpufleet.spec import parse_spec
-from gpufleet.store import Event
-from gpufleet.telemetry.report import build_fleet_report
 from gpufleet.telemetry.slo import SloConfig, SloInputs, died_of_oom, evaluate_slos, load_slo, percentile
 
 # --- the targets ---------------------------------------------------------------------------------

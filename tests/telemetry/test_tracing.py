@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.store import Store
 from gpufleet.spec import parse_spec
-from gpufleet.store import Store
 from gpufleet.telemetry.tracing import (
     MAX_STEP_EVENTS,
     Span,

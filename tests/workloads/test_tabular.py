@@ -16,8 +16,8 @@ import torch
 from conftest import assert_bitwise_equal
 
 from gpufleet.errors import UsageError
+from gpufleet.jobs.events import read_events
 from gpufleet.runtime import CheckpointDir, Preempted, TrainSession
-from gpufleet.runtime.events import read_events
 from gpufleet.workloads.tabular import MODEL_FORMAT, auc, file_sha256, load_model, make_dataset, train
 
 ROWS = 1200

@@ -13,8 +13,8 @@ import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.debug import profile_command
+from gpufleet.devtools.profile import BUCKETS, OpStat, checklist, profile_job
 from gpufleet.errors import SpecError, UsageError
-from gpufleet.profiling import BUCKETS, OpStat, checklist, profile_job
 from gpufleet.spec import parse_spec
 
 TINY: dict[str, Any] = {

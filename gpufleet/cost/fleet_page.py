@@ -1,6 +1,6 @@
 """The fleet report written out: a Markdown page, its JSON twin and four PNG charts.
 
-``write_report`` renders what :func:`~gpufleet.telemetry.report.build_fleet_report` computed; it
+``write_report`` renders what :func:`~gpufleet.cost.fleet.build_fleet_report` computed; it
 does no accounting of its own. ``report.json`` is :meth:`FleetReport.to_dict` (finite floats or
 ``null``); ``report.md`` (``report_markdown``) is for people and embeds the charts: GPU time and
 money per team, where each job's GPU time went, the queue waits and the SLO attainment
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.cost.fleet import WASTE_PARTS, FleetReport, _iso
 from gpufleet.errors import UsageError
-from gpufleet.telemetry.report import WASTE_PARTS, FleetReport, _iso
 from gpufleet.telemetry.slo import SloResult
 
 _COLORS = {

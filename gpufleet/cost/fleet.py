@@ -17,7 +17,7 @@ proportions of GPU time that ``classify_gpu_time`` finds in the job's recorded D
 not a sample-by-sample attribution. A job without a series keeps all of the rest as ``useful``
 and says ``gpu_series: false``.
 
-This module works the figures out; :mod:`gpufleet.telemetry.report_note` writes them as Markdown,
+This module works the figures out; :mod:`gpufleet.cost.fleet_page` writes them as Markdown,
 JSON and charts.
 """
 
@@ -40,8 +40,8 @@ from gpufleet.cost.rates import RateCard
 from gpufleet.cost.usage import attempt_usage
 from gpufleet.errors import UsageError
 from gpufleet.fmt import finite_json
+from gpufleet.jobs.store import TERMINAL, Attempt, Event, Job, Store
 from gpufleet.paths import job_dir
-from gpufleet.store import TERMINAL, Attempt, Event, Job, Store
 from gpufleet.telemetry.dcgm import Sample
 from gpufleet.telemetry.diagnose import (
     GPU_UTIL,

@@ -16,13 +16,13 @@ GPU on clusters that have GPUs), strategy ``PACK``, named ``gpufleet-job-<id>`` 
 attempts the way a one-process job's actor holds its resources. The actor then asks for nothing
 itself (it only supervises), so no CPU is reserved twice, and it is not in the group: it removes
 the group when the job ends, which would end it too. Each attempt starts one rank actor per bundle
-and runs the ranks as torchrun would (see :mod:`~gpufleet.backends.ray_ranks`). Jobs over several
+and runs the ranks as torchrun would (see :mod:`~gpufleet.backends.ray.ranks`). Jobs over several
 nodes are refused (``MULTI_NODE``).
 
 This module is the client side: finding and joining the cluster, :class:`RayBackend` (submit,
 preempt, cancel, sync) and :func:`plan_sync`. The actor's side, what runs in the Ray workers (the
 attempt loop, the ``PR_SET_PDEATHSIG`` shim, the status file), is
-:mod:`gpufleet.backends.ray_runner`, and the ranks of an attempt :mod:`gpufleet.backends.ray_ranks`;
+:mod:`gpufleet.backends.ray.runner`, and the ranks of an attempt :mod:`gpufleet.backends.ray.ranks`;
 this module imports them, never the reverse.
 
 State is pushed by the actor, pulled by the client: the actor is the only writer of
@@ -34,7 +34,7 @@ a file system every Ray node shares. The backend job id is the Ray actor id.
 The cluster: ``$GPUFLEET_RAY_ADDRESS``, else the address in ``$GPUFLEET_HOME/ray-address``, else
 the development cluster's (``scripts/dev-ray up`` writes ``.dev/ray/address`` and its token).
 ``ray`` is imported only when a cluster is needed (``pip install 'gpufleet[ray]'``): here to join
-it, in :mod:`~gpufleet.backends.ray_runner` and :mod:`~gpufleet.backends.ray_ranks` only where it is
+it, in :mod:`~gpufleet.backends.ray.runner` and :mod:`~gpufleet.backends.ray.ranks` only where it is
 already loaded (inside the actors).
 """
 
@@ -52,8 +52,7 @@ from typing import Any, Protocol
 
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
-from gpufleet.backends.lifecycle import SyncPlan
-from gpufleet.backends.ray_runner import (
+from gpufleet.backends.ray.runner import (
     AttemptRecord,
     JobRunner,
     RunnerArgs,
@@ -63,9 +62,9 @@ from gpufleet.backends.ray_runner import (
     status_path,
 )
 from gpufleet.errors import ServiceUnavailable, UsageError
-from gpufleet.runtime.protocol import threads_per_rank
+from gpufleet.jobs.protocol import threads_per_rank
+from gpufleet.jobs.store import TERMINAL, Attempt, Job, SyncPlan
 from gpufleet.spec import JobSpec
-from gpufleet.store import TERMINAL, Attempt, Job
 
 NAMESPACE = "gpufleet"
 CALL_TIMEOUT_S = 30.0

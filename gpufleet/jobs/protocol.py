@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from gpufleet.errors import UsageError
 from gpufleet.paths import job_dir
-from gpufleet.runtime.group import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -28,6 +27,9 @@ ENV_ATTEMPT = "GPUFLEET_ATTEMPT"
 ENV_JOB_DIR = "GPUFLEET_JOB_DIR"
 ENV_SPEC = "GPUFLEET_SPEC"
 ENV_CKPT_DIR = "GPUFLEET_CKPT_DIR"
+ENV_TIMEOUT = "GPUFLEET_DIST_TIMEOUT_S"
+"""The seconds a collective may wait for the other ranks (``distributed.timeout_seconds``)."""
+DEFAULT_TIMEOUT_S = 300.0
 ENV_EVENTS = "GPUFLEET_EVENTS"
 ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
@@ -65,7 +67,7 @@ def check_environment(env: Mapping[str, str]) -> None:
         if raw is not None and raw != "" and not valid(raw.strip()):
             raise UsageError(f"{name}={raw!r} is invalid: give {hint}, or unset it")
     if env.get(ENV_FAULT):
-        from gpufleet.runtime.faults import FaultPlan
+        from gpufleet.jobs.faults import FaultPlan
 
         FaultPlan.parse(env[ENV_FAULT])
 
@@ -135,7 +137,7 @@ def rank_argv(spec: JobSpec) -> list[str]:
 def entry_argv(spec: JobSpec) -> list[str]:
     """The process an attempt runs: one rank (:func:`rank_argv`), or the group launcher over its ranks.
 
-    A job of more than one rank under ``launcher: torchrun`` runs ``gpufleet.runtime.group_launch``,
+    A job of more than one rank under ``launcher: torchrun`` runs ``gpufleet.backends.group_launch``,
     which starts torchrun with ``resources.gpus`` ranks of :func:`rank_argv`: what follows ``--`` is
     the arguments of gpufleet's interpreter (``-m gpufleet.runtime.launch``, ``train.py --lr 3e-3``),
     or, after ``--no-python``, a command run as it is (another interpreter, a shell script).
@@ -143,7 +145,7 @@ def entry_argv(spec: JobSpec) -> list[str]:
     argv = rank_argv(spec)
     if spec.world_size <= 1 or spec.distributed is None or spec.distributed.launcher != "torchrun":
         return argv
-    group = [sys.executable, "-m", "gpufleet.runtime.group_launch", f"--nproc-per-node={spec.ranks_per_node}"]
+    group = [sys.executable, "-m", "gpufleet.backends.group_launch", f"--nproc-per-node={spec.ranks_per_node}"]
     if argv and argv[0] == sys.executable:
         return [*group, "--", *argv[1:]]
     return [*group, "--no-python", "--", *argv]

@@ -15,19 +15,19 @@ import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.report import report_command
-from gpufleet.cost.rates import Rate, RateCard
-from gpufleet.errors import UsageError
-from gpufleet.spec import parse_spec
-from gpufleet.store import Attempt, Store
-from gpufleet.telemetry import Sample, SyntheticJobConfig, generate_samples
-from gpufleet.telemetry.report import (
+from gpufleet.cost.fleet import (
     WASTE_PARTS,
     FleetReport,
     build_fleet_report,
     classify_gpu_time,
     parse_since,
 )
-from gpufleet.telemetry.report_note import write_report
+from gpufleet.cost.fleet_page import write_report
+from gpufleet.cost.rates import Rate, RateCard
+from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Attempt, Store
+from gpufleet.spec import parse_spec
+from gpufleet.telemetry import Sample, SyntheticJobConfig, generate_samples
 from gpufleet.telemetry.slo import SloConfig
 from gpufleet.telemetry.synthetic import Pattern
 

@@ -6,7 +6,7 @@ The check a user runs once after porting a script to :class:`~gpufleet.runtime.T
 2. the job runs again (job 2) with ``GPUFLEET_DEBUG_PREEMPT_AT=N``: attempt 1 saves at step ``N``
    and exits 75 as on SIGTERM, attempt 2 resumes; with ``GPUFLEET_DEBUG_ROLLBACK_AT=R`` the
    session also rolls back once after step ``R`` and replays the same batches;
-3. every entry of the two final checkpoints is compared bitwise (:func:`gpufleet.debug.compare_states`),
+3. every entry of the two final checkpoints is compared bitwise (:func:`gpufleet.devtools.debug.compare_states`),
    and so is every step's loss from the two event logs (``GPUFLEET_LOG_EVERY_S=0``).
 
 Each attempt is a separate process started like the local backend starts one (``entry_argv``,
@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.debug import bitwise_equal, compare_states, leaves, plain_equal
+from gpufleet.devtools.debug import bitwise_equal, compare_states, leaves, plain_equal
 from gpufleet.errors import CheckpointError, UsageError
+from gpufleet.jobs.events import read_events
+from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.paths import job_dir
-from gpufleet.runtime.events import read_events
-from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
 from gpufleet.spec import JobSpec
 
 ENV_PREEMPT_AT = "GPUFLEET_DEBUG_PREEMPT_AT"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 
 
 def _clean(value: Any) -> Any:

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.errors import UsageError
-from gpufleet.topology import (
+from gpufleet.backends.slurm.topology import (
     Fleet,
     compress_hostlist,
     expand_hostlist,
@@ -17,8 +16,9 @@ from gpufleet.topology import (
     render_topology_conf,
     switch_hops,
 )
+from gpufleet.errors import UsageError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fleet.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 
 EXPECTED_CONF = """\
 # Slurm topology.conf for TopologyPlugin=topology/tree (set in slurm.conf).

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Event, latest_step
 from gpufleet.paths import job_dir
 from gpufleet.quality import deploy
 from gpufleet.quality.policy import DecisionLog, Evidence, PolicyConfig, PolicyState, decide, evidence_from_report
@@ -50,7 +51,6 @@ from gpufleet.quality.webhook import (
     write_secret,
 )
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import Event, latest_step
 
 if TYPE_CHECKING:
     import pandas as pd

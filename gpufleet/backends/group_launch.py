@@ -1,4 +1,4 @@
-"""``python -m gpufleet.runtime.group_launch [--nproc-per-node=N] [--no-python] -- ARGV...``: one attempt, N ranks.
+"""``python -m gpufleet.backends.group_launch [--nproc-per-node=N] [--no-python] -- ARGV...``: one attempt, N ranks.
 
 The process an attempt of a job with more than one rank runs (``distributed.launcher: torchrun``,
 one node). It starts ``torchrun --standalone --nnodes=1 --nproc-per-node=N --max-restarts=0`` as a
@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from gpufleet.runtime.events import exit_from_events
+from gpufleet.jobs.events import exit_from_events
+from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
 from gpufleet.runtime.group import lost_marker
-from gpufleet.runtime.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 """Signals passed on to torchrun, and by torchrun to every rank."""
@@ -66,7 +66,7 @@ RANK_SHIM = (
     "    os._exit(127)\n"
 )
 
-USAGE = "usage: python -m gpufleet.runtime.group_launch [--nproc-per-node=N] [--no-python] -- ARGV..."
+USAGE = "usage: python -m gpufleet.backends.group_launch [--nproc-per-node=N] [--no-python] -- ARGV..."
 
 
 def torchrun_argv(nproc: int, argv: Sequence[str], *, no_python: bool = False) -> list[str]:
@@ -139,7 +139,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         nproc, no_python, command = _parse(argv)
     except ValueError as err:
-        print(f"gpufleet.runtime.group_launch: {err}\n{USAGE}", file=sys.stderr)
+        print(f"gpufleet.backends.group_launch: {err}\n{USAGE}", file=sys.stderr)
         return 2
     child: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
@@ -161,7 +161,7 @@ def main(argv: Sequence[str]) -> int:
             preexec_fn=lambda: _die_with_parent(me),  # safe: the launcher runs no threads
         )
     except OSError as err:
-        print(f"gpufleet.runtime.group_launch: cannot start torchrun: {err.strerror}", file=sys.stderr, flush=True)
+        print(f"gpufleet.backends.group_launch: cannot start torchrun: {err.strerror}", file=sys.stderr, flush=True)
         return 127
     for signum in pending:
         forward(signum, None)

@@ -17,13 +17,13 @@ requeue is recognised exactly as on the local backend. The rank actors are owned
 actor: Ray ends them when it dies, and their bundles are not free for the next attempt's ranks
 until they are gone. The job's actor removes the placement group when the job ends.
 
-The job's actor (:class:`~gpufleet.backends.ray_runner.JobRunner`) sees the placement group only
+The job's actor (:class:`~gpufleet.backends.ray.runner.JobRunner`) sees the placement group only
 through :class:`Placement`: :class:`RayPlacement` on a cluster, an in-process stand-in whose ranks
 are plain :class:`RankProcess` objects in unit tests.
 
 This is code a Ray worker runs: Ray ships :class:`RankProcess` by reference to this module, and
 each rank's worker imports it to rebuild the actor, so the class stays at module level here. It
-imports nothing from :mod:`gpufleet.backends.ray` or :mod:`gpufleet.backends.ray_runner` (they
+imports nothing from :mod:`gpufleet.backends.ray.backend` or :mod:`gpufleet.backends.ray.runner` (they
 import this one), and ``ray`` only where Ray is already loaded: inside the actors, in the job's
 actor that calls :class:`RayPlacement`.
 """
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpufleet.backends.group_launch import exit_status
 from gpufleet.backends.lifecycle import NOT_STARTED, attempt_argv, signal_group
-from gpufleet.runtime.group_launch import exit_status
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 
 # ---- what the ranks are told and what their exits mean (pure) -----------------------------
 

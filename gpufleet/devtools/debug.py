@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufleet.devtools.profile import entrypoint_function, isolated_job
 from gpufleet.errors import CheckpointError, UsageError
-from gpufleet.profiling import entrypoint_function, isolated_job
-from gpufleet.runtime.events import read_events
+from gpufleet.jobs.events import read_events
 from gpufleet.runtime.health import HealthMonitor
 from gpufleet.spec import HealthPolicy, JobSpec
 

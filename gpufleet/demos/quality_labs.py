@@ -10,10 +10,15 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from gpufleet.quality.embeddings import EmbeddingDrift, embed, embedding_drift
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 DAY_S = 86_400
 WEEK_DAYS = 7
@@ -310,3 +315,41 @@ def plot_seasonal_lab(lab: SeasonalLab, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingLab:
+    """The two comparisons of the lab: a same-distribution split, and a topic shift."""
+
+    same: EmbeddingDrift
+    shift: EmbeddingDrift
+    queries_per_side: int
+    documents: int
+    examples: dict[str, list[str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queries_per_side": self.queries_per_side,
+            "documents": self.documents,
+            "same_distribution": self.same.to_dict(),
+            "topic_shift": self.shift.to_dict(),
+            "examples": self.examples,
+        }
+
+
+def embedding_lab(encoder: SentenceTransformer, *, seed: int = 0, queries_per_side: int = 150) -> EmbeddingLab:
+    """Embed the lab corpus and three query streams; compare reference-vs-reference and reference-vs-shifted."""
+    docs, _ = documents()
+    ref_a, _ = queries(queries_per_side, REFERENCE_MIX, seed)
+    ref_b, _ = queries(queries_per_side, REFERENCE_MIX, seed + 1)
+    shifted, topics = queries(queries_per_side, SHIFTED_MIX, seed + 2)
+    corpus = embed(encoder, docs)
+    a, b, c = embed(encoder, ref_a), embed(encoder, ref_b), embed(encoder, shifted)
+    new_topic = [q for q, t in zip(shifted, topics, strict=True) if t not in REFERENCE_MIX]
+    return EmbeddingLab(
+        same=embedding_drift(a, b, corpus=corpus, seed=seed),
+        shift=embedding_drift(a, c, corpus=corpus, seed=seed),
+        queries_per_side=queries_per_side,
+        documents=len(docs),
+        examples={"reference": ref_a[:3], "shifted_new_topic": new_topic[:3]},
+    )

@@ -19,11 +19,11 @@ import yaml
 from typer.testing import CliRunner
 
 from gpufleet.cli.debug import debug_app
+from gpufleet.devtools.resumecheck import first_loss_difference, step_losses
 from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.resumecheck import first_loss_difference, step_losses
 from gpufleet.workloads.tinylm import TINY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NANOGPT = REPO / "examples" / "nanogpt" / "train.py"
 TINY_NANOGPT = (
     "--max-iters 8 --eval-interval 4 --eval-iters 1 --log-interval 100 "

@@ -14,10 +14,10 @@ import typer
 from typer.testing import CliRunner
 
 from gpufleet.cli.debug import debug_app
-from gpufleet.debug import check_determinism, find_spikes, plot_losses
+from gpufleet.devtools.debug import check_determinism, find_spikes, plot_losses
 from gpufleet.errors import UsageError
+from gpufleet.jobs.events import read_events
 from gpufleet.runtime import EventLog, TrainSession
-from gpufleet.runtime.events import read_events
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, parse_spec
 
 TINY: dict[str, Any] = {

@@ -38,9 +38,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpufleet.config import read_yaml, validate
 from gpufleet.errors import UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
+from gpufleet.yamlio import read_yaml, validate
 
 Fabric = Literal["infiniband", "roce", "ethernet"]
 Level = Literal["leaf", "spine", "core"]

@@ -13,7 +13,7 @@ from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
 from gpufleet.errors import UsageError
-from gpufleet.store import Store
+from gpufleet.jobs.store import Store
 
 
 def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:

@@ -7,7 +7,7 @@ Two halves, both small:
   attempt's exit status with the same rule as the local launcher
   (``group_launch.exit_status``): a group that saved for a preemption, or found a rank lost,
   exits 75 ("requeue me") even though some of its tasks exited non-zero.
-* ``python -m gpufleet.runtime.slurm_rank [--per-node] -- ARGV...``, in each task: maps Slurm's
+* ``python -m gpufleet.backends.slurm.rank [--per-node] -- ARGV...``, in each task: maps Slurm's
   task variables to the ones torch.distributed reads (:func:`rank_environment`), then ``exec``\\ s
   ``ARGV``. With ``--per-node`` (``distributed.launcher: script``, one task per node) it gives
   only what a per-node launcher needs: ``NODE_RANK``, ``NNODES`` and the rendezvous address.
@@ -31,8 +31,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpufleet.runtime.protocol import ENV_EVENTS, REQUEUE_EXIT_CODE
-from gpufleet.topology import expand_hostlist
+from gpufleet.backends.slurm.topology import expand_hostlist
+from gpufleet.jobs.protocol import ENV_EVENTS, REQUEUE_EXIT_CODE
 
 ENV_MASTER_ADDR = "GPUFLEET_MASTER_ADDR"
 """The rendezvous host as the batch script resolved it (Slurm's ``NodeAddr`` of the first node)."""
@@ -44,7 +44,7 @@ Slurm job id, so no rank has to tell the others before they can talk; two jobs s
 differ unless their ids are a multiple of 4000 apart; and 61000-64999 lies above Linux's default
 ephemeral range (32768-60999), where a random outgoing connection could already hold the port."""
 
-USAGE = "usage: python -m gpufleet.runtime.slurm_rank [--per-node] -- ARGV..."
+USAGE = "usage: python -m gpufleet.backends.slurm.rank [--per-node] -- ARGV..."
 
 
 def master_port(job_id: int) -> int:
@@ -135,7 +135,7 @@ def run_group(srun: Sequence[str], attempt: int, stops: Sequence[int]) -> int:
     started means Slurm is already ending this run: no rank is started, and the attempt asks to
     be requeued.
     """
-    from gpufleet.runtime.group_launch import exit_status
+    from gpufleet.backends.group_launch import exit_status
 
     env = dict(os.environ)
     try:
@@ -161,16 +161,16 @@ def run_group(srun: Sequence[str], attempt: int, stops: Sequence[int]) -> int:
 def main(argv: Sequence[str]) -> int:
     args = list(argv)
     if "--" not in args or args.index("--") == len(args) - 1:
-        print(f"gpufleet.runtime.slurm_rank: give the command of each rank after `--`\n{USAGE}", file=sys.stderr)
+        print(f"gpufleet.backends.slurm.rank: give the command of each rank after `--`\n{USAGE}", file=sys.stderr)
         return 2
     options, command = args[: args.index("--")], args[args.index("--") + 1 :]
     if options not in ([], ["--per-node"]):
-        print(f"gpufleet.runtime.slurm_rank: unknown option(s) {options}\n{USAGE}", file=sys.stderr)
+        print(f"gpufleet.backends.slurm.rank: unknown option(s) {options}\n{USAGE}", file=sys.stderr)
         return 2
     try:
         os.environ.update(rank_environment(os.environ, per_node=bool(options)))
     except ValueError as err:
-        print(f"gpufleet.runtime.slurm_rank: {err}", file=sys.stderr, flush=True)
+        print(f"gpufleet.backends.slurm.rank: {err}", file=sys.stderr, flush=True)
         return 2
     try:
         os.execvp(command[0], command)

@@ -56,12 +56,12 @@ from typing import Any, Protocol
 
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
-from gpufleet.backends.lifecycle import AttemptEnd, SyncPlan, attempt_end
+from gpufleet.backends.lifecycle import AttemptEnd, attempt_end
 from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
+from gpufleet.jobs.store import TERMINAL, Attempt, Job, Store, SyncPlan
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.spec import JobSpec
-from gpufleet.store import TERMINAL, Attempt, Job, Store
 
 START_HINT = "start the development cluster with `scripts/dev-slurm up` (or set SLURM_CONF for yours)"
 
@@ -141,7 +141,7 @@ def srun_argv(spec: JobSpec) -> list[str]:
     """The ``srun`` that starts the ranks, each behind ``runtime.slurm_rank`` (see the module docstring)."""
     tasks, cpus = task_shape(spec)
     per_node = ["--per-node"] if _launcher(spec) == "script" else []
-    shim = [sys.executable, "-m", "gpufleet.runtime.slurm_rank", *per_node]
+    shim = [sys.executable, "-m", "gpufleet.backends.slurm.rank", *per_node]
     timeout = spec.distributed.timeout_seconds if spec.distributed is not None else 0.0
     return [
         "srun",
@@ -203,7 +203,7 @@ import json, os, signal, sys, time
 stops = []
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
     signal.signal(sig, lambda signum, frame: stops.append(signum))
-{_attempt_start(payload)}from gpufleet.runtime.slurm_rank import run_group
+{_attempt_start(payload)}from gpufleet.backends.slurm.rank import run_group
 if spec["cwd"]:
     os.chdir(spec["cwd"])
 sys.exit(run_group(spec["srun"], attempt, stops))

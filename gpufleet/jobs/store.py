@@ -15,16 +15,13 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufleet.errors import SpecError, StoreError, UsageError
 from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec, parse_spec
-
-if TYPE_CHECKING:
-    from gpufleet.backends.lifecycle import SyncPlan
 
 SCHEMA_VERSION = 1
 TERMINAL = ("completed", "failed", "cancelled")
@@ -123,6 +120,32 @@ _UPSERT_ATTEMPT = (
     " sigterm_at, kill_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 """Every field of :class:`Attempt`, in its order."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncEvent:
+    """A backend event a sync records (``attempt_start``, ``sigterm``, ``attempt_end``, ...)."""
+
+    kind: str
+    attempt: int | None
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """What one sync of a remote backend writes, in one transaction (:meth:`Store.apply_sync`)."""
+
+    attempts: tuple[Attempt, ...]
+    """Attempts that changed since the store last saw them."""
+    events: tuple[SyncEvent, ...]
+    state: str
+    reason: str | None
+    restarts: int
+
+    def moves(self, job: Job) -> bool:
+        """Whether the job row changes."""
+        return (self.state, self.restarts) != (job.state, job.restarts) or self.reason not in (None, job.reason)
 
 
 class Store:

@@ -1,6 +1,6 @@
 """What runs inside a Ray backend job's actor: the attempt loop and the status file it writes.
 
-:class:`JobRunner` is the actor body :mod:`gpufleet.backends.ray` starts, one detached actor per
+:class:`JobRunner` is the actor body :mod:`gpufleet.backends.ray.backend` starts, one detached actor per
 job, with the :class:`RunnerArgs` Ray hands to every restart of it. It runs the job's attempts in
 a thread and answers ``preempt`` and ``cancel``. An attempt is the same process as on the other
 backends (``entry_argv`` with the ``job_environment`` contract and ``GPUFLEET_ATTEMPT``), logging
@@ -12,10 +12,10 @@ directory. A restarted actor records the attempt its predecessor left open as ``
 the next one, which restores the last checkpoint.
 
 A job of more than one rank (``launcher: torchrun``) runs its ranks on Ray's own machinery, not
-under torchrun, and :mod:`gpufleet.backends.ray_ranks` is where they live: the actor holds the
+under torchrun, and :mod:`gpufleet.backends.ray.ranks` is where they live: the actor holds the
 job's placement group (:func:`placement_name`, one bundle per rank) across attempts and asks for
 no resources itself, starts one rank actor per bundle for each attempt, and watches them as one
-:class:`~gpufleet.backends.ray_ranks.RankGroup`, whose exit status is the attempt's. A restarted
+:class:`~gpufleet.backends.ray.ranks.RankGroup`, whose exit status is the attempt's. A restarted
 actor SIGKILLs the ranks its predecessor left on its own node along with the lost attempt. The
 actor removes the placement group when the job ends.
 
@@ -24,11 +24,11 @@ restarts, and every :class:`AttemptRecord` with PIDs, times, exit codes and outc
 :func:`write_status` (temp file, fsync, rename); :func:`start_attempt` and :func:`end_attempt` are
 the pure transitions, with the same outcomes and requeue rule as the local scheduler.
 
-It is apart from :mod:`gpufleet.backends.ray` (the client side: finding and joining the cluster,
+It is apart from :mod:`gpufleet.backends.ray.backend` (the client side: finding and joining the cluster,
 submitting, turning the status file into store rows) because this is the code a Ray worker runs:
 Ray ships :class:`JobRunner` by reference to this module (and the rank actors by reference to
-:mod:`~gpufleet.backends.ray_ranks`), and the worker imports it to rebuild the actor. It imports
-nothing from :mod:`gpufleet.backends.ray` (that module imports this one), and ``ray`` only where
+:mod:`~gpufleet.backends.ray.ranks`), and the worker imports it to rebuild the actor. It imports
+nothing from :mod:`gpufleet.backends.ray.backend` (that module imports this one), and ``ray`` only where
 Ray is already loaded, inside the actor.
 """
 
@@ -50,7 +50,7 @@ from typing import IO, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpufleet.backends.lifecycle import attempt_argv, attempt_end, signal_group
-from gpufleet.backends.ray_ranks import (
+from gpufleet.backends.ray.ranks import (
     RANK_CALL_TIMEOUT_S,
     Ended,
     Placement,
@@ -63,10 +63,10 @@ from gpufleet.backends.ray_ranks import (
     rank_order,
 )
 from gpufleet.errors import UsageError
+from gpufleet.jobs.protocol import ENV_EVENTS, entry_argv, job_environment, rank_argv
+from gpufleet.jobs.store import TERMINAL
 from gpufleet.paths import job_dir
-from gpufleet.runtime.protocol import ENV_EVENTS, entry_argv, job_environment, rank_argv
 from gpufleet.spec import JobSpec, parse_spec
-from gpufleet.store import TERMINAL
 
 STATUS_FILE = "ray-status.json"
 SCHEMA_VERSION = 1

@@ -1,0 +1,2 @@
+"""Ray: ``backend`` is the client (submit, follow, cancel through the Ray Jobs API), ``runner`` the
+actor that runs one attempt in the cluster, ``ranks`` the placement group of a multi-rank attempt."""
