@@ -46,7 +46,44 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def state_db(home: Path) -> Path:
+    """The SQLite store of jobs, attempts, events and requests."""
+    return home / "state.db"
+
+
+def scheduler_pid(home: Path) -> Path:
+    return home / "scheduler.pid"
+
+
+def scheduler_log(home: Path) -> Path:
+    return home / "scheduler.log"
+
+
+def notes_dir(home: Path) -> Path:
+    """Where cost notes go unless told otherwise."""
+    return home / "notes"
+
+
 def job_dir(home: Path, job_id: int) -> Path:
     if job_id < 1:
         raise UsageError(f"invalid job id {job_id}: job ids are positive integers (see `gpufleet jobs`)")
     return home / "jobs" / str(job_id)
+
+
+def spec_file(home: Path, job_id: int) -> Path:
+    """The validated JobSpec the job's latest attempt started with."""
+    return job_dir(home, job_id) / "spec.json"
+
+
+def events_file(home: Path, job_id: int) -> Path:
+    """The JSONL log the job's processes write (``gpufleet.jobs.events``)."""
+    return job_dir(home, job_id) / "events.jsonl"
+
+
+def checkpoints_dir(home: Path, job_id: int) -> Path:
+    return job_dir(home, job_id) / "checkpoints"
+
+
+def attempt_log(home: Path, job_id: int, attempt: int) -> Path:
+    """The stdout and stderr of one attempt (``gpufleet logs``)."""
+    return job_dir(home, job_id) / "logs" / f"attempt-{attempt}.log"

@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 import sys
-import time
-from pathlib import Path
-from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from gpufleet.backends import Backend, get_backend, sync_remote
-from gpufleet.backends.local import ensure_scheduler
-from gpufleet.cli.debug import debug_app, profile_command
-from gpufleet.cli.drift import drift_command, embedding_lab_command, seasonal_lab_command
+from gpufleet.cli import jobs
+from gpufleet.cli.ckpt import ckpt_app
+from gpufleet.cli.debug import debug_app
+from gpufleet.cli.demo import demo_command
 from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.export import export_app
 from gpufleet.cli.observe import diagnose_job_command, observe_app
 from gpufleet.cli.place import place_command
-from gpufleet.cli.quality import quality_app, registry_app
-from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
-from gpufleet.cli.report import report_command
+from gpufleet.cli.profile import profile_command
+from gpufleet.cli.quality import drift_command, embedding_lab_command, quality_app, seasonal_lab_command
+from gpufleet.cli.registry import registry_app
+from gpufleet.cli.render import err_console
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
-from gpufleet.cost.usage import attempt_gpus
-from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.paths import gpufleet_home
-from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
-from gpufleet.spec import JobSpec, load_spec
+from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
     name="gpufleet",
@@ -37,552 +31,36 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
+# Jobs: cli/jobs.py
+for command in (jobs.submit, jobs.jobs, jobs.show, jobs.logs, jobs.preempt, jobs.cancel, jobs.resize, jobs.cost):
+    app.command()(command)
 app.add_typer(ckpt_app, name="ckpt")
-app.add_typer(slurm_app, name="slurm")
-app.add_typer(debug_app, name="debug")
-app.add_typer(estimate_app, name="estimate")
+app.command("demo")(demo_command)
+# Observing and debugging
 app.add_typer(observe_app, name="observe")
-app.add_typer(export_app, name="export")
+app.command("diagnose")(diagnose_job_command)
+app.command("trace")(trace_command)
+app.command("profile")(profile_command)
+app.add_typer(debug_app, name="debug")
+# Planning and estimating
 app.command("place")(place_command)
 app.command("simulate")(simulate_command)
+app.add_typer(estimate_app, name="estimate")
+app.add_typer(export_app, name="export")
+app.add_typer(slurm_app, name="slurm")
+# Model quality
 app.command("drift")(drift_command)
-app.add_typer(quality_app, name="quality")
-app.add_typer(registry_app, name="registry")
 quality_app.command("lab-seasonal")(seasonal_lab_command)
 quality_app.command("lab-embeddings")(embedding_lab_command)
-app.command("diagnose")(diagnose_job_command)
-observe_app.command("report")(report_command)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
-
-
-def _store(sync: bool = True) -> Store:
-    """The state store, refreshed first from remote schedulers (a warning if one is unreachable)."""
-    store = Store(gpufleet_home() / "state.db")
-    if sync:
-        try:
-            sync_remote(gpufleet_home(), store)
-        except GpufleetError as err:
-            err_console.print(f"[yellow]warning:[/] states may be stale: {err}", highlight=False, soft_wrap=True)
-    return store
-
-
-def job_summary(store: Store, job: Job) -> dict[str, Any]:
-    attempts = store.attempts(job.id)
-    spec = job.spec
-    return {
-        "id": job.id,
-        "name": job.name,
-        "team": job.team,
-        "priority": job.priority,
-        "state": job.state,
-        "reason": job.reason,
-        "backend": job.backend,
-        "gpu_type": spec.resources.gpu_type,
-        "gpus": spec.resources.gpus,
-        "nodes": spec.resources.nodes,
-        "world_size": spec.world_size,
-        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
-        "provider": spec.provider,
-        "spot": spec.spot,
-        "attempts": len(attempts),
-        "restarts": job.restarts,
-        "step": latest_step(store, job.id),
-        "submitted_at": job.submitted_at,
-        "updated_at": job.updated_at,
-    }
-
-
-def _backend_of(job_id: int) -> Backend:
-    home = gpufleet_home()
-    return get_backend(Store(home / "state.db").job(job_id).backend, home)
-
-
-@app.command()
-def submit(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
-    wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends; exit 1 unless it completed.")] = False,
-    backend: Annotated[str, typer.Option(help="Scheduler to run on.")] = "local",
-    gpu_source: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu-source",
-            help="Override the spec's telemetry.gpu_source: auto, none, nvml, synthetic:<pattern>, scrape:<url>.",
-        ),
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Queue a training job."""
-    spec = load_spec(spec_path)
-    if gpu_source is not None:
-        spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
-    home = gpufleet_home()
-    job_id = get_backend(backend, home).submit(spec)
-    store = _store()
-    if not wait:
-        if json_out:
-            emit_json(job_summary(store, store.job(job_id)))
-        else:
-            console.print(f"submitted job [bold]{job_id}[/] ({spec.name}, team {spec.team}) to {backend}")
-        return
-    from gpufleet.cli.watch import watch_jobs
-
-    # A remote scheduler is polled; a local one that died while we wait is started again.
-    tick = (lambda: sync_remote(home, store)) if backend != "local" else (lambda: ensure_scheduler(home))
-    watch_jobs(store, [job_id], quiet=json_out, tick=tick)
-    job = store.job(job_id)
-    if json_out:
-        emit_json(job_summary(store, job))
-    else:
-        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""))
-    if job.state != "completed":
-        raise typer.Exit(1)
-
-
-@app.command()
-def jobs(
-    team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
-    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """List jobs."""
-    store = _store()
-    found = store.jobs(team=team, states=(state,) if state else None)
-    rows = [job_summary(store, j) for j in found]
-    if json_out:
-        emit_json({"jobs": rows})
-        return
-    console.print(
-        table(
-            None,
-            ["id", "name", "team", "prio", "state", "attempts", "step", "gpu", "age"],
-            [
-                [
-                    r["id"],
-                    r["name"],
-                    r["team"],
-                    r["priority"],
-                    r["state"],
-                    r["attempts"],
-                    r["step"],
-                    f"{r['gpus']}x {r['gpu_type']}",
-                    duration(time.time() - r["submitted_at"]),
-                ]
-                for r in rows
-            ],
-        )
-    )
-
-
-@app.command()
-def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
-    """One job: its attempts, notable events and checkpoints."""
-    store = _store()
-    job = store.job(job_id)
-    summary = job_summary(store, job)
-    starts = store.events(job_id, ("attempt_start", "resized"))
-    ran = [(a, attempt_gpus(job, a, starts)) for a in store.attempts(job_id)]
-    attempts = [
-        {
-            "attempt": a.n,
-            "outcome": a.outcome or a.state,
-            "pid": a.pid,
-            "gpus": gpus,
-            "started_at": a.started_at,
-            "ended_at": a.ended_at,
-            "exit_code": a.exit_code,
-        }
-        for a, gpus in ran
-    ]
-    notable = (
-        "queued",
-        "attempt_start",
-        "sigterm",
-        "sigkill",
-        "preempted_by",
-        "resized",
-        "restore",
-        "checkpoint_skipped",
-        "unhealthy",
-        "rollback",
-        "preempt_signal",
-        "attempt_end",
-        "requeued",
-        "completed",
-        "failed",
-        "cancelled",
-        "rank_stalled",
-        "rank_stall_cleared",
-        "checkpoint_failed",
-    )
-    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, notable)]
-    ckpt_dir = gpufleet_home() / "jobs" / str(job_id) / "checkpoints"
-    ckpts = [
-        {
-            "step": i.step,
-            "path": str(i.path),
-            "healthy": i.manifest.healthy if i.manifest else None,
-            "problem": i.problem,
-        }
-        for i in CheckpointDir(ckpt_dir).scan(verify=False)
-    ]
-    if json_out:
-        emit_json(
-            {**summary, "spec": job.spec.model_dump(), "attempts": attempts, "events": events, "checkpoints": ckpts}
-        )
-        return
-    console.print(
-        f"[bold]job {job.id}[/] {job.name}  team={job.team}  priority={job.priority}  "
-        f"state=[bold]{job.state}[/]" + (f"  ({job.reason})" if job.reason else "")
-    )
-    console.print(
-        ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
-        + f"  {summary['gpus']}x {summary['gpu_type']}"
-        + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
-        + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
-        + f" on {summary['provider']}"
-        f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
-    )
-    t0 = job.submitted_at
-    console.print(
-        table(
-            "attempts",
-            ["attempt", "outcome", "gpus", "start", "wall", "exit"],
-            [
-                [
-                    a.n,
-                    a.outcome or a.state,
-                    gpus,
-                    f"+{a.started_at - t0:.1f}s",
-                    duration((a.ended_at or time.time()) - a.started_at),
-                    a.exit_code,
-                ]
-                for a, gpus in ran
-            ],
-        )
-    )
-    console.print(
-        table(
-            "events",
-            ["t", "attempt", "event", "detail"],
-            [
-                [
-                    f"+{e['ts'] - t0:.1f}s",
-                    e["attempt"],
-                    e["kind"],
-                    " ".join(
-                        f"{k}={fmt(v)}"
-                        for k, v in e.items()
-                        if k not in ("ts", "attempt", "kind", "path") and v is not None
-                    ),
-                ]
-                for e in events
-            ],
-        )
-    )
-    console.print(
-        table("checkpoints", ["step", "healthy", "path"], [[c["step"], c["healthy"], c["path"]] for c in ckpts])
-    )
-
-
-@app.command()
-def logs(
-    job_id: JobArg,
-    attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).", min=1)] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Print an attempt's stdout and stderr."""
-    store = _store()
-    attempts = store.attempts(store.job(job_id).id)
-    if not attempts:
-        raise UsageError(f"job {job_id} has not started yet: no logs")
-    n = attempt or attempts[-1].n
-    if n > len(attempts):
-        raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
-    path = gpufleet_home() / "jobs" / str(job_id) / "logs" / f"attempt-{n}.log"
-    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-    if json_out:
-        emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
-    elif not text:
-        console.print(f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False)
-    else:
-        sys.stdout.write(text)
-
-
-@app.command()
-def preempt(
-    job_id: JobArg,
-    grace: Annotated[
-        float | None, typer.Option(help="Seconds between SIGTERM and SIGKILL (default: the spec's).")
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Preempt a running job: it saves, exits and goes back to the queue."""
-    _backend_of(job_id).preempt(job_id, grace)
-    if json_out:
-        emit_json({"id": job_id, "requested": "preempt", "grace": grace})
-    else:
-        console.print(f"preemption of job {job_id} requested")
-
-
-@app.command()
-def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
-    """Cancel a job for good."""
-    _backend_of(job_id).cancel(job_id)
-    if json_out:
-        emit_json({"id": job_id, "requested": "cancel"})
-    else:
-        console.print(f"cancellation of job {job_id} requested")
-
-
-@app.command()
-def resize(
-    job_id: JobArg,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs per node from the job's next attempt on.")],
-    nodes: Annotated[
-        int | None, typer.Option("--nodes", help="Nodes from the next attempt on (default: as now).")
-    ] = None,
-    now: Annotated[
-        bool, typer.Option("--now", help="Preempt the job if it runs, so that it resumes at once on the new size.")
-    ] = False,
-    json_out: JsonOpt = False,
-) -> None:
-    """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size."""
-    backend = _backend_of(job_id)
-    done = backend.resize(job_id, gpus, nodes)
-    preempted, missed = False, None
-    if now and done.changed and done.state == "running":
-        try:
-            backend.preempt(job_id)
-            preempted = True
-        except UsageError as err:  # it stopped running meanwhile: its next attempt, if any, has the new size
-            missed = str(err)
-    if json_out:
-        emit_json(
-            {
-                "id": job_id,
-                "state": done.state,
-                "changed": done.changed,
-                "before": _size(done.before),
-                "after": _size(done.after),
-                "distributed_dropped": done.distributed_dropped,
-                "preempted": preempted,
-                "not_preempted": missed,
-            }
-        )
-        return
-    before, after = _size(done.before), _size(done.after)
-    if not done.changed:
-        console.print(f"job {job_id} already has {_describe_size(after)}: nothing to change", highlight=False)
-        return
-    console.print(f"job {job_id}: {_describe_size(before)} -> {_describe_size(after)}", highlight=False)
-    if done.distributed_dropped:
-        console.print(
-            "its `distributed` block is dropped: the job now runs as one process, which restores the sharded "
-            "checkpoint its ranks wrote",
-            highlight=False,
-        )
-    if preempted:
-        console.print(f"preemption of job {job_id} requested: it saves, and resumes on the new size", highlight=False)
-    elif missed is not None:
-        console.print(f"not preempted ({missed}): its next attempt, if any, starts on the new size", highlight=False)
-    elif done.state == "running":
-        console.print(
-            f"job {job_id} keeps running on its current GPUs until its attempt ends; "
-            f"`gpufleet preempt {job_id}` applies the change now (it saves and resumes on the new size)",
-            highlight=False,
-        )
-    else:
-        console.print(f"job {job_id} is {done.state}: its next attempt starts on the new size", highlight=False)
-
-
-def _size(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "gpus": spec.resources.gpus,
-        "nodes": spec.resources.nodes,
-        "total_gpus": spec.total_gpus,
-        "world_size": spec.world_size,
-        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
-    }
-
-
-def _describe_size(size: dict[str, Any]) -> str:
-    nodes = f" x {size['nodes']} nodes" if size["nodes"] > 1 else ""
-    ranks = f"{size['world_size']} ranks" if size["world_size"] > 1 else "one process"
-    return f"{size['gpus']} GPU{'' if size['gpus'] == 1 else 's'}{nodes} ({ranks})"
-
-
-@app.command()
-def cost(
-    team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
-    job: Annotated[list[int] | None, typer.Option("--job", help="Only these job ids (repeatable).")] = None,
-    rates: Annotated[Path | None, typer.Option(help="Rate card YAML (default: the shipped example card).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write a cost note (Markdown, JSON, PNG) into this folder.")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """GPU-hours and money per job and team, with the work lost to preemption."""
-    from gpufleet.cost.gather import cost_report
-
-    report = cost_report(_store(), team=team, job_ids=job, rates_path=rates, out=out)
-    if json_out:
-        emit_json(report.to_dict())
-        return
-    print_cost(report)
-
-
-@ckpt_app.command("list")
-def ckpt_list(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
-) -> None:
-    """List the step-N checkpoints in DIR, with their state and metrics."""
-    infos = _ckpt_infos(directory)
-    rows = [_ckpt_row(i) for i in infos]
-    if json_out:
-        emit_json({"directory": str(directory), "checkpoints": rows})
-        return
-    console.print(
-        table(
-            str(directory),
-            ["step", "status", "format", "healthy", "loss", "metrics", "size", "reason", "problem"],
-            [
-                [
-                    r["step"],
-                    r["status"],
-                    r["format"] if r["world_size"] in (None, 1) else f"{r['format']} x{r['world_size']}",
-                    r["healthy"],
-                    r["loss"],
-                    " ".join(f"{k}={fmt(v)}" for k, v in (r["metrics"] or {}).items()),
-                    r["bytes"],
-                    r["reason"],
-                    r["problem"],
-                ]
-                for r in rows
-            ],
-        )
-    )
-
-
-@ckpt_app.command("verify")
-def ckpt_verify(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
-    job: Annotated[
-        str | None, typer.Option("--job", help="This job's id: checkpoints another job wrote count as foreign.")
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Verify every checkpoint as a restore would; exit 1 if any is corrupt."""
-    infos = _ckpt_infos(directory, Expectation(job=job))
-    bad = [i for i in infos if i.status == "corrupt"]
-    restorable = [i for i in infos if i.restorable]  # the rule restore_candidate applies, newest first
-    result = {
-        "directory": str(directory),
-        "ok": not bad,
-        "checked": len(infos),
-        "corrupt": [{"step": i.step, "path": str(i.path), "problem": i.problem} for i in bad],
-        "checkpoints": [_ckpt_row(i) for i in infos],
-        "restore_step": restorable[-1].step if restorable else None,
-    }
-    if json_out:
-        emit_json(result)
-    else:
-        marks = {"ok": "[green]ok[/]", "corrupt": "[red]BAD[/]", "unhealthy": "[yellow]unhealthy[/]"}
-        for info in infos:
-            mark = marks.get(info.status, "[magenta]foreign[/]")
-            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""), soft_wrap=True)
-        console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
-    if bad:
-        raise typer.Exit(1)
-
-
-@ckpt_app.command("export")
-def ckpt_export(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
-    out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],
-    step: Annotated[
-        int | None, typer.Option("--step", help="Step to export (default: the one a restore would use).", min=0)
-    ] = None,
-    entry: Annotated[str, typer.Option("--entry", help="State entry to export (model, optimizer, ...).")] = "model",
-    json_out: JsonOpt = False,
-) -> None:
-    """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
-    _ckpt_dir(directory)
-    done = CheckpointDir(directory).export(out, step=step, entry=entry)
-    result = {
-        "directory": str(directory),
-        "path": str(done.source),
-        "step": done.step,
-        "entry": done.entry,
-        "out": str(done.out),
-        "bytes": done.bytes,
-        "tensors": done.tensors,
-        "fingerprint": done.fingerprint,
-    }
-    if json_out:
-        emit_json(result)
-    else:
-        console.print(
-            f"wrote {done.entry} of {done.source.name} to {done.out} ({done.bytes} bytes, {done.tensors} tensors)"
-        )
-
-
-def _ckpt_dir(directory: Path) -> None:
-    if not directory.exists():
-        raise UsageError(f"checkpoint directory {str(directory)!r} does not exist")
-    if not directory.is_dir():
-        raise UsageError(f"{str(directory)!r} is not a directory: give the folder holding step-N folders")
-
-
-def _ckpt_infos(directory: Path, expect: Expectation | None = None) -> list[CheckpointInfo]:
-    _ckpt_dir(directory)
-    try:
-        return CheckpointDir(directory).scan(verify=True, expect=expect)
-    except PermissionError as err:
-        raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
-
-
-def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
-    m = info.manifest
-    return {
-        "step": info.step,
-        "path": str(info.path),
-        "status": info.status,
-        "healthy": m.healthy if m else None,
-        "loss": round(m.loss, 4) if m and m.loss is not None else None,
-        "metrics": dict(m.metrics) if m else None,
-        "job": m.job if m else None,
-        "bytes": m.total_bytes if m else None,
-        "format": m.format if m else None,
-        "world_size": m.world_size if m else None,
-        "strategy": m.strategy if m else None,
-        "reason": m.reason if m else None,
-        "problem": info.problem,
-    }
-
-
-@app.command()
-def demo(
-    fault: Annotated[str | None, typer.Option(help="Inject a fault in the preempted job, e.g. nan@150.")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """The headline job: a preempted training run resumes at its last healthy step and is priced."""
-    from gpufleet.cli.demo import run_demo
-
-    ok = run_demo(fault=fault, json_out=json_out)
-    if not ok:
-        raise typer.Exit(1)
-
-
-app.command("profile")(profile_command)
-app.command("trace")(trace_command)
+app.add_typer(quality_app, name="quality")
+app.add_typer(registry_app, name="registry")
 
 
 def main() -> None:
     try:
         app(standalone_mode=True)
     except GpufleetError as err:
-        err_console.print(f"[red]error:[/] {err}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
 
 

@@ -1,10 +1,4 @@
-"""``gpufleet profile`` and ``gpufleet debug ...``: where step time goes, determinism, resumption, loss spikes.
-
-The owner of ``app.py`` registers them with::
-
-    app.command("profile")(profile_command)
-    app.add_typer(debug_app, name="debug")
-"""
+"""``gpufleet debug determinism|resume-check|spikes``: numerical debugging of a training loop."""
 
 from __future__ import annotations
 
@@ -19,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from gpufleet.cli.options import JsonOpt, SpecArg, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.paths import gpufleet_home, job_dir
@@ -31,54 +26,6 @@ debug_app = typer.Typer(
     help="Numerical debugging: determinism across runs and seeds, exact resumption, loss spikes.",
     no_args_is_help=True,
 )
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-SpecArg = Annotated[Path, typer.Argument(help="JobSpec YAML with a `module:function` entrypoint.")]
-
-
-def _positive(name: str, value: int) -> None:
-    if value <= 0:
-        raise UsageError(f"{name} {value} must be at least 1")
-
-
-def profile_command(
-    spec: SpecArg,
-    steps: Annotated[int, typer.Option("--steps", help="Steps recorded.")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", help="Steps run first and not recorded.")] = 2,
-    top: Annotated[int, typer.Option("--top", help="Operators listed.")] = 10,
-    json_out: JsonOpt = False,
-) -> None:
-    """Profile a few steps of a job in-process: time shares, top operators, and what to try next."""
-    from gpufleet.devtools.profile import profile_job
-
-    _positive("--steps", steps)
-    _positive("--top", top)
-    if warmup < 0:
-        raise UsageError(f"--warmup {warmup} must be 0 or more")
-    summary = profile_job(load_spec(spec), steps=steps, warmup=warmup, top=top)
-    if json_out:
-        emit_json(summary.to_dict())
-        return
-    console.print(
-        f"[bold]{summary.job}[/]: {summary.steps} steps on {summary.device} ({summary.scope}), "
-        f"{summary.wall_s * 1e3:.1f} ms wall",
-        highlight=False,
-    )
-    rows = [[k.replace("_", " "), summary.seconds[k] * 1e3, f"{v:.1%}"] for k, v in summary.shares.items()]
-    console.print(table("Where the time goes", ["bucket", "ms", "share"], rows))
-    console.print(f"  of which unattributed host time: {summary.unattributed_host_s * 1e3:.1f} ms", highlight=False)
-    console.print(
-        table(
-            "Top operators by self time",
-            ["operator", "calls", "self ms", "share"],
-            [[o.name[:60], o.calls, o.self_ms, f"{o.share:.1%}"] for o in summary.top_ops],
-        )
-    )
-    for note in summary.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-    console.print("[bold]Next steps[/]")
-    for i, item in enumerate(summary.checklist, 1):
-        console.print(f"  {i}. {item}", highlight=False, soft_wrap=True)
 
 
 def _seeds(raw: str | None, spec_args: dict[str, Any]) -> tuple[int, int]:
@@ -105,7 +52,7 @@ def determinism(
     """Run the loop twice with one seed (bitwise comparison) and once with another (spread); exit 1 if they differ."""
     from gpufleet.devtools.debug import check_determinism, plot_losses
 
-    _positive("--steps", steps)
+    require_positive("--steps", steps)
     job = load_spec(spec)
     report = check_determinism(job, steps=steps, seeds=_seeds(seeds, job.args))
     if plot is not None:
@@ -299,4 +246,4 @@ def spikes(
     )
 
 
-__all__ = ["debug_app", "profile_command"]
+__all__ = ["debug_app"]

@@ -19,8 +19,12 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
+from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, gpu_time, money, print_cost
 from gpufleet.cli.watch import JobWatcher, make_progress
 from gpufleet.cost.gather import cost_report
@@ -150,3 +154,13 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     if not ok:
         console.print("[red]the demo did not end as expected: see `gpufleet show` for each job[/]")
     return ok
+
+
+def demo_command(
+    fault: Annotated[str | None, typer.Option(help="Inject a fault in the preempted job, e.g. nan@150.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The headline job: a preempted training run resumes at its last healthy step and is priced."""
+    ok = run_demo(fault=fault, json_out=json_out)
+    if not ok:
+        raise typer.Exit(1)

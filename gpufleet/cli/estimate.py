@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.estimate.flops import TransformerShape, require_recompute
@@ -29,7 +30,7 @@ estimate_app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
 Count = Annotated[str, typer.Option(help="A count: 6.74e9, 7B, 350M, 125k.")]
 OptCount = Annotated[str | None, typer.Option(help="A count: 6.74e9, 7B, 350M, 125k.")]
 Int = Annotated[int | None, typer.Option()]

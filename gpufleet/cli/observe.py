@@ -1,20 +1,34 @@
-"""``gpufleet observe ...``: the Prometheus rules and the Grafana dashboard, generated."""
+"""``gpufleet observe ...``: what a fleet shows, and what it cost.
+
+``rules`` and ``dashboard`` generate the Prometheus alert rules and the Grafana dashboard;
+``exporter`` serves a synthetic dcgm-exporter so both can be tried without a GPU; ``diagnose``
+reads GPU series the way an on-call engineer would; ``report`` is the fleet report (SLOs, use and
+money per team, the jobs that wasted the most GPU time)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.gpu import exporter_command
 from gpufleet.telemetry.rules import dashboard_json, rules_yaml
 
 if TYPE_CHECKING:
+    from gpufleet.cost.fleet import FleetReport
+    from gpufleet.telemetry.dcgm import Sample
     from gpufleet.telemetry.diagnose import Finding
 
-observe_app = typer.Typer(help="Prometheus rules and a Grafana dashboard for the fleet.", no_args_is_help=True)
+
+observe_app = typer.Typer(
+    help="Prometheus rules, a Grafana dashboard, a synthetic exporter, GPU diagnosis, the fleet report.",
+    no_args_is_help=True,
+)
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")]
 
 
@@ -24,9 +38,6 @@ def _write(text: str, out: Path | None) -> None:
     else:
         out.write_text(text, encoding="utf-8")
         typer.echo(f"wrote {out}", err=True)
-
-
-observe_app.command("exporter")(exporter_command)
 
 
 @observe_app.command()
@@ -179,3 +190,222 @@ def diagnose_job_command(
             "lower --min-duration (and --window) to judge a short job"
         )
     print_findings(source, findings, notes, json_out)
+
+
+def exporter_command(
+    pattern: Annotated[str, typer.Option(help="GPU pattern to serve (see `observe diagnose --help`).")] = "healthy",
+    gpus: Annotated[int, typer.Option(help="GPUs per node.", min=1)] = 8,
+    nodes: Annotated[int, typer.Option(help="Nodes (hostnames node-0, node-1, ...).", min=1)] = 1,
+    job: Annotated[str, typer.Option(help="hpc_job label of every GPU; empty for none.")] = "",
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.", min=0, max=65535)] = 9400,
+    port_file: Annotated[Path | None, typer.Option(help="Write the bound port to this file.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic series.", min=0)] = 0,
+    step_seconds: Annotated[float, typer.Option(help="Seconds between two synthetic samples.")] = 1.0,
+) -> None:
+    """Serve a synthetic dcgm-exporter /metrics on 127.0.0.1 until Ctrl-C or SIGTERM."""
+    from gpufleet.cli.render import console
+    from gpufleet.errors import UsageError
+    from gpufleet.telemetry.exporter import DcgmRenderer, ExpositionServer
+    from gpufleet.telemetry.gpu import SyntheticSource, derive_seed
+    from gpufleet.telemetry.synthetic import PATTERNS, SyntheticJobConfig
+
+    if pattern not in PATTERNS:
+        raise UsageError(f"unknown --pattern {pattern!r}; choose one of: {', '.join(PATTERNS)}")
+    if not step_seconds > 0:
+        raise UsageError(f"--step-seconds {step_seconds} must be positive")
+    sources = [
+        SyntheticSource(
+            SyntheticJobConfig(
+                pattern=pattern,
+                gpus=gpus,
+                step_s=step_seconds,
+                duration_s=max(step_seconds, 600.0),
+                seed=derive_seed(seed, node),
+                job=job,
+                hostname=f"node-{node}",
+            )
+        )
+        for node in range(nodes)
+    ]
+    renderer = DcgmRenderer()
+    server = ExpositionServer(lambda: renderer.render([s for src in sources for s in src.read().samples]), port=port)
+    bound = server.start()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    try:
+        console.print(
+            f"serving a synthetic dcgm-exporter ({pattern}, {nodes} node(s) x {gpus} GPU(s)) "
+            f"on http://127.0.0.1:{bound}/metrics; Ctrl-C to stop",
+            highlight=False,
+            soft_wrap=True,
+        )
+        if port_file is not None:  # last: its appearance says the exporter is ready
+            tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
+            tmp.write_text(str(bound), encoding="utf-8")
+            tmp.replace(port_file)  # a reader never sees a half-written port
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.close()
+
+
+WORST_JOBS = 10
+
+
+def report_command(
+    since: Annotated[
+        str | None, typer.Option(help="Window start: 90m, 24h, 7d, or an ISO date/time (UTC). Default: all history.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write report.md, report.json and PNG charts into this folder.")
+    ] = None,
+    rates: Annotated[Path | None, typer.Option(help="Rate card YAML (default: the shipped example card).")] = None,
+    slo: Annotated[Path | None, typer.Option(help="SLO targets YAML (default: the built-in targets).")] = None,
+    team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
+    fail_on_breach: Annotated[
+        bool, typer.Option("--fail-on-breach", help="Exit 1 when an objective with data misses its target.")
+    ] = False,
+) -> None:
+    """Fleet report: SLOs with their error budgets, GPU-hours and money per team, waste per job."""
+    from gpufleet.cost.fleet import build_fleet_report, parse_since
+    from gpufleet.cost.fleet_page import write_report
+    from gpufleet.cost.rates import load_rates
+    from gpufleet.paths import gpufleet_home
+    from gpufleet.telemetry.slo import load_slo
+
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    card, objectives = load_rates(rates), load_slo(slo)
+    home = gpufleet_home()
+    store = _open_store(home)
+    try:
+        report = build_fleet_report(
+            store,
+            home,
+            since=start,
+            now=now,
+            rates=card,
+            gpu_samples=_gpu_samples(home),
+            slo=objectives,
+            team=team,
+        )
+    finally:
+        store.close()
+    written = write_report(report, out) if out is not None else []
+    if json_out:
+        from gpufleet.cli.render import emit_json
+
+        emit_json({**report.to_dict(), "files": [str(p) for p in written]})
+    else:
+        print_report(report, written)
+    if fail_on_breach and report.breached:
+        raise typer.Exit(1)
+
+
+def _open_store(home: Path) -> Any:
+    """The state store, refreshed from remote schedulers first (a warning if one is unreachable)."""
+    from gpufleet.backends import sync_remote
+    from gpufleet.cli.render import err_console
+    from gpufleet.errors import GpufleetError
+    from gpufleet.jobs.store import Store
+
+    store = Store(home / "state.db")
+    try:
+        sync_remote(home, store)
+    except GpufleetError as err:
+        err_console.print(f"[yellow]warning:[/] states may be stale: {err}", highlight=False, soft_wrap=True)
+    return store
+
+
+def _gpu_samples(home: Path) -> Callable[[int], Sequence[Sample]]:
+    """Each job's recorded GPU series, or none where this gpufleet cannot read them."""
+    import importlib
+
+    from gpufleet.paths import job_dir
+
+    try:
+        reader = getattr(importlib.import_module("gpufleet.telemetry.gpu"), "job_gpu_samples", None)
+    except ImportError:
+        reader = None
+    if reader is None:
+        return lambda job_id: []
+    return lambda job_id: list(reader(job_dir(home, job_id)))
+
+
+def print_report(report: FleetReport, written: Sequence[Path] = ()) -> None:
+    """The SLO table (met or breached in colour), the team table and the worst jobs by waste."""
+    from gpufleet.cli.render import console, gpu_time, money, table
+    from gpufleet.cost.fleet import WASTE_PARTS
+
+    window = "all history" if report.since is None else f"since {_iso(report.since)}"
+    states = ", ".join(f"{n} {s}" for s, n in report.jobs_by_state.items()) or "no jobs"
+    who = f"team {report.team}" if report.team else "all teams"
+    console.print(f"[bold]fleet report[/], {window}, {who}: {states}", highlight=False)
+    rows = []
+    for s in report.slos:
+        status = "[dim]no data[/]" if s.measured is None else "[dim]no target[/]"
+        if s.met is not None:
+            status = "[green]met[/]" if s.met else "[bold red]BREACHED[/]"
+        budget = "" if s.error_budget_remaining is None else f"{s.error_budget_remaining:.0%}"
+        target = "" if s.target is None else f"{s.comparison} {_value(s.target, s.unit)}"
+        rows.append([s.name, _value(s.measured, s.unit), target, status, budget, s.count])
+    console.print(table("objectives", ["slo", "measured", "target", "status", "budget left", "based on"], rows))
+    cur = report.currency
+    rows = [
+        [
+            t.team,
+            t.jobs,
+            t.attempts,
+            "" if t.failure_rate is None else f"{t.failure_rate:.1%}",
+            t.preemptions,
+            gpu_time(t.gpu_hours),
+            gpu_time(t.lost_to_preemption_gpu_hours),
+            money(t.money, cur),
+        ]
+        for t in report.teams
+    ]
+    total = report.total
+    rows.append(["[bold]total[/]", sum(t.jobs for t in report.teams), total.attempts, "", total.preemptions,
+                 gpu_time(total.total_gpu_hours), "", money(total.money, cur)])  # fmt: skip
+    head = ["team", "jobs", "attempts", "failure rate", "preempted", "GPU time", "lost", "cost"]
+    console.print(table("teams", head, rows))
+    job_rows = [
+        [f"#{j.job_id} {j.name}", j.team, j.state, gpu_time(j.gpu_hours), gpu_time(j.waste_gpu_hours)]
+        + [_share(j.breakdown[p], j.gpu_hours) for p in WASTE_PARTS]
+        + ["yes" if j.gpu_series else "[dim]none[/]"]
+        for j in report.jobs[:WORST_JOBS]
+    ]
+    head = ["job", "team", "state", "GPU time", "waste", *(p.replace("_", " ") for p in WASTE_PARTS), "gpu series"]
+    console.print(table(f"worst {min(WORST_JOBS, len(report.jobs))} jobs by waste", head, job_rows))
+    if report.unpriced:
+        console.print(f"[yellow]no rate for {', '.join(report.unpriced)}: counted in hours, not money[/]")
+    if written:
+        console.print(f"report: {written[0]}")
+
+
+def _value(value: float | None, unit: str) -> str:
+    from gpufleet.cli.render import duration
+
+    if value is None:
+        return ""
+    if unit == "ratio":
+        return f"{value:.2%}"
+    return duration(value) if unit == "s" else f"{value:,.0f} {unit}"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}" if whole > 0 else ""
+
+
+def _iso(ts: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+observe_app.command("exporter")(exporter_command)
+observe_app.command("report")(report_command)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, duration, emit_json, money, table
 from gpufleet.errors import UsageError
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 JobsArg = Annotated[Path, typer.Argument(help="Batch file: a YAML list of JobSpecs (or a mapping with key 'jobs').")]
 CatalogOpt = Annotated[Path, typer.Option("--catalog", help="Offer catalogue YAML (see examples/catalog.yaml).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show every rejected candidate of every job.")]
 BlockOpt = Annotated[
     list[str] | None,

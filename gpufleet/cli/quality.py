@@ -1,7 +1,7 @@
-"""``gpufleet quality demo|doc`` and ``gpufleet registry history|promote|rollback``: parse, call, render.
+"""``gpufleet drift REF CUR``, ``gpufleet quality demo|doc`` and the quality labs: parse, call, render.
 
-MLflow, pandas and torch are imported inside the commands so ``gpufleet --help`` stays fast.
-"""
+pandas, numpy, scipy, MLflow and matplotlib are imported inside the commands so ``gpufleet --help``
+stays fast."""
 
 from __future__ import annotations
 
@@ -11,46 +11,23 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.render import console, emit_json, table
-from gpufleet.errors import UsageError
+from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.registry import print_alias_history
+from gpufleet.cli.render import console, emit_json, err_console, table
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.paths import gpufleet_home
 
 if TYPE_CHECKING:
+    from gpufleet.quality.drift import DriftReport
     from gpufleet.quality.registry import AliasEvent
+
 
 quality_app = typer.Typer(
     help="The model-quality loop: drift, retraining, champion and challenger.", no_args_is_help=True
 )
-registry_app = typer.Typer(
-    help="The model registry (MLflow): alias history, promotion, rollback.", no_args_is_help=True
-)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
 ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Registered model name.")]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why: recorded in the alias history.")]
-
-
-def _events_rows(events: list[AliasEvent]) -> list[list[Any]]:
-    return [
-        [
-            e.seq,
-            datetime.fromtimestamp(e.when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            e.action,
-            f"@{e.alias}",
-            e.from_version or "-",
-            e.to_version or "-",
-            e.who,
-            e.why,
-        ]
-        for e in events
-    ]
-
-
-def print_history(events: list[AliasEvent], title: str) -> None:
-    t = table(title, ["#", "when (UTC)", "action", "alias", "from", "to", "who", "why"], _events_rows(events))
-    for column in t.columns[-2:]:  # who and why wrap; the rest stays on one line
-        column.no_wrap, column.overflow = False, "fold"
-    console.print(t)
 
 
 @quality_app.command("demo")
@@ -86,7 +63,7 @@ def demo_command(
     if json_out:
         emit_json(result)
     else:
-        print_history([_event(e) for e in result["history"]["events"]], f"alias history of {result['model']}")
+        print_alias_history([_event(e) for e in result["history"]["events"]], f"alias history of {result['model']}")
         verdict = {"promoted": "[green]promoted[/]", "rolled_back": "[yellow]rolled back[/]"}
         console.print(
             f"outcome: {verdict.get(result['outcome'], result['outcome'])}; aliases now "
@@ -142,57 +119,222 @@ def doc_command(
         typer.echo(text, nl=False)
 
 
-@registry_app.command("history")
-def history_command(model: ModelArg, json_out: JsonOpt = False) -> None:
-    """Every alias move of MODEL: who, when, why, from which version to which."""
-    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
+RefArg = Annotated[Path, typer.Argument(help="Reference data: a CSV or Parquet file.")]
+CurArg = Annotated[Path, typer.Argument(help="Current data: a CSV or Parquet file.")]
+ColumnsOpt = Annotated[
+    list[str] | None, typer.Option("--columns", help="Columns to compare, comma-separated (default: all).")
+]
+MethodOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--method",
+        help="A method for every column (ks, chi2, z, psi, wasserstein, wasserstein_raw, jensenshannon, mmd), "
+        "or COLUMN=METHOD; repeatable. Default: Evidently's automatic choice.",
+    ),
+]
+ThresholdOpt = Annotated[
+    list[str] | None,
+    typer.Option("--threshold", help="A threshold for every column, or COLUMN=VALUE; repeatable."),
+]
 
-    with mlflow_errors(tracking_uri()):
-        registry = Registry()
-        events, source = registry.history(model)
-        aliases = registry.aliases(model)
-    if json_out:
-        emit_json({"model": model, "aliases": aliases, "source": source, "events": [e.to_dict() for e in events]})
-        return
-    print_history(events, f"alias history of {model} (from {source})")
-    console.print("aliases now: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(aliases.items())) or "none"))
+HtmlOpt = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
+FailOpt = Annotated[
+    bool, typer.Option("--fail-on-drift", help="Exit 1 on dataset drift (or when no column could be tested).")
+]
+CorrectionOpt = Annotated[
+    str, typer.Option("--correction", help="Multiple-testing correction over the p-values: none or bh.")
+]
 
 
-def _moves(model: str, events: list[AliasEvent], json_out: bool, verb: str) -> None:
-    if json_out:
-        emit_json({"model": model, "action": verb, "events": [e.to_dict() for e in events]})
-        return
-    for e in events:
-        console.print(f"{verb}: @{e.alias} {e.from_version or '-'} -> {e.to_version or '-'}")
+def split_columns(values: list[str] | None) -> list[str] | None:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]``; ``None`` when no column was named."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--columns is empty: name at least one column, e.g. --columns age,income")
+    return names
 
 
-@registry_app.command("promote")
-def promote_command(
-    model: ModelArg,
-    version: Annotated[str, typer.Argument(metavar="VERSION", help="Version number to serve as @champion.")],
-    reason: ReasonOpt,
+def split_assignments(values: list[str] | None, flag: str) -> tuple[str | None, dict[str, str]]:
+    """``["psi", "age=ks"]`` -> (``"psi"``, ``{"age": "ks"}``): one global value, the rest per column."""
+    default: str | None = None
+    per_column: dict[str, str] = {}
+    for raw in values or []:
+        name, sep, value = raw.rpartition("=")
+        if not sep:
+            if default is not None:
+                raise UsageError(f"{flag} given twice for every column ({default!r}, {raw!r}): keep one")
+            default = raw.strip()
+        elif not name.strip() or not value.strip():
+            raise UsageError(f"{flag} {raw!r}: write VALUE or COLUMN=VALUE")
+        else:
+            per_column[name.strip()] = value.strip()
+    return default, per_column
+
+
+def _number(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a number: write e.g. {flag} 0.1 or {flag} age=0.05") from None
+
+
+def _per_column(default: Any, per_column: dict[str, Any], names: list[str], flag: str) -> dict[str, Any] | Any:
+    """One value for every column when no column was named, else a mapping over ``names``."""
+    unknown = [c for c in per_column if c not in names]
+    if unknown:
+        raise UsageError(f"{flag} names column {unknown[0]!r}, which is not compared: columns are {', '.join(names)}")
+    if not per_column:
+        return default
+    return {n: per_column.get(n, default) for n in names if per_column.get(n, default) is not None}
+
+
+def _print_report(report: DriftReport) -> None:
+    drift_cell = {True: "[red]drift[/]", False: "no", None: "[yellow]skipped[/]"}
+    rows = [
+        [
+            c.column,
+            c.kind,
+            c.method,
+            c.statistic,
+            c.p_value,
+            c.threshold if c.status == "ok" else None,
+            drift_cell[c.drift],
+        ]
+        for c in report.columns
+    ]
+    head = ["column", "kind", "method", "statistic", "p-value", "threshold", "drift"]
+    console.print(table("drift per column", head, rows))
+    for c in report.columns:
+        if c.reason:
+            console.print(f"[yellow]skipped[/] {c.column}: {c.reason}", highlight=False, soft_wrap=True)
+    colour = "red" if report.dataset_drift else ("green" if report.tested else "yellow")
+    console.print(f"[{colour}]{report.verdict}[/]", highlight=False, soft_wrap=True)
+
+
+@parameters_as_flags(
+    {"columns": "--columns", "method": "--method", "threshold": "--threshold", "correction": "--correction"}
+)
+def drift_command(
+    reference: RefArg,
+    current: CurArg,
+    columns: ColumnsOpt = None,
+    method: MethodOpt = None,
+    threshold: ThresholdOpt = None,
     json_out: JsonOpt = False,
+    html: HtmlOpt = None,
+    fail_on_drift: FailOpt = False,
+    correction: CorrectionOpt = "none",
 ) -> None:
-    """Move @champion to VERSION (the old champion becomes @previous)."""
-    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
+    """Compare current data with a reference, column by column (KS, chi-squared, PSI, Wasserstein, JS, MMD)."""
+    from gpufleet.quality.drift import drift_report
+    from gpufleet.quality.io import read_table
 
-    if not reason.strip():
-        raise UsageError("--reason is empty: say why, it goes into the alias history")
-    with mlflow_errors(tracking_uri()):
-        events = Registry().promote(model, version, why=reason.strip())
-    _moves(model, events, json_out, "promote")
+    if correction not in ("none", "bh"):
+        raise UsageError(f"--correction {correction!r}: use none or bh")
+    ref, cur = read_table(reference), read_table(current)
+    names = split_columns(columns) or [*map(str, ref.columns), *(str(c) for c in cur.columns if c not in ref.columns)]
+    m_default, m_cols = split_assignments(method, "--method")
+    t_default, t_cols = split_assignments(threshold, "--threshold")
+    t_default_num = None if t_default is None else _number(t_default, "--threshold")
+    t_cols_num = {k: _number(v, "--threshold") for k, v in t_cols.items()}
+    report = drift_report(
+        ref,
+        cur,
+        columns=names,
+        method=_per_column(m_default, m_cols, names, "--method"),
+        threshold=_per_column(t_default_num, t_cols_num, names, "--threshold"),
+        correction="bh" if correction == "bh" else "none",
+    )
+    if html is not None:
+        from gpufleet.quality.html import render_html
+
+        title = f"Drift: {current.name} against {reference.name}"
+        try:
+            html.write_text(render_html(report, ref, cur, title=title), encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"--html {html}: cannot write it ({err.strerror}); pick a writable path") from err
+    if json_out:
+        emit_json({"reference": str(reference), "current": str(current), **report.to_dict(), "html": _path(html)})
+    else:
+        _print_report(report)
+        if html is not None:
+            console.print(f"HTML report: {html}", highlight=False, soft_wrap=True)
+    if fail_on_drift and (report.dataset_drift or not report.tested):
+        if not report.tested:
+            err_console.print("no column could be tested: failing as --fail-on-drift asks", highlight=False)
+        raise typer.Exit(1)
 
 
-@registry_app.command("rollback")
-def rollback_command(model: ModelArg, reason: ReasonOpt, json_out: JsonOpt = False) -> None:
-    """Move @champion back to @previous."""
-    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
-
-    if not reason.strip():
-        raise UsageError("--reason is empty: say why, it goes into the alias history")
-    with mlflow_errors(tracking_uri()):
-        events = Registry().rollback(model, why=reason.strip())
-    _moves(model, events, json_out, "rollback")
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
-__all__ = ["quality_app", "registry_app"]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write a PNG of both monitors' scores here.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic data.")]
+
+
+def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: SeedOpt = 0) -> None:
+    """Lab: a weekly cycle fools a yesterday-vs-today monitor; season-matched references and a placebo band do not."""
+    from gpufleet.demos.quality_labs import plot_seasonal_lab, seasonal_lab
+
+    lab = seasonal_lab(seed)
+    if out is not None:
+        try:
+            plot_seasonal_lab(lab, out)
+        except OSError as err:
+            raise UsageError(f"--out {out}: cannot write it ({err.strerror}); pick a writable path") from err
+    if json_out:
+        emit_json({**lab.to_dict(), "seed": seed, "png": _path(out)})
+        return
+
+    def cell(verdict: dict[str, Any]) -> str:
+        mark = "[red]ALARM[/]" if verdict["alarm"] else "."
+        return f"{mark} {verdict['score']:.2f}"
+
+    rows = [
+        [
+            d["label"],
+            "yes" if d["shifted"] else "",
+            cell(d["naive"]),
+            cell(d["seasonal"]),
+            ", ".join(d["seasonal"]["flagged"]),
+        ]
+        for d in lab.days
+    ]
+    head = ["day", "real shift", "naive (score)", "seasonal (score)", "seasonal flagged"]
+    console.print(table("alarms per day (score > 1: a column crossed its line)", head, rows))
+    fa, det = lab.false_alarms, lab.detected
+    console.print(
+        f"false alarms before the shift: naive {fa['naive']}, seasonal {fa['seasonal']}; "
+        f"shift detected on its first day: naive {'yes' if det['naive'] else 'no'}, "
+        f"seasonal {'yes' if det['seasonal'] else 'no'}; shifted days alarmed: naive "
+        f"{lab.shifted_days_alarmed['naive']}, seasonal {lab.shifted_days_alarmed['seasonal']} "
+        f"of {sum(d['shifted'] for d in lab.days)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if out is not None:
+        console.print(f"plot: {out}", highlight=False, soft_wrap=True)
+
+
+def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
+    """Lab: MMD on all-MiniLM-L6-v2 embeddings of a query stream: a topic shift alarms, a resample does not."""
+    from gpufleet.demos.quality_labs import embedding_lab
+    from gpufleet.quality.embeddings import load_encoder
+
+    lab = embedding_lab(load_encoder(), seed=seed)
+    if json_out:
+        emit_json({**lab.to_dict(), "seed": seed})
+        return
+    rows = []
+    for name, res in (("same distribution", lab.same), ("topic shift", lab.shift)):
+        retrieval = f"{res.retrieval_reference:.3f} -> {res.retrieval_current:.3f}" if res.retrieval_current else ""
+        verdict = "[red]drift[/]" if res.drift else "no drift"
+        rows.append([name, res.mmd2, res.p_value, res.mean_shift, retrieval, verdict])
+    head = ["comparison", "MMD^2", "p-value", "mean shift", "retrieval", "verdict"]
+    title = f"{lab.queries_per_side} queries a side, {lab.documents} documents, {lab.shift.estimator} MMD"
+    console.print(table(title, head, rows))
+    for kind, texts in lab.examples.items():
+        console.print(f"{kind}: " + " | ".join(texts), highlight=False, soft_wrap=True, markup=False)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet.backends.slurm.backend import SlurmBackend, run_slurm, slurm_usage
+from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError
 from gpufleet.jobs.store import Store
@@ -18,8 +19,6 @@ slurm_app = typer.Typer(
 )
 account_app = typer.Typer(help="Slurm accounts (one per team).", no_args_is_help=True)
 slurm_app.add_typer(account_app, name="account")
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 
 
 def _native(argv: list[str], json_out: bool) -> None:

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpufleet.cli.report import report_command
+from gpufleet.cli.observe import report_command
 from gpufleet.cost.fleet import (
     WASTE_PARTS,
     FleetReport,

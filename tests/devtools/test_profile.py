@@ -12,7 +12,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from gpufleet.cli.debug import profile_command
+from gpufleet.cli.profile import profile_command
 from gpufleet.devtools.profile import BUCKETS, OpStat, checklist, profile_job
 from gpufleet.errors import SpecError, UsageError
 from gpufleet.spec import parse_spec

@@ -15,7 +15,7 @@ import typer
 from conftest import service_missing
 from typer.testing import CliRunner
 
-from gpufleet.cli.drift import embedding_lab_command
+from gpufleet.cli.quality import embedding_lab_command
 from gpufleet.demos import quality_labs as labs
 from gpufleet.quality import embeddings
 from gpufleet.quality.drift import drift_report

@@ -186,7 +186,8 @@ def test_unknown_model_and_version_are_usage_errors(built: Built) -> None:
 
 
 def test_registry_commands(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpufleet.cli.quality import quality_app, registry_app
+    from gpufleet.cli.quality import quality_app
+    from gpufleet.cli.registry import registry_app
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", built.uri)
     app = typer.Typer()

@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpufleet.cli.drift import drift_command, split_assignments, split_columns
+from gpufleet.cli.quality import drift_command, split_assignments, split_columns
 from gpufleet.errors import GpufleetError, ParameterError, UsageError
 from gpufleet.quality.io import read_table
 

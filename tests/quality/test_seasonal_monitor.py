@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpufleet.cli.drift import seasonal_lab_command
+from gpufleet.cli.quality import seasonal_lab_command
 from gpufleet.demos import quality_labs as labs
 from gpufleet.errors import UsageError
 from gpufleet.quality.monitor import SeasonalConfig, naive_monitor, placebo_band, seasonal_monitor, split_windows

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.cli.gpu import exporter_command
+from gpufleet.cli.observe import exporter_command
 from gpufleet.errors import UsageError
 from gpufleet.telemetry.dcgm import CATALOGUE, Sample, parse_exposition, render_exposition
 from gpufleet.telemetry.exporter import CONTENT_TYPE, DcgmRenderer, ExpositionServer
@@ -148,7 +148,7 @@ import signal
 import sys
 import typer
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even when started in the background
-from gpufleet.cli.gpu import exporter_command
+from gpufleet.cli.observe import exporter_command
 from gpufleet.errors import GpufleetError
 app = typer.Typer(pretty_exceptions_enable=False)
 app.command()(exporter_command)

@@ -1,4 +1,4 @@
-"""A job's history as an OpenTelemetry trace: one root span, one span per attempt, phases inside.
+"""A job's history as spans: one root span, one span per attempt, phases inside. No I/O, no wire format.
 
 Built after the fact from what the store recorded (attempts plus backend and runtime events), so
 any OTLP backend (Jaeger, Tempo, Honeycomb) can show where a job's wall time went::
@@ -17,36 +17,27 @@ clamped into their parent: runtime clocks (on another node) may be skewed agains
 
 Ids are derived from the job (sha256, truncated to 16 bytes for the trace and 8 for spans), so
 exporting the same job twice gives the same trace and a backend deduplicates instead of doubling.
-The JSON follows the OTLP/HTTP JSON encoding of ``ExportTraceServiceRequest``
-(opentelemetry-proto ``trace/v1/trace.proto``; int64 as strings, ids as hex).
+
+Apart from the encoding (``otlp``) and the I/O (``export``) because the span model is also read
+directly: ``gpufleet trace`` prints ``span_timeline`` and the cost report takes phase times from
+``job_spans``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.fmt import compact_duration
-from gpufleet.jobs.store import Attempt, Event, Job, Store
-from gpufleet.paths import job_dir
+from gpufleet.jobs.store import Attempt, Event, Job
 
 AttributeValue: TypeAlias = "str | int | float | bool"
 StatusCode = Literal["unset", "ok", "error"]
 
 MAX_STEP_EVENTS = 200
 """Step events kept on a train span, evenly sampled; backends reject or truncate huge spans."""
-SPAN_KIND_INTERNAL = 1
-_STATUS_CODES: dict[str, int] = {"unset": 0, "ok": 1, "error": 2}
 _TRAIN_EVENTS = ("unhealthy", "rollback", "preempt_signal", "eval")
 _TRAIN_END_KINDS = ("step", "checkpoint", "session_end", "unhealthy", "rollback", "preempt_signal")
 
@@ -275,149 +266,6 @@ def _attempt_spans(
             if attempt.kill_at is not None:
                 extra["gpufleet.killed"] = True
             b.add(f"attempt-{n}/preempted", "preempted", span, sigterm, end, extra)
-
-
-# ---- OTLP/JSON ----------------------------------------------------------------------------------
-def _any_value(value: AttributeValue) -> dict[str, Any]:
-    """An OTLP ``AnyValue``; int64 is a string and non-finite doubles are named, per proto3 JSON."""
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        if math.isnan(value):
-            return {"doubleValue": "NaN"}
-        if math.isinf(value):
-            return {"doubleValue": "Infinity" if value > 0 else "-Infinity"}
-        return {"doubleValue": value}
-    return {"stringValue": str(value)}
-
-
-def _key_values(attributes: Mapping[str, AttributeValue]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _any_value(v)} for k, v in attributes.items()]
-
-
-def _nanos(ts: float) -> str:
-    # Microseconds first: a double holds ~16 digits, so the last three of a nanosecond time are noise.
-    return str(round(ts * 1_000_000) * 1000)
-
-
-def to_otlp_json(spans: Sequence[Span], resource_attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` holding ``spans`` under one resource."""
-    from gpufleet import __version__
-
-    out = []
-    for s in spans:
-        item: dict[str, Any] = {"traceId": s.trace_id, "spanId": s.span_id}
-        if s.parent_id:
-            item["parentSpanId"] = s.parent_id
-        status: dict[str, Any] = {"code": _STATUS_CODES[s.status]}
-        if s.status_message:
-            status["message"] = s.status_message
-        item |= {
-            "name": s.name,
-            "kind": SPAN_KIND_INTERNAL,
-            "startTimeUnixNano": _nanos(s.start),
-            "endTimeUnixNano": _nanos(s.end),
-            "attributes": _key_values(s.attributes),
-            "events": [
-                {"timeUnixNano": _nanos(e.ts), "name": e.name, "attributes": _key_values(e.attributes)}
-                for e in s.events
-            ],
-            "status": status,
-        }
-        out.append(item)
-    scope = {"name": "gpufleet", "version": __version__}
-    resource = {"attributes": _key_values(resource_attributes)}
-    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": scope, "spans": out}]}]}
-
-
-def resource_attributes(job: Job) -> dict[str, AttributeValue]:
-    return {"service.name": "gpufleet", "gpufleet.job.id": job.id, "gpufleet.team": job.team}
-
-
-# ---- I/O edge -------------------------------------------------------------------------------------
-def job_trace(store: Store, home: Path, job_id: int, now: float | None = None) -> tuple[list[Span], dict[str, Any]]:
-    """The job's spans and their OTLP/JSON payload, ids namespaced by ``home``."""
-    job = store.job(job_id)
-    spans = job_spans(job, store.attempts(job_id), store.events(job_id), namespace=str(home), now=now)
-    return spans, to_otlp_json(spans, resource_attributes(job))
-
-
-def save_trace(home: Path, job_id: int, payload: Mapping[str, Any]) -> Path:
-    """Write ``jobs/<id>/trace.otlp.json`` (temp file and rename: readers never see half a file)."""
-    path = job_dir(home, job_id) / "trace.otlp.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def write_trace(home: Path, job_id: int, store: Store, now: float | None = None) -> Path:
-    return save_trace(home, job_id, job_trace(store, home, job_id, now)[1])
-
-
-def traces_url(endpoint: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """Where to POST traces: ``endpoint`` (a base URL), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
-    (a full URL, used as is), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base URL), per the OTel
-    exporter spec; base URLs get ``/v1/traces``. ``None`` when nothing is configured."""
-    env = os.environ if environ is None else environ
-    if endpoint:
-        return _signal_url(endpoint)
-    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return _signal_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
-    return None
-
-
-def _signal_url(base: str) -> str:
-    return base if base.rstrip("/").endswith("/v1/traces") else base.rstrip("/") + "/v1/traces"
-
-
-def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, *, full_url: bool = False) -> int:
-    """POST ``payload`` to ``<endpoint>/v1/traces`` (or to ``endpoint`` itself when ``full_url``);
-    the HTTP status. Any failure is a ``UsageError`` naming the endpoint and the reason."""
-    url = endpoint if full_url else _signal_url(endpoint)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"OTLP endpoint {endpoint!r} is not an http(s) URL; use e.g. http://localhost:4318")
-    body = json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        try:
-            detail = err.read(300).decode("utf-8", "replace").strip()
-        finally:
-            err.close()
-        reason = f"HTTP {err.code} {err.reason}" + (f": {detail}" if detail else "")
-    except urllib.error.URLError as err:
-        raise ServiceUnavailable(
-            f"no trace collector answers at {url} ({err.reason}): start one there, or send to another endpoint"
-        ) from None
-    except (OSError, ValueError) as err:
-        reason = str(err) or type(err).__name__
-    raise UsageError(f"cannot send trace to {url}: {reason}; check the collector is up (--endpoint)")
-
-
-__all__ = [
-    "MAX_STEP_EVENTS",
-    "Span",
-    "SpanEvent",
-    "job_spans",
-    "job_trace",
-    "resource_attributes",
-    "sample_evenly",
-    "save_trace",
-    "send_otlp",
-    "to_otlp_json",
-    "trace_seed",
-    "traces_url",
-    "write_trace",
-]
 
 
 def span_timeline(spans: Sequence[Span]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Where a job's GPU series come from (NVML, a dcgm-exporter scrape, a synthetic job), and their log.
+"""Where a job's GPU series come from: NVML, a dcgm-exporter scrape, a synthetic job.
 
 Every source answers one question, ``read()``: the GPUs' state now, as one round of DCGM-named
 ``Sample``s with dcgm-exporter's labels (``gpu``, ``UUID``, ``device``, ``modelName``,
@@ -13,25 +13,14 @@ wrong is a ``ScrapeWarning`` and the round carries whatever could be read.
 ``SyntheticSource`` a synthetic job (``synthetic.py``) advancing in wall-clock time.
 =================  ===========================================================================
 
-``open_source`` turns the JobSpec's ``telemetry.gpu_source`` into one of them. ``GpuSampler``
-reads a source every few seconds in a daemon thread and hands each round to a ``GpuRecorder``,
-which appends it to ``jobs/<id>/gpu/attempt-<N>.jsonl``::
-
-    {"gpufleet_gpu_log":1,"source":"nvml","started_ms":1700000000000}      header, per writer
-    {"series":[[0,"DCGM_FI_DEV_GPU_UTIL",{"gpu":"0","UUID":"GPU-..."}],...]} new series, once each
-    {"t":1700000005000,"v":[[0,97.0],[1,41234.0],...]}                     one round
-    {"t":1700000010000,"v":[[0,98.0],...],"w":[["source_error","..."]]}    a round with warnings
-
-A round is one ``write`` plus ``flush``, so a crash loses at most the line being written, and the
-reader skips a line that does not parse (the truncated last one). Values that JSON cannot hold
-are written as the strings ``"NaN"``, ``"+Inf"`` and ``"-Inf"``; a value whose own timestamp
-differs from the round's is ``[id, value, timestamp_ms]``.
+``open_source`` turns the JobSpec's ``telemetry.gpu_source`` into one of them. Apart from the log
+(``log``) and the thread that polls (``sampler``): a source only reads, it neither stores nor
+schedules.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import math
 import re
@@ -41,8 +30,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -95,7 +83,8 @@ def derive_seed(seed: int, *parts: int) -> int:
     return int(np.random.SeedSequence([seed, *parts]).generate_state(1, dtype=np.uint64)[0])
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
+    """Wall-clock time in whole milliseconds, as rounds and logs are stamped."""
     return round(time.time() * 1000)
 
 
@@ -230,7 +219,7 @@ class NvmlSource:
         return {k: v for k, v in labels.items() if v}
 
     def read(self) -> ScrapeResult:
-        ts = _now_ms()
+        ts = now_ms()
         samples: list[Sample] = []
         warnings: list[ScrapeWarning] = []
         if self._first:
@@ -311,7 +300,7 @@ class ScrapeSource:
         return body.decode("utf-8", "replace")
 
     def read(self) -> ScrapeResult:
-        ts = _now_ms()
+        ts = now_ms()
         try:
             text = self._fetch()
         except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, HTTP 5xx, too large
@@ -449,213 +438,3 @@ def open_source(
     if kind == "scrape":
         return ScrapeSource(arg, job_id=job_id or None)
     raise UsageError(f"gpu_source {spec!r} is not one of: auto, none, nvml, synthetic:<pattern>, scrape:<http(s) url>")
-
-
-# --- the log -------------------------------------------------------------------------------------
-
-_NON_FINITE = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
-
-
-def _json_value(v: float) -> float | str:
-    if math.isfinite(v):
-        return v
-    return "NaN" if math.isnan(v) else ("+Inf" if v > 0 else "-Inf")
-
-
-def gpu_log_path(job_folder: Path, attempt: int) -> Path:
-    """``<job folder>/gpu/attempt-<N>.jsonl``."""
-    if attempt < 1:
-        raise UsageError(f"attempt {attempt} is not a positive attempt number")
-    return job_folder / "gpu" / f"attempt-{attempt}.jsonl"
-
-
-class GpuRecorder:
-    """Appends rounds to one attempt's GPU log (format in the module docstring)."""
-
-    def __init__(self, path: Path, description: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torn = False
-        if path.exists() and path.stat().st_size > 0:
-            with path.open("rb") as f:  # a writer that crashed mid-line: start ours on a fresh line
-                f.seek(-1, 2)
-                torn = f.read(1) != b"\n"
-        self.path = path
-        self._file: IO[str] | None = path.open("a", encoding="utf-8")
-        self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        header = {"gpufleet_gpu_log": 1, "source": description, "started_ms": _now_ms()}
-        self._append(("\n" if torn else "") + json.dumps(header, separators=(",", ":")) + "\n")
-
-    def _append(self, text: str) -> None:
-        if self._file is None:
-            raise ValueError(f"GPU log {self.path} is closed")
-        self._file.write(text)
-        self._file.flush()
-
-    def write(self, result: ScrapeResult) -> None:
-        """One round: new series declared first, then the values, in one write."""
-        if not result.samples and not result.warnings:
-            return
-        new: list[list[Any]] = []
-        values: list[list[Any]] = []
-        t = next((s.timestamp_ms for s in result.samples if s.timestamp_ms is not None), None)
-        t = _now_ms() if t is None else t
-        for s in result.samples:
-            key = s.series_key
-            sid = self._ids.get(key)
-            if sid is None:
-                sid = self._ids[key] = len(self._ids)
-                new.append([sid, s.name, s.labels])
-            entry = [sid, _json_value(s.value)]
-            if s.timestamp_ms is not None and s.timestamp_ms != t:
-                entry.append(s.timestamp_ms)
-            values.append(entry)
-        round_: dict[str, Any] = {"t": t, "v": values}
-        if result.warnings:
-            round_["w"] = [[w.kind, w.message] for w in result.warnings]
-        lines = [{"series": new}] if new else []
-        self._append("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in [*lines, round_]))
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _value(raw: Any) -> float:
-    if isinstance(raw, str):
-        return _NON_FINITE[raw]
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
-    raise ValueError(f"{raw!r} is not a value")
-
-
-def _series_entry(entry: Any) -> tuple[int, str, dict[str, str]]:
-    sid, name, labels = entry
-    if not (isinstance(sid, int) and isinstance(name, str) and isinstance(labels, dict)):
-        raise ValueError("bad series entry")
-    return sid, name, {str(k): str(v) for k, v in labels.items()}
-
-
-def read_gpu_log(path: Path) -> list[Sample]:
-    """Every sample in a GPU log, in order; lines that do not parse (a torn last line) are skipped."""
-    samples: list[Sample] = []
-    series: dict[int, tuple[str, dict[str, str]]] = {}
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if "gpufleet_gpu_log" in obj:
-                series = {}  # a new writer numbers its series afresh
-            for entry in obj.get("series", ()) if isinstance(obj.get("series"), list) else ():
-                try:
-                    sid, name, labels = _series_entry(entry)
-                except (TypeError, ValueError):
-                    continue
-                series[sid] = (name, labels)
-            if isinstance(obj.get("t"), int) and isinstance(obj.get("v"), list):
-                samples.extend(_round_samples(obj["t"], obj["v"], series))
-    return samples
-
-
-def _round_samples(t: int, values: list[Any], series: Mapping[int, tuple[str, dict[str, str]]]) -> list[Sample]:
-    out: list[Sample] = []
-    for entry in values:
-        try:
-            sid, raw = entry[0], entry[1]
-            ts = entry[2] if len(entry) > 2 and isinstance(entry[2], int) else t
-            name, labels = series[sid]
-            out.append(Sample(name, dict(labels), _value(raw), ts))
-        except (TypeError, ValueError, KeyError, IndexError):
-            continue
-    return out
-
-
-def job_gpu_samples(job_folder: Path) -> list[Sample]:
-    """All attempts' GPU samples of one job, attempt by attempt, each labelled ``attempt="N"``."""
-    found: list[tuple[int, Path]] = []
-    for path in (job_folder / "gpu").glob("attempt-*.jsonl"):
-        m = re.fullmatch(r"attempt-([1-9][0-9]*)\.jsonl", path.name)
-        if m:
-            found.append((int(m.group(1)), path))
-    return [
-        Sample(s.name, {**s.labels, "attempt": str(n)}, s.value, s.timestamp_ms)
-        for n, path in sorted(found)
-        for s in read_gpu_log(path)
-    ]
-
-
-# --- sampling ------------------------------------------------------------------------------------
-
-
-class GpuSampler:
-    """Reads a source every ``every_s`` seconds in a daemon thread; records and hands on each round.
-
-    A round that raises (a buggy source, a full disk) is logged once and counted in ``errors``;
-    the thread goes on, so GPU telemetry never takes the training process down. ``stop`` does not
-    take a last round: the latest one is at most ``every_s`` old, and a final read could block on
-    a slow exporter while a preempted process needs its grace period for the checkpoint.
-    ``close`` stops and also closes the source and the recorder.
-    """
-
-    def __init__(
-        self,
-        source: GpuSource,
-        every_s: float,
-        *,
-        recorder: GpuRecorder | None = None,
-        on_round: Callable[[ScrapeResult], None] | None = None,
-    ) -> None:
-        if not every_s > 0:
-            raise UsageError(f"sampling period {every_s} s must be positive")
-        self.source, self.every_s, self.recorder, self.on_round = source, every_s, recorder, on_round
-        self.errors = 0
-        self.rounds = 0
-        self._latest: ScrapeResult | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpufleet-gpu-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _round(self) -> None:
-        try:
-            result = self.source.read()
-            self._latest = result
-            if self.recorder is not None:
-                self.recorder.write(result)
-            if self.on_round is not None:
-                self.on_round(result)
-            self.rounds += 1
-        except Exception:
-            self.errors += 1
-            if self.errors == 1:
-                log.warning("GPU sampling round from %s failed; going on", self.source.description, exc_info=True)
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            self._round()
-            next_at = max(next_at + self.every_s, time.monotonic())
-            if self._stop.wait(next_at - time.monotonic()):
-                break
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the round in progress (at most ``timeout`` seconds of waiting)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """``stop``, then close the source and the recorder (for a caller that handed both over)."""
-        self.stop(timeout)
-        self.source.close()
-        if self.recorder is not None:
-            self.recorder.close()
-
-    def latest(self) -> ScrapeResult | None:
-        """The last round read, or ``None`` before the first."""
-        return self._latest

@@ -1,0 +1,144 @@
+"""``gpufleet ckpt``: list, verify and export the checkpoints of a folder, as a restore would read them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.render import console, emit_json, fmt, table
+from gpufleet.errors import UsageError
+from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
+
+ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
+
+
+@ckpt_app.command("list")
+def ckpt_list(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
+) -> None:
+    """List the step-N checkpoints in DIR, with their state and metrics."""
+    infos = _ckpt_infos(directory)
+    rows = [_ckpt_row(i) for i in infos]
+    if json_out:
+        emit_json({"directory": str(directory), "checkpoints": rows})
+        return
+    console.print(
+        table(
+            str(directory),
+            ["step", "status", "format", "healthy", "loss", "metrics", "size", "reason", "problem"],
+            [
+                [
+                    r["step"],
+                    r["status"],
+                    r["format"] if r["world_size"] in (None, 1) else f"{r['format']} x{r['world_size']}",
+                    r["healthy"],
+                    r["loss"],
+                    " ".join(f"{k}={fmt(v)}" for k, v in (r["metrics"] or {}).items()),
+                    r["bytes"],
+                    r["reason"],
+                    r["problem"],
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+@ckpt_app.command("verify")
+def ckpt_verify(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    job: Annotated[
+        str | None, typer.Option("--job", help="This job's id: checkpoints another job wrote count as foreign.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify every checkpoint as a restore would; exit 1 if any is corrupt."""
+    infos = _ckpt_infos(directory, Expectation(job=job))
+    bad = [i for i in infos if i.status == "corrupt"]
+    restorable = [i for i in infos if i.restorable]  # the rule restore_candidate applies, newest first
+    result = {
+        "directory": str(directory),
+        "ok": not bad,
+        "checked": len(infos),
+        "corrupt": [{"step": i.step, "path": str(i.path), "problem": i.problem} for i in bad],
+        "checkpoints": [_ckpt_row(i) for i in infos],
+        "restore_step": restorable[-1].step if restorable else None,
+    }
+    if json_out:
+        emit_json(result)
+    else:
+        marks = {"ok": "[green]ok[/]", "corrupt": "[red]BAD[/]", "unhealthy": "[yellow]unhealthy[/]"}
+        for info in infos:
+            mark = marks.get(info.status, "[magenta]foreign[/]")
+            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""), soft_wrap=True)
+        console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
+    if bad:
+        raise typer.Exit(1)
+
+
+@ckpt_app.command("export")
+def ckpt_export(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="Step to export (default: the one a restore would use).", min=0)
+    ] = None,
+    entry: Annotated[str, typer.Option("--entry", help="State entry to export (model, optimizer, ...).")] = "model",
+    json_out: JsonOpt = False,
+) -> None:
+    """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
+    _ckpt_dir(directory)
+    done = CheckpointDir(directory).export(out, step=step, entry=entry)
+    result = {
+        "directory": str(directory),
+        "path": str(done.source),
+        "step": done.step,
+        "entry": done.entry,
+        "out": str(done.out),
+        "bytes": done.bytes,
+        "tensors": done.tensors,
+        "fingerprint": done.fingerprint,
+    }
+    if json_out:
+        emit_json(result)
+    else:
+        console.print(
+            f"wrote {done.entry} of {done.source.name} to {done.out} ({done.bytes} bytes, {done.tensors} tensors)"
+        )
+
+
+def _ckpt_dir(directory: Path) -> None:
+    if not directory.exists():
+        raise UsageError(f"checkpoint directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise UsageError(f"{str(directory)!r} is not a directory: give the folder holding step-N folders")
+
+
+def _ckpt_infos(directory: Path, expect: Expectation | None = None) -> list[CheckpointInfo]:
+    _ckpt_dir(directory)
+    try:
+        return CheckpointDir(directory).scan(verify=True, expect=expect)
+    except PermissionError as err:
+        raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
+
+
+def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
+    m = info.manifest
+    return {
+        "step": info.step,
+        "path": str(info.path),
+        "status": info.status,
+        "healthy": m.healthy if m else None,
+        "loss": round(m.loss, 4) if m and m.loss is not None else None,
+        "metrics": dict(m.metrics) if m else None,
+        "job": m.job if m else None,
+        "bytes": m.total_bytes if m else None,
+        "format": m.format if m else None,
+        "world_size": m.world_size if m else None,
+        "strategy": m.strategy if m else None,
+        "reason": m.reason if m else None,
+        "problem": info.problem,
+    }

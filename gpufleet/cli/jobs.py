@@ -1,0 +1,376 @@
+"""The job commands: ``submit``, ``jobs``, ``show``, ``logs``, ``preempt``, ``cancel``, ``resize``, ``cost``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.backends import Backend, get_backend, sync_remote
+from gpufleet.backends.local import ensure_scheduler
+from gpufleet.cli.options import JobArg, JsonOpt, open_store
+from gpufleet.cli.render import console, duration, emit_json, fmt, print_cost, table
+from gpufleet.cost.usage import attempt_gpus
+from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Job, Store, latest_step
+from gpufleet.paths import gpufleet_home
+from gpufleet.runtime.checkpoint import CheckpointDir
+from gpufleet.spec import JobSpec, load_spec
+
+
+def job_summary(store: Store, job: Job) -> dict[str, Any]:
+    attempts = store.attempts(job.id)
+    spec = job.spec
+    return {
+        "id": job.id,
+        "name": job.name,
+        "team": job.team,
+        "priority": job.priority,
+        "state": job.state,
+        "reason": job.reason,
+        "backend": job.backend,
+        "gpu_type": spec.resources.gpu_type,
+        "gpus": spec.resources.gpus,
+        "nodes": spec.resources.nodes,
+        "world_size": spec.world_size,
+        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
+        "provider": spec.provider,
+        "spot": spec.spot,
+        "attempts": len(attempts),
+        "restarts": job.restarts,
+        "step": latest_step(store, job.id),
+        "submitted_at": job.submitted_at,
+        "updated_at": job.updated_at,
+    }
+
+
+def _backend_of(job_id: int) -> Backend:
+    home = gpufleet_home()
+    return get_backend(Store(home / "state.db").job(job_id).backend, home)
+
+
+def submit(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends; exit 1 unless it completed.")] = False,
+    backend: Annotated[str, typer.Option(help="Scheduler to run on.")] = "local",
+    gpu_source: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-source",
+            help="Override the spec's telemetry.gpu_source: auto, none, nvml, synthetic:<pattern>, scrape:<url>.",
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Queue a training job."""
+    spec = load_spec(spec_path)
+    if gpu_source is not None:
+        spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
+    home = gpufleet_home()
+    job_id = get_backend(backend, home).submit(spec)
+    store = open_store()
+    if not wait:
+        if json_out:
+            emit_json(job_summary(store, store.job(job_id)))
+        else:
+            console.print(f"submitted job [bold]{job_id}[/] ({spec.name}, team {spec.team}) to {backend}")
+        return
+    from gpufleet.cli.watch import watch_jobs
+
+    # A remote scheduler is polled; a local one that died while we wait is started again.
+    tick = (lambda: sync_remote(home, store)) if backend != "local" else (lambda: ensure_scheduler(home))
+    watch_jobs(store, [job_id], quiet=json_out, tick=tick)
+    job = store.job(job_id)
+    if json_out:
+        emit_json(job_summary(store, job))
+    else:
+        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""))
+    if job.state != "completed":
+        raise typer.Exit(1)
+
+
+def jobs(
+    team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List jobs."""
+    store = open_store()
+    found = store.jobs(team=team, states=(state,) if state else None)
+    rows = [job_summary(store, j) for j in found]
+    if json_out:
+        emit_json({"jobs": rows})
+        return
+    console.print(
+        table(
+            None,
+            ["id", "name", "team", "prio", "state", "attempts", "step", "gpu", "age"],
+            [
+                [
+                    r["id"],
+                    r["name"],
+                    r["team"],
+                    r["priority"],
+                    r["state"],
+                    r["attempts"],
+                    r["step"],
+                    f"{r['gpus']}x {r['gpu_type']}",
+                    duration(time.time() - r["submitted_at"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """One job: its attempts, notable events and checkpoints."""
+    store = open_store()
+    job = store.job(job_id)
+    summary = job_summary(store, job)
+    starts = store.events(job_id, ("attempt_start", "resized"))
+    ran = [(a, attempt_gpus(job, a, starts)) for a in store.attempts(job_id)]
+    attempts = [
+        {
+            "attempt": a.n,
+            "outcome": a.outcome or a.state,
+            "pid": a.pid,
+            "gpus": gpus,
+            "started_at": a.started_at,
+            "ended_at": a.ended_at,
+            "exit_code": a.exit_code,
+        }
+        for a, gpus in ran
+    ]
+    notable = (
+        "queued",
+        "attempt_start",
+        "sigterm",
+        "sigkill",
+        "preempted_by",
+        "resized",
+        "restore",
+        "checkpoint_skipped",
+        "unhealthy",
+        "rollback",
+        "preempt_signal",
+        "attempt_end",
+        "requeued",
+        "completed",
+        "failed",
+        "cancelled",
+        "rank_stalled",
+        "rank_stall_cleared",
+        "checkpoint_failed",
+    )
+    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, notable)]
+    ckpt_dir = gpufleet_home() / "jobs" / str(job_id) / "checkpoints"
+    ckpts = [
+        {
+            "step": i.step,
+            "path": str(i.path),
+            "healthy": i.manifest.healthy if i.manifest else None,
+            "problem": i.problem,
+        }
+        for i in CheckpointDir(ckpt_dir).scan(verify=False)
+    ]
+    if json_out:
+        emit_json(
+            {**summary, "spec": job.spec.model_dump(), "attempts": attempts, "events": events, "checkpoints": ckpts}
+        )
+        return
+    console.print(
+        f"[bold]job {job.id}[/] {job.name}  team={job.team}  priority={job.priority}  "
+        f"state=[bold]{job.state}[/]" + (f"  ({job.reason})" if job.reason else "")
+    )
+    console.print(
+        ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
+        + f"  {summary['gpus']}x {summary['gpu_type']}"
+        + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
+        + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
+        + f" on {summary['provider']}"
+        f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
+    )
+    t0 = job.submitted_at
+    console.print(
+        table(
+            "attempts",
+            ["attempt", "outcome", "gpus", "start", "wall", "exit"],
+            [
+                [
+                    a.n,
+                    a.outcome or a.state,
+                    gpus,
+                    f"+{a.started_at - t0:.1f}s",
+                    duration((a.ended_at or time.time()) - a.started_at),
+                    a.exit_code,
+                ]
+                for a, gpus in ran
+            ],
+        )
+    )
+    console.print(
+        table(
+            "events",
+            ["t", "attempt", "event", "detail"],
+            [
+                [
+                    f"+{e['ts'] - t0:.1f}s",
+                    e["attempt"],
+                    e["kind"],
+                    " ".join(
+                        f"{k}={fmt(v)}"
+                        for k, v in e.items()
+                        if k not in ("ts", "attempt", "kind", "path") and v is not None
+                    ),
+                ]
+                for e in events
+            ],
+        )
+    )
+    console.print(
+        table("checkpoints", ["step", "healthy", "path"], [[c["step"], c["healthy"], c["path"]] for c in ckpts])
+    )
+
+
+def logs(
+    job_id: JobArg,
+    attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).", min=1)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Print an attempt's stdout and stderr."""
+    store = open_store()
+    attempts = store.attempts(store.job(job_id).id)
+    if not attempts:
+        raise UsageError(f"job {job_id} has not started yet: no logs")
+    n = attempt or attempts[-1].n
+    if n > len(attempts):
+        raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
+    path = gpufleet_home() / "jobs" / str(job_id) / "logs" / f"attempt-{n}.log"
+    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    if json_out:
+        emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
+    elif not text:
+        console.print(f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False)
+    else:
+        sys.stdout.write(text)
+
+
+def preempt(
+    job_id: JobArg,
+    grace: Annotated[
+        float | None, typer.Option(help="Seconds between SIGTERM and SIGKILL (default: the spec's).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Preempt a running job: it saves, exits and goes back to the queue."""
+    _backend_of(job_id).preempt(job_id, grace)
+    if json_out:
+        emit_json({"id": job_id, "requested": "preempt", "grace": grace})
+    else:
+        console.print(f"preemption of job {job_id} requested")
+
+
+def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """Cancel a job for good."""
+    _backend_of(job_id).cancel(job_id)
+    if json_out:
+        emit_json({"id": job_id, "requested": "cancel"})
+    else:
+        console.print(f"cancellation of job {job_id} requested")
+
+
+def resize(
+    job_id: JobArg,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs per node from the job's next attempt on.")],
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", help="Nodes from the next attempt on (default: as now).")
+    ] = None,
+    now: Annotated[
+        bool, typer.Option("--now", help="Preempt the job if it runs, so that it resumes at once on the new size.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size."""
+    backend = _backend_of(job_id)
+    done = backend.resize(job_id, gpus, nodes)
+    preempted, missed = False, None
+    if now and done.changed and done.state == "running":
+        try:
+            backend.preempt(job_id)
+            preempted = True
+        except UsageError as err:  # it stopped running meanwhile: its next attempt, if any, has the new size
+            missed = str(err)
+    if json_out:
+        emit_json(
+            {
+                "id": job_id,
+                "state": done.state,
+                "changed": done.changed,
+                "before": _size(done.before),
+                "after": _size(done.after),
+                "distributed_dropped": done.distributed_dropped,
+                "preempted": preempted,
+                "not_preempted": missed,
+            }
+        )
+        return
+    before, after = _size(done.before), _size(done.after)
+    if not done.changed:
+        console.print(f"job {job_id} already has {_describe_size(after)}: nothing to change", highlight=False)
+        return
+    console.print(f"job {job_id}: {_describe_size(before)} -> {_describe_size(after)}", highlight=False)
+    if done.distributed_dropped:
+        console.print(
+            "its `distributed` block is dropped: the job now runs as one process, which restores the sharded "
+            "checkpoint its ranks wrote",
+            highlight=False,
+        )
+    if preempted:
+        console.print(f"preemption of job {job_id} requested: it saves, and resumes on the new size", highlight=False)
+    elif missed is not None:
+        console.print(f"not preempted ({missed}): its next attempt, if any, starts on the new size", highlight=False)
+    elif done.state == "running":
+        console.print(
+            f"job {job_id} keeps running on its current GPUs until its attempt ends; "
+            f"`gpufleet preempt {job_id}` applies the change now (it saves and resumes on the new size)",
+            highlight=False,
+        )
+    else:
+        console.print(f"job {job_id} is {done.state}: its next attempt starts on the new size", highlight=False)
+
+
+def _size(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "gpus": spec.resources.gpus,
+        "nodes": spec.resources.nodes,
+        "total_gpus": spec.total_gpus,
+        "world_size": spec.world_size,
+        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
+    }
+
+
+def _describe_size(size: dict[str, Any]) -> str:
+    nodes = f" x {size['nodes']} nodes" if size["nodes"] > 1 else ""
+    ranks = f"{size['world_size']} ranks" if size["world_size"] > 1 else "one process"
+    return f"{size['gpus']} GPU{'' if size['gpus'] == 1 else 's'}{nodes} ({ranks})"
+
+
+def cost(
+    team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
+    job: Annotated[list[int] | None, typer.Option("--job", help="Only these job ids (repeatable).")] = None,
+    rates: Annotated[Path | None, typer.Option(help="Rate card YAML (default: the shipped example card).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write a cost note (Markdown, JSON, PNG) into this folder.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """GPU-hours and money per job and team, with the work lost to preemption."""
+    from gpufleet.cost.gather import cost_report
+
+    report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
+    if json_out:
+        emit_json(report.to_dict())
+        return
+    print_cost(report)

@@ -1,0 +1,100 @@
+"""``gpufleet registry history|promote|rollback``: the MLflow registry's aliases, and who moved them.
+
+MLflow is imported inside the commands so ``gpufleet --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.render import console, emit_json, table
+from gpufleet.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpufleet.quality.registry import AliasEvent
+
+registry_app = typer.Typer(
+    help="The model registry (MLflow): alias history, promotion, rollback.", no_args_is_help=True
+)
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Registered model name.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why: recorded in the alias history.")]
+
+
+def _events_rows(events: list[AliasEvent]) -> list[list[Any]]:
+    return [
+        [
+            e.seq,
+            datetime.fromtimestamp(e.when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            e.action,
+            f"@{e.alias}",
+            e.from_version or "-",
+            e.to_version or "-",
+            e.who,
+            e.why,
+        ]
+        for e in events
+    ]
+
+
+def print_alias_history(events: list[AliasEvent], title: str) -> None:
+    t = table(title, ["#", "when (UTC)", "action", "alias", "from", "to", "who", "why"], _events_rows(events))
+    for column in t.columns[-2:]:  # who and why wrap; the rest stays on one line
+        column.no_wrap, column.overflow = False, "fold"
+    console.print(t)
+
+
+@registry_app.command("history")
+def history_command(model: ModelArg, json_out: JsonOpt = False) -> None:
+    """Every alias move of MODEL: who, when, why, from which version to which."""
+    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
+
+    with mlflow_errors(tracking_uri()):
+        registry = Registry()
+        events, source = registry.history(model)
+        aliases = registry.aliases(model)
+    if json_out:
+        emit_json({"model": model, "aliases": aliases, "source": source, "events": [e.to_dict() for e in events]})
+        return
+    print_alias_history(events, f"alias history of {model} (from {source})")
+    console.print("aliases now: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(aliases.items())) or "none"))
+
+
+def _moves(model: str, events: list[AliasEvent], json_out: bool, verb: str) -> None:
+    if json_out:
+        emit_json({"model": model, "action": verb, "events": [e.to_dict() for e in events]})
+        return
+    for e in events:
+        console.print(f"{verb}: @{e.alias} {e.from_version or '-'} -> {e.to_version or '-'}")
+
+
+@registry_app.command("promote")
+def promote_command(
+    model: ModelArg,
+    version: Annotated[str, typer.Argument(metavar="VERSION", help="Version number to serve as @champion.")],
+    reason: ReasonOpt,
+    json_out: JsonOpt = False,
+) -> None:
+    """Move @champion to VERSION (the old champion becomes @previous)."""
+    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
+
+    if not reason.strip():
+        raise UsageError("--reason is empty: say why, it goes into the alias history")
+    with mlflow_errors(tracking_uri()):
+        events = Registry().promote(model, version, why=reason.strip())
+    _moves(model, events, json_out, "promote")
+
+
+@registry_app.command("rollback")
+def rollback_command(model: ModelArg, reason: ReasonOpt, json_out: JsonOpt = False) -> None:
+    """Move @champion back to @previous."""
+    from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
+
+    if not reason.strip():
+        raise UsageError("--reason is empty: say why, it goes into the alias history")
+    with mlflow_errors(tracking_uri()):
+        events = Registry().rollback(model, why=reason.strip())
+    _moves(model, events, json_out, "rollback")

@@ -1,0 +1,358 @@
+"""From two data sets to a drift report: a method per column, its verdict, the dataset's, the JSON.
+
+Apart from the statistics (``columns``, ``mmd``) because this is the policy around them: which
+method a column gets, when a column cannot be tested, how p-values are corrected and how the
+columns' verdicts add up to the dataset's.
+
+The automatic choice per column is Evidently 0.7's (``_get_default_stattest``): tests on small
+references (<= 1,000 rows), distances on large ones, so the same inputs give the same verdicts::
+
+    numeric,     reference <= 1,000 rows: ks (p <= 0.05); chi2 (p < 0.05) if <= 5 distinct values, z if <= 2
+    numeric,     reference  > 1,000 rows: wasserstein normed (>= 0.1); jensenshannon (>= 0.1) if <= 5 values
+    categorical, reference <= 1,000 rows: chi2, or z when there are <= 2 distinct values
+    categorical, reference  > 1,000 rows: jensenshannon (>= 0.1)
+    embedding:                            mmd (permutation p < 0.05)
+
+and the dataset drifts when at least ``drift_share`` (0.5) of the tested columns drift.
+
+Beyond Evidently: Benjamini-Hochberg across the columns' p-values (``correction="bh"``, by
+``scipy.stats.false_discovery_control``), and the PSI's noise floor (a PSI drifts only above
+``psi_null_quantile`` too, see ``columns``).
+
+Bad input never crashes and never reads as "no drift": a column that cannot be tested (empty,
+all missing, absent from one side, of another type on each side, constant in the reference,
+too few rows) comes back ``status="skipped"`` with ``drift=None`` and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+
+from gpufleet.errors import ParameterError, UsageError
+from gpufleet.quality.drift.clean import Side, columns_of, distinct_at_most, is_constant, side_of
+from gpufleet.quality.drift.columns import (
+    FEW_VALUES,
+    METHODS,
+    SMALL_REFERENCE_ROWS,
+    Kind,
+    Method,
+    chi2,
+    jensen_shannon,
+    ks,
+    psi_null_quantile,
+    psi_proportions,
+    psi_value,
+    resolve_method,
+    wasserstein_norm,
+    wasserstein_sorted,
+    z_test,
+)
+from gpufleet.quality.drift.mmd import mmd_test
+
+Status = Literal["ok", "skipped"]
+
+
+@dataclass(frozen=True)
+class ColumnDrift:
+    """The verdict on one column; ``drift`` is ``None`` when the column was skipped."""
+
+    column: str
+    kind: Kind
+    method: str
+    statistic: float | None
+    p_value: float | None
+    threshold: float
+    drift: bool | None
+    status: Status
+    reason: str | None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "kind": self.kind,
+            "method": self.method,
+            "statistic": _finite(self.statistic),
+            "p_value": _finite(self.p_value),
+            "threshold": _finite(self.threshold),
+            "drift": self.drift,
+            "status": self.status,
+            "reason": self.reason,
+            "extra": {k: _finite(v) for k, v in self.extra.items()},
+        }
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """Every column's verdict and the dataset's: drift when ``share_drifted >= drift_share_threshold``."""
+
+    columns: list[ColumnDrift]
+    dataset_drift: bool
+    share_drifted: float
+    """Drifted columns over *tested* columns (skipped ones are counted apart, never as "no drift")."""
+    drift_share_threshold: float
+    correction: str = "none"
+
+    @property
+    def tested(self) -> int:
+        return sum(c.status == "ok" for c in self.columns)
+
+    @property
+    def skipped(self) -> int:
+        return sum(c.status == "skipped" for c in self.columns)
+
+    @property
+    def drifted(self) -> int:
+        return sum(c.drift is True for c in self.columns)
+
+    @property
+    def verdict(self) -> str:
+        skipped = f", {self.skipped} skipped" if self.skipped else ""
+        if not self.tested:
+            return f"no column could be tested ({self.skipped} skipped): no verdict"
+        head = "dataset drift" if self.dataset_drift else "no dataset drift"
+        return (
+            f"{head}: {self.drifted} of {self.tested} tested columns drifted "
+            f"({self.share_drifted:.0%}, threshold {self.drift_share_threshold:.0%}){skipped}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset_drift": self.dataset_drift,
+            "share_drifted": self.share_drifted,
+            "drift_share_threshold": self.drift_share_threshold,
+            "tested": self.tested,
+            "skipped": self.skipped,
+            "drifted": self.drifted,
+            "correction": self.correction,
+            "verdict": self.verdict,
+            "columns": {c.column: c.to_dict() for c in self.columns},
+        }
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float | np.floating) else repr(str(value))
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN or infinity; a chi-squared against a zero expectation is reported as ``None``."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _auto_method(kind: Kind, ref: Side, cur: Side) -> Method:
+    """Evidently 0.7's default test for a column (``_get_default_stattest``)."""
+    if kind == "embedding":
+        return METHODS["mmd"]
+    distinct = distinct_at_most(ref, cur, FEW_VALUES)
+    if ref.values.shape[0] <= SMALL_REFERENCE_ROWS:
+        if kind == "numeric" and distinct > FEW_VALUES:
+            return METHODS["ks"]
+        return METHODS["chi2"] if distinct > 2 else METHODS["z"]
+    if kind == "categorical" or distinct <= FEW_VALUES:
+        return METHODS["jensenshannon"]
+    return METHODS["wasserstein"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """A column's numbers before the decision (which may need every column's p-values)."""
+
+    column: str
+    kind: Kind
+    method: str
+    threshold: float
+    statistic: float | None = None
+    p_value: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+    skip: str | None = None
+    uses_p_value: bool = False
+    inclusive: bool = False
+
+
+def _why_untestable(name: str, ref: Side, cur: Side) -> str | None:
+    for label, side in (("reference", ref), ("current", cur)):
+        if side.problem is not None:
+            return f"{label}: {side.problem}"
+    if ref.kind != cur.kind:
+        return f"type differs: {ref.kind} in the reference, {cur.kind} in the current data"
+    if ref.kind == "embedding" and ref.values.shape[1:] != cur.values.shape[1:] and cur.values.size:
+        return f"embedding width differs: {ref.values.shape[1]} in the reference, {cur.values.shape[1]} now"
+    for label, side in (("reference", ref), ("current", cur)):
+        if side.values.shape[0] == 0:
+            return f"{label}: all {side.missing} values are missing" if side.missing else f"{label}: no rows"
+    if is_constant(ref):
+        return f"reference has a single value ({_show(ref.values[0])}): nothing to measure a change against"
+    return None
+
+
+def _measure(ref: Side, cur: Side, method: Method, threshold: float) -> tuple[float, float | None, dict[str, float]]:
+    """Statistic, p-value (tests only) and extras of one method on one cleaned column."""
+    r, c = ref.values, cur.values
+    sizes = {"n_reference": float(r.shape[0]), "n_current": float(c.shape[0])}
+    if method.name == "ks":
+        statistic, p = ks(r, c)
+        return statistic, p, sizes
+    if method.name == "chi2":
+        statistic, p = chi2(r, c)
+        return statistic, p, sizes
+    if method.name == "z":
+        statistic, p = z_test(r, c)
+        return statistic, p, sizes
+    if method.name == "psi":
+        rp, cp = psi_proportions(r, c, 10)
+        value = psi_value(rp, cp, 1e-4)
+        quantile = psi_null_quantile(r.shape[0], c.shape[0], rp.size)
+        return value, None, {**sizes, "psi_null_quantile": quantile, "bins": float(rp.size)}
+    if method.name in ("wasserstein", "wasserstein_raw"):
+        distance, std = wasserstein_sorted(r, c), float(np.std(r))
+        extra = {**sizes, "wasserstein_raw": distance, "reference_std": std}
+        return (distance / wasserstein_norm(std) if method.name == "wasserstein" else distance), None, extra
+    if method.name == "jensenshannon":
+        return jensen_shannon(r, c), None, sizes
+    res = mmd_test(r, c)
+    extra = {**sizes, "bandwidth": res.bandwidth, "permutations": float(res.permutations)}
+    return res.statistic, res.p_value, extra
+
+
+def _threshold_for(method: Method, given: float | None) -> float:
+    value = method.default_threshold if given is None else given
+    if value is None:
+        raise ParameterError(
+            "{method!s} has no scale-free default threshold: give one, e.g. {threshold}",
+            method=method.name,
+            threshold=0.5,
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"threshold {value!r} for {method.name} must be a positive number")
+    if method.uses_p_value and value >= 1:
+        raise UsageError(f"threshold {value!r} for {method.name} is a p-value level: give one below 1, e.g. 0.05")
+    return value
+
+
+def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, threshold: float | None) -> _Outcome:
+    requested = None if method_name in (None, "auto") else resolve_method(str(method_name))
+    if ref_raw is None or cur_raw is None:
+        side = side_of(cur_raw if ref_raw is None else ref_raw)
+        where = "reference" if ref_raw is None else "current data"
+        return _Outcome(name, side.kind or "categorical", _label(requested), math.nan, skip=f"missing from the {where}")
+    ref, cur = side_of(ref_raw), side_of(cur_raw)
+    kind: Kind = ref.kind or cur.kind or "categorical"
+    problem = _why_untestable(name, ref, cur)
+    method = requested
+    if method is None and problem is None:
+        method = _auto_method(kind, ref, cur)
+    thr = math.nan if method is None else _threshold_for(method, threshold)
+    if problem is None and method is not None:
+        problem = _why_not_method(method, kind, ref, cur)
+    if problem is not None or method is None:
+        return _Outcome(name, kind, _label(method), thr, skip=problem)
+    statistic, p, extra = _measure(ref, cur, method, thr)
+    if ref.missing or cur.missing:
+        extra = {**extra, "missing_reference": float(ref.missing), "missing_current": float(cur.missing)}
+    return _Outcome(name, kind, method.name, thr, statistic, p, extra, None, method.uses_p_value, method.inclusive)
+
+
+def _label(method: Method | None) -> str:
+    return "auto" if method is None else method.name
+
+
+def _why_not_method(method: Method, kind: Kind, ref: Side, cur: Side) -> str | None:
+    if kind not in method.kinds:
+        return f"{method.name} applies to {' or '.join(sorted(method.kinds))} columns, this one is {kind}"
+    fewest = min(ref.values.shape[0], cur.values.shape[0])
+    if fewest < method.min_rows:
+        return f"{method.name} needs at least {method.min_rows} non-missing rows a side, found {fewest}"
+    if method.name == "z" and distinct_at_most(ref, cur, 2) > 2:
+        return "z compares two proportions: the column has more than two distinct values (use chi2)"
+    return None
+
+
+def _decide(o: _Outcome, adjusted_p: float | None) -> ColumnDrift:
+    if o.skip is not None:
+        return ColumnDrift(o.column, o.kind, o.method, None, None, o.threshold, None, "skipped", o.skip, {})
+    extra = dict(o.extra)
+    if o.uses_p_value:
+        p = o.p_value if adjusted_p is None else adjusted_p
+        if adjusted_p is not None:
+            extra["bh_adjusted_p"] = adjusted_p
+        assert p is not None
+        drift = p <= o.threshold if o.inclusive else p < o.threshold
+    else:
+        assert o.statistic is not None
+        drift = o.statistic >= o.threshold and o.statistic > extra.get("psi_null_quantile", -math.inf)
+    return ColumnDrift(o.column, o.kind, o.method, o.statistic, o.p_value, o.threshold, bool(drift), "ok", None, extra)
+
+
+PARALLEL_MIN_VALUES = 200_000
+"""Above this many values in all, columns are measured on a thread per core (sorting releases the GIL)."""
+
+
+def _evaluate_all(jobs: Sequence[tuple[str, Any, Any, str | None, float | None]]) -> list[_Outcome]:
+    workers = min(len(jobs), os.cpu_count() or 1)
+    size = sum(int(getattr(j[1], "size", 0) or 0) + int(getattr(j[2], "size", 0) or 0) for j in jobs)
+    if workers < 2 or size < PARALLEL_MIN_VALUES:
+        return [_evaluate(*job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda job: _evaluate(*job), jobs))
+
+
+def _per_column(value: Any, names: Sequence[str], param: str) -> dict[str, Any]:
+    """A global value applies to every column; a mapping names columns, which must be compared."""
+    if not isinstance(value, Mapping):
+        return dict.fromkeys(names, value)
+    unknown = [k for k in value if k not in names]
+    if unknown:
+        raise ParameterError(
+            f"{{{param}:name}} names column {{column!r}}, which is not compared: columns are {{compared!s}}",
+            **{param: value},
+            column=unknown[0],
+            compared=", ".join(names),
+        )
+    return {n: value.get(n) for n in names}
+
+
+def drift_report(
+    reference: Any,
+    current: Any,
+    *,
+    columns: Sequence[str] | None = None,
+    method: str | Mapping[str, str] | None = None,
+    threshold: float | Mapping[str, float] | None = None,
+    drift_share: float = 0.5,
+    correction: Literal["none", "bh"] = "none",
+) -> DriftReport:
+    """Compare every column (or ``columns``) of ``current`` against ``reference``.
+
+    ``reference`` and ``current`` are pandas DataFrames or mappings of column name to array (a
+    2-D array or a column of vectors is an embedding). ``method`` and ``threshold`` are one value
+    for every column or a mapping per column; unset columns get Evidently's automatic choice.
+    """
+    if correction not in ("none", "bh"):
+        raise UsageError(f"correction {correction!r}: use none or bh")
+    if not 0 < drift_share <= 1:
+        raise UsageError(f"drift share {drift_share!r} must be in (0, 1]")
+    ref_cols, cur_cols = columns_of(reference, "reference"), columns_of(current, "current")
+    names = list(columns) if columns is not None else [*ref_cols, *(c for c in cur_cols if c not in ref_cols)]
+    absent = [n for n in names if n not in ref_cols and n not in cur_cols]
+    if absent:
+        raise UsageError(f"no column {absent[0]!r} in either data set: columns are {', '.join(ref_cols) or 'none'}")
+    methods, thresholds = _per_column(method, names, "method"), _per_column(threshold, names, "threshold")
+    jobs = [(n, ref_cols.get(n), cur_cols.get(n), methods[n], thresholds[n]) for n in names]
+    outcomes = _evaluate_all(jobs)
+    adjusted: dict[int, float] = {}
+    if correction == "bh":
+        tested = [i for i, o in enumerate(outcomes) if o.skip is None and o.uses_p_value and o.p_value is not None]
+        bh = stats.false_discovery_control([outcomes[i].p_value or 0.0 for i in tested], method="bh")
+        adjusted = {i: float(p) for i, p in zip(tested, bh, strict=True)}
+    verdicts = [_decide(o, adjusted.get(i)) for i, o in enumerate(outcomes)]
+    tested_n = sum(v.status == "ok" for v in verdicts)
+    share = sum(v.drift is True for v in verdicts) / tested_n if tested_n else 0.0
+    return DriftReport(verdicts, bool(tested_n and share >= drift_share), share, drift_share, correction)

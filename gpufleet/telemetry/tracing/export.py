@@ -1,0 +1,91 @@
+"""The I/O edge of traces: a job's trace from the store, written to its folder or POSTed to a collector.
+
+``job_trace`` reads the store and builds the spans (``spans``) and their OTLP/JSON (``otlp``);
+``save_trace`` writes ``jobs/<id>/trace.otlp.json``; ``send_otlp`` POSTs to an OTLP/HTTP
+collector found by ``traces_url`` (the ``--endpoint`` or the OTel exporter environment
+variables). Apart from the pure parts so that only this module touches files, the network and
+the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.store import Store
+from gpufleet.paths import job_dir
+from gpufleet.telemetry.tracing.otlp import resource_attributes, to_otlp_json
+from gpufleet.telemetry.tracing.spans import Span, job_spans
+
+
+def job_trace(store: Store, home: Path, job_id: int, now: float | None = None) -> tuple[list[Span], dict[str, Any]]:
+    """The job's spans and their OTLP/JSON payload, ids namespaced by ``home``."""
+    job = store.job(job_id)
+    spans = job_spans(job, store.attempts(job_id), store.events(job_id), namespace=str(home), now=now)
+    return spans, to_otlp_json(spans, resource_attributes(job))
+
+
+def save_trace(home: Path, job_id: int, payload: Mapping[str, Any]) -> Path:
+    """Write ``jobs/<id>/trace.otlp.json`` (temp file and rename: readers never see half a file)."""
+    path = job_dir(home, job_id) / "trace.otlp.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_trace(home: Path, job_id: int, store: Store, now: float | None = None) -> Path:
+    return save_trace(home, job_id, job_trace(store, home, job_id, now)[1])
+
+
+def traces_url(endpoint: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where to POST traces: ``endpoint`` (a base URL), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+    (a full URL, used as is), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base URL), per the OTel
+    exporter spec; base URLs get ``/v1/traces``. ``None`` when nothing is configured."""
+    env = os.environ if environ is None else environ
+    if endpoint:
+        return _signal_url(endpoint)
+    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return _signal_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    return None
+
+
+def _signal_url(base: str) -> str:
+    return base if base.rstrip("/").endswith("/v1/traces") else base.rstrip("/") + "/v1/traces"
+
+
+def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, *, full_url: bool = False) -> int:
+    """POST ``payload`` to ``<endpoint>/v1/traces`` (or to ``endpoint`` itself when ``full_url``);
+    the HTTP status. Any failure is a ``UsageError`` naming the endpoint and the reason."""
+    url = endpoint if full_url else _signal_url(endpoint)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"OTLP endpoint {endpoint!r} is not an http(s) URL; use e.g. http://localhost:4318")
+    body = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        try:
+            detail = err.read(300).decode("utf-8", "replace").strip()
+        finally:
+            err.close()
+        reason = f"HTTP {err.code} {err.reason}" + (f": {detail}" if detail else "")
+    except urllib.error.URLError as err:
+        raise ServiceUnavailable(
+            f"no trace collector answers at {url} ({err.reason}): start one there, or send to another endpoint"
+        ) from None
+    except (OSError, ValueError) as err:
+        reason = str(err) or type(err).__name__
+    raise UsageError(f"cannot send trace to {url}: {reason}; check the collector is up (--endpoint)")
