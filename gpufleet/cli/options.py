@@ -33,7 +33,9 @@ def open_store(sync: bool = True) -> Store:
         try:
             sync_remote(home, store)
         except GpufleetError as err:
-            err_console.print(f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True
+            )
     return store
 
 
