@@ -1,2 +1,3 @@
 """Slurm: ``backend`` submits and follows jobs with sbatch/squeue/sacct/scontrol, ``rank`` runs one
-task of a multi-rank job under srun, and ``topology`` reads hostlists and writes topology.conf."""
+task of a multi-rank job under srun, ``hostlist`` expands and folds Slurm hostlists, and
+``topology`` models the fleet's switches and writes topology.conf."""
