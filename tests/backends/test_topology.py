@@ -1,15 +1,17 @@
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufleet.backends.slurm.hostlist import compress_hostlist, expand_hostlist
 from gpufleet.backends.slurm.topology import (
     Fleet,
-    compress_hostlist,
-    expand_hostlist,
     load_fleet,
     parse_fleet,
     placement_switches,
@@ -80,38 +82,139 @@ def example() -> Fleet:
         ("rack[1-2]-ib", ["rack1-ib", "rack2-ib"]),
         ("a[1-2], b.x_y ,c[5]", ["a1", "a2", "b.x_y", "c5"]),
         ("", []),
+        ("gpu[1-2,2]", ["gpu1", "gpu2", "gpu2"]),
+        # Several bracket groups in one name (Slurm accepts them):
+        ("gpu[1-2]-ib[0-1]", ["gpu1-ib0", "gpu1-ib1", "gpu2-ib0", "gpu2-ib1"]),
+        ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
+        ("rack[1-2]-gpu[08-09]", ["rack1-gpu08", "rack1-gpu09", "rack2-gpu08", "rack2-gpu09"]),
+        ("a,,b", ["a", "b"]),
+        (",a,", ["a"]),
+        ("a, ,b", ["a", "b"]),
     ],
 )
 def test_expand_hostlist(expr: str, names: list[str]) -> None:
     assert expand_hostlist(expr) == names
 
 
+def test_expand_hostlist_zero_padding() -> None:
+    assert expand_hostlist("gpu[001-003]") == ["gpu001", "gpu002", "gpu003"]
+    assert expand_hostlist("gpu[098-101]") == ["gpu098", "gpu099", "gpu100", "gpu101"]
+    assert expand_hostlist("gpu[1-02]") == ["gpu1", "gpu2"]
+    assert expand_hostlist("gpu[8-9,010-011]") == ["gpu8", "gpu9", "gpu010", "gpu011"]
+
+
+def test_expand_hostlist_comma_list_of_ranges() -> None:
+    assert expand_hostlist("gpu[1-3,7,10-11],cpu[1,3]") == [
+        "gpu1",
+        "gpu2",
+        "gpu3",
+        "gpu7",
+        "gpu10",
+        "gpu11",
+        "cpu1",
+        "cpu3",
+    ]
+
+
 @pytest.mark.parametrize(
     ("expr", "problem"),
     [
-        ("gpu[01-04", "never closed"),
-        ("gpu01-04]", "without '\\['"),
-        ("gpu[[1-2]]", "nested"),
-        ("gpu[4-1]", "backwards"),
-        ("gpu[a-b]", "not N or N-M"),
-        ("gpu[]", "not N or N-M"),
-        ("gpu[1-2,]", "not N or N-M"),
-        ("gpu[1--2]", "not N or N-M"),
-        ("a,,b", "empty name"),
-        (",a", "empty name"),
-        ("a[1-2]b[3-4]", "more than one bracket group"),
-        ("gpu 1", "not a valid name"),
+        ("gpu[01-04", "unbalanced brackets"),
+        ("gpu01-04]", "unbalanced brackets"),
+        ("gpu[[1-2]]", "nested brackets"),
+        ("gpu[4-1]", "start > stop"),
+        ("gpu[a-b]", "bad range"),
+        ("gpu[]", "bad range"),
+        ("gpu[1-2,]", "bad range"),
+        ("gpu[1--2]", "bad range"),
+        ("gpu[ 1-2]", "bad range"),
+        ("gpu 1", "'gpu 1' is not a valid name"),
         ("../etc", "not a valid name"),
         ("gpu/1", "not a valid name"),
         ("-gpu", "not a valid name"),
-        ("gp?u[1-2]", "is not name\\[ranges\\]"),
-        ("gpu[1-99999999]", "more than 65536 names"),
+        ("gp?u[1-2]", "'gp\\?u1' is not a valid name"),
+        ("gpu[1-2]-ib[0-1]/x", "'gpu1-ib0/x' is not a valid name"),
+        ("gpu[1-99999999]", "range too large"),
+        ("a[1-60000]b[1-60000]", "results too large"),
+        ("n[1-60000],m[1-60000]", "results too large"),
+        ("a[1-100000]b[1-100000]c[1-100000]", "results too large"),
+        ("gpu[1-" + "9" * 70 + "]", "number too long"),
+        # ClusterShell syntax that Slurm does not have: refused, never resolved or applied.
+        ("@gpus", "'@gpus' is not a valid name"),
+        ("@rack:gpus", "not a valid name"),
+        ("gpu[1-2],@gpus", "'@gpus' is not a valid name"),
+        ("@gpu[1-2]", "'@gpu1' is not a valid name"),
+        ("gpu[1-4]!gpu2", "'gpu1!gpu2' is not a valid name"),
+        ("gpu[1-4]&gpu[2-3]", "'gpu1&gpu2' is not a valid name"),
+        ("gpu[1-4]^gpu2", "not a valid name"),
+        ("gpu*", "not a valid name"),
+        ("gpu[1-5/2]", "bad range"),
+        ("gpu[-1]", "bad range"),
+        ("gpu[1-2]-ib[0-1,3-]", "bad range"),
     ],
 )
 def test_malformed_hostlists_are_rejected(expr: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem) as err:
         expand_hostlist(expr)
-    assert "\n" not in str(err.value)
+    message = str(err.value)
+    assert message.startswith(f"malformed hostlist {expr!r}: ")
+    assert "\n" not in message
+
+
+def test_a_refused_hostlist_gives_one_line_with_the_reason_and_the_fix() -> None:
+    with pytest.raises(ValueError) as err:
+        expand_hostlist("gpu[4-1],cpu1")
+    message = str(err.value)
+    assert message.startswith("malformed hostlist 'gpu[4-1],cpu1': start > stop in '4-1'; write comma-separated names")
+    assert "'gpu[01-04,07],cpu1'" in message and "N or N-M" in message and "low to high" in message
+    assert "\n" not in message
+
+
+def test_expand_hostlist_keeps_the_written_order_and_duplicates() -> None:
+    # ClusterShell's NodeSet sorts and deduplicates; the layer over it must not.
+    assert expand_hostlist("gpu[7,1,1]") == ["gpu7", "gpu1", "gpu1"]
+    assert expand_hostlist("gpu[1-3,2-4]") == ["gpu1", "gpu2", "gpu3", "gpu2", "gpu3", "gpu4"]
+    assert expand_hostlist("gpu[1,01],gpu1") == ["gpu1", "gpu01", "gpu1"]
+    assert expand_hostlist("gpu[010-011,8-9]") == ["gpu010", "gpu011", "gpu8", "gpu9"]
+    assert expand_hostlist("a[2,1]b[2,1]") == ["a2b2", "a2b1", "a1b2", "a1b1"]
+    assert expand_hostlist("gpu[1-2],gpu[1-2]") == ["gpu1", "gpu2", "gpu1", "gpu2"]
+
+
+def test_expand_hostlist_pads_to_the_first_number_across_widths() -> None:
+    assert expand_hostlist("n[08-100]") == [f"n{i:02d}" for i in range(8, 101)]
+    assert expand_hostlist("n[98-100]") == ["n98", "n99", "n100"]
+    assert expand_hostlist("n[0-10]") == [f"n{i}" for i in range(11)]
+    assert expand_hostlist("n[00-2]") == ["n00", "n01", "n02"]
+
+
+def test_expand_hostlist_caps_the_number_of_names() -> None:
+    assert len(expand_hostlist("n[1-100000]")) == 100000
+    with pytest.raises(ValueError, match="results too large: 100001 names"):
+        expand_hostlist("n[1-100000],m1")
+    with pytest.raises(ValueError, match="results too large"):
+        expand_hostlist(",".join(["a"] * 100001))
+
+
+def test_clustershell_config_is_not_used(tmp_path: Path) -> None:
+    # A groups.conf that defines @gpus and a defaults.conf that folds only the first axis, in the
+    # config directory ClusterShell reads at import: node groups stay refused, folding is unchanged.
+    (tmp_path / "groups.conf").write_text("[Main]\ndefault: local\n\n[local]\nmap: echo gpu1 gpu2\n")
+    (tmp_path / "defaults.conf").write_text("[nodeset]\nfold_axis: 0\n")
+    script = """
+import pytest
+from ClusterShell.Defaults import DEFAULTS
+from ClusterShell.NodeSet import NodeSet
+from gpufleet.backends.slurm.hostlist import compress_hostlist, expand_hostlist
+assert DEFAULTS.fold_axis == (0,)  # the config is live for ClusterShell's own defaults
+assert list(NodeSet("@gpus")) == ["gpu1", "gpu2"]
+with pytest.raises(ValueError, match="'@gpus' is not a valid name"):
+    expand_hostlist("@gpus")
+names = expand_hostlist("rack[1-2]-gpu[1-2]")
+assert compress_hostlist(names) == "rack[1-2]-gpu[1-2]", compress_hostlist(names)
+"""
+    env = {**os.environ, "CLUSTERSHELL_CFGDIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize(
@@ -129,6 +232,8 @@ def test_malformed_hostlists_are_rejected(expr: str, problem: str) -> None:
         "login,login2",
         "rack[1-2]-ib",
         "a[1-2],b[1-2]",
+        "rack[1-2]-gpu[1-2]",
+        "n[1-2,01-02]",
     ],
 )
 def test_compress_of_expand_gives_the_canonical_form_back(canonical: str) -> None:
@@ -141,6 +246,10 @@ def test_compress_sorts_and_deduplicates() -> None:
     assert compress_hostlist(["gpu09", "gpu10"]) == "gpu[09-10]"
     assert compress_hostlist(["x"]) == "x"
     assert compress_hostlist([]) == ""
+    assert compress_hostlist(["n2", "n4", "n6"]) == "n[2,4,6]"  # no ClusterShell '/step' folding
+    assert compress_hostlist(["rack1-gpu1", "rack1-gpu2", "rack1-gpu3", "rack2-gpu1", "rack2-gpu2"]) == (
+        "rack1-gpu[1-3],rack2-gpu[1-2]"
+    )
 
 
 def test_compress_keeps_different_paddings_apart() -> None:
@@ -154,7 +263,7 @@ def test_expand_of_compress_round_trips_random_sets() -> None:
     for _ in range(300):
         names = set()
         for _ in range(rng.randint(1, 40)):
-            prefix = rng.choice(["gpu", "n", "rack2-gpu", "a.b_"])
+            prefix = rng.choice(["gpu", "n", "rack1-gpu", "rack2-gpu", "a.b_"])
             suffix = rng.choice(["", "", "-ib"])
             number = rng.randint(0, 120)
             width = rng.choice([1, 2, 3])
@@ -284,6 +393,28 @@ def test_bad_fleet_name_and_shape() -> None:
         parse_fleet({"name": "Bad Name", "switches": good_switches()})
     with pytest.raises(UsageError, match="must be a YAML mapping, got list"):
         parse_fleet([1, 2])
+
+
+def test_fleet_hostlists_with_two_bracket_groups() -> None:
+    fleet = parse_fleet(
+        {
+            "name": "f",
+            "switches": [
+                upper("spine1", "leaf[1-2]"),
+                leaf("leaf1", "rack1-gpu[1-2]-ib[0-1]"),
+                leaf("leaf2", "rack2-gpu[1-2]-ib[0-1]"),
+            ],
+        }
+    )
+    assert fleet.switch("leaf1").nodes == ["rack1-gpu1-ib0", "rack1-gpu1-ib1", "rack1-gpu2-ib0", "rack1-gpu2-ib1"]
+    body = [line for line in render_topology_conf(fleet).splitlines() if line.startswith("SwitchName=")]
+    assert body == [
+        "SwitchName=leaf1 Nodes=rack1-gpu[1-2]-ib[0-1]",
+        "SwitchName=leaf2 Nodes=rack2-gpu[1-2]-ib[0-1]",
+        "SwitchName=spine1 Switches=leaf[1-2]",
+    ]
+    assert placement_switches(fleet, "rack[1-2]-gpu1-ib0") == 2
+    assert placement_switches(fleet, "rack1-gpu[1-2]-ib[0-1]") == 1
 
 
 def test_fabric_mismatch_is_a_warning_not_an_error() -> None:

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpufleet.backends.slurm.topology import expand_hostlist
+from gpufleet.backends.slurm.hostlist import expand_hostlist
 from gpufleet.jobs.protocol import ENV_EVENTS, REQUEUE_EXIT_CODE
 
 ENV_MASTER_ADDR = "GPUFLEET_MASTER_ADDR"

@@ -18,6 +18,9 @@ pydantic (unknown fields are errors), and frozen::
         link: {fabric: infiniband, gbps: 400, generation: NDR}
         nodes: [gpu05, gpu06, gpu07, gpu08]
 
+Hostlists in the file are expanded, and compressed again for ``topology.conf``, by
+:mod:`gpufleet.backends.slurm.hostlist`.
+
 Leaf switches hold nodes and no switches; spine and core switches hold switches and no nodes.
 Every switch has at most one parent, so the switches form one tree or several separate trees
 (one per fabric, say). Slurm accepts separate trees but never places one job across two of them;
@@ -38,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpufleet.backends.slurm.hostlist import SLURM_NAME_HINT, SLURM_NAME_RE, compress_hostlist, expand_hostlist
 from gpufleet.errors import UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
 from gpufleet.yamlio import read_yaml, validate
@@ -45,147 +49,10 @@ from gpufleet.yamlio import read_yaml, validate
 Fabric = Literal["infiniband", "roce", "ethernet"]
 Level = Literal["leaf", "spine", "core"]
 
-SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SLURM_NAME_HINT = "use 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"
 GENERATION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._/+-]{0,31}$")
-MAX_HOSTLIST_NAMES = 65536
-"""Most names one hostlist expression may expand to (a typo like ``gpu[1-99999999]`` is an error)."""
 
 _LEVEL_RANK: dict[str, int] = {"leaf": 0, "spine": 1, "core": 2}
 _FABRIC_LABEL: dict[str, str] = {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}
-_BRACKET_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9._-]*)\[(?P<ranges>[^\[\]]*)\](?P<suffix>[A-Za-z0-9._-]*)$")
-_RANGE_RE = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
-_TRAILING_NUMBER_RE = re.compile(r"^(?P<prefix>.*?)(?P<digits>\d+)(?P<suffix>\D*)$")
-
-
-# --------------------------------------------------------------------------------------------
-# Slurm hostlists
-# --------------------------------------------------------------------------------------------
-
-
-def _split_top_level(expr: str) -> list[str]:
-    """Split on the commas outside brackets; reject unbalanced or nested brackets."""
-    items: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in expr:
-        if char == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"malformed hostlist {expr!r}: nested '['")
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"malformed hostlist {expr!r}: ']' without '['")
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    if depth:
-        raise ValueError(f"malformed hostlist {expr!r}: '[' is never closed")
-    items.append("".join(current))
-    return items
-
-
-def _check_name(name: str, expr: str) -> str:
-    if not SLURM_NAME_RE.match(name):
-        raise ValueError(f"malformed hostlist {expr!r}: {name!r} is not a valid name: {SLURM_NAME_HINT}")
-    return name
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist expression into names, in the order written.
-
-    ``"gpu[01-04,07],cpu1"`` gives ``gpu01 gpu02 gpu03 gpu04 gpu07 cpu1``. A range is zero-padded
-    to the width of its first number, as Slurm does (``[08-10]`` gives ``08 09 10``, ``[8-10]``
-    gives ``8 9 10``). One bracket group per name, optionally followed by a suffix
-    (``rack[1-2]-ib``). Duplicates are kept. Raises ``ValueError`` naming the problem.
-    """
-    expr = expr.strip()
-    if not expr:
-        return []
-    names: list[str] = []
-    for raw in _split_top_level(expr):
-        item = raw.strip()
-        if not item:
-            raise ValueError(f"malformed hostlist {expr!r}: empty name (a leading, trailing or doubled ',')")
-        if "[" not in item:
-            names.append(_check_name(item, expr))
-            continue
-        match = _BRACKET_RE.match(item)
-        if match is None:
-            if item.count("[") > 1:
-                raise ValueError(f"malformed hostlist {expr!r}: {item!r} has more than one bracket group")
-            raise ValueError(f"malformed hostlist {expr!r}: {item!r} is not name[ranges] or name[ranges]suffix")
-        prefix, suffix = match["prefix"], match["suffix"]
-        for part in match["ranges"].split(","):
-            part = part.strip()
-            found = _RANGE_RE.match(part)
-            if found is None:
-                raise ValueError(f"malformed hostlist {expr!r}: range {part!r} is not N or N-M (digits only)")
-            lo_text, hi_text = found["lo"], found["hi"] or found["lo"]
-            lo, hi = int(lo_text), int(hi_text)
-            if hi < lo:
-                raise ValueError(f"malformed hostlist {expr!r}: range {part!r} runs backwards")
-            if len(names) + hi - lo + 1 > MAX_HOSTLIST_NAMES:
-                raise ValueError(f"malformed hostlist {expr!r}: expands to more than {MAX_HOSTLIST_NAMES} names")
-            width = len(lo_text)
-            names.extend(_check_name(f"{prefix}{n:0{width}d}{suffix}", expr) for n in range(lo, hi + 1))
-    return names
-
-
-def _widths(number: int, digits: str) -> tuple[int, int]:
-    """The zero-padding widths (an inclusive interval) that print ``number`` as ``digits``."""
-    if digits == str(number):
-        return 1, len(digits)
-    return len(digits), len(digits)
-
-
-def compress_hostlist(names: Iterable[str]) -> str:
-    """The shortest-form Slurm hostlist for a set of names (sorted, duplicates dropped).
-
-    Names are grouped by what surrounds their last run of digits; consecutive numbers that share
-    a zero-padding width become one range: ``gpu01..gpu16`` gives ``gpu[01-16]``, and
-    ``expand_hostlist`` of the result gives the names back. Groups are sorted by prefix, then
-    suffix. Raises ``ValueError`` for a name Slurm would not accept.
-    """
-    plain: set[str] = set()
-    groups: dict[tuple[str, str], set[tuple[int, str]]] = {}
-    for name in names:
-        if not isinstance(name, str) or not SLURM_NAME_RE.match(name):
-            raise ValueError(f"cannot compress {name!r}: not a valid name: {SLURM_NAME_HINT}")
-        match = _TRAILING_NUMBER_RE.match(name)
-        if match is None:
-            plain.add(name)
-        else:
-            key = (match["prefix"], match["suffix"])
-            groups.setdefault(key, set()).add((int(match["digits"]), match["digits"]))
-
-    entries: list[tuple[tuple[str, str, int], str]] = [((name, "", -1), name) for name in plain]
-    for (prefix, suffix), members in groups.items():
-        ordered = sorted(members, key=lambda member: (member[0], len(member[1])))
-        runs: list[tuple[str, str]] = []
-        first_n, first_d = ordered[0]
-        last_n, last_d = first_n, first_d
-        low, high = _widths(first_n, first_d)
-        for number, digits in ordered[1:]:
-            lo_w, hi_w = _widths(number, digits)
-            if number == last_n + 1 and max(low, lo_w) <= min(high, hi_w):
-                last_n, last_d = number, digits
-                low, high = max(low, lo_w), min(high, hi_w)
-                continue
-            runs.append((first_d, last_d))
-            first_n, first_d = last_n, last_d = number, digits
-            low, high = lo_w, hi_w
-        runs.append((first_d, last_d))
-        if len(runs) == 1 and runs[0][0] == runs[0][1]:
-            text = f"{prefix}{runs[0][0]}{suffix}"
-        else:
-            inside = ",".join(lo if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
-            text = f"{prefix}[{inside}]{suffix}"
-        entries.append(((prefix, suffix, ordered[0][0]), text))
-    return ",".join(text for _, text in sorted(entries))
 
 
 # --------------------------------------------------------------------------------------------
