@@ -1,13 +1,99 @@
-"""Small text formatters shared by the CLI, the cost note and the trace timeline."""
+"""Small text formatters shared by the CLI, the cost note, the fleet page and the reports.
+
+- ``money(amount, currency, style=...)``: an amount with its currency symbol or code, in one of
+  three roundings (``"cents"`` for the cost note, ``"sig3"`` for the fleet page, ``"terse"`` for
+  CLI tables); ``CURRENCY_SYMBOLS`` maps the codes that get a symbol.
+- ``markdown_table(headers, rows, right_from=...)``: the lines of a Markdown table.
+- ``compact_duration(seconds)``: ``12.3s``, ``4m05s``, ``2h07m`` for a table cell.
+- ``finite_or_none(value)``: a float, or ``None`` for NaN, infinities and ``None``.
+- ``finite_json(value)``: the same through dicts, lists and tuples, for strict JSON.
+
+Kept elsewhere on purpose: the cost note's prose durations (``4 min 05 s``, ``n/a``) and the AI
+documentation's policy periods (``30 days``), the NaN-as-string encoders of the event log and the
+GPU log (a NaN loss must survive the round trip), and the checkpoint manifest's
+``finite_or_none``, which also turns untrusted non-numbers into ``None`` and ints into floats.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
+
+__all__ = [
+    "CURRENCY_SYMBOLS",
+    "MoneyStyle",
+    "compact_duration",
+    "finite_json",
+    "finite_or_none",
+    "markdown_table",
+    "money",
+]
+
+CURRENCY_SYMBOLS: Final = {"USD": "$", "EUR": "€", "GBP": "£"}
+"""Currency codes written as a symbol; other codes are written out beside the amount."""
+
+MoneyStyle = Literal["cents", "sig3", "terse"]
+
+
+def money(amount: float, currency: str, *, style: MoneyStyle = "cents") -> str:
+    """``amount`` in ``currency``: whole cents from one unit up (``$1,234.57``), below one unit by ``style``.
+
+    The three styles round differently on purpose, for different readers, and each is the exact
+    output its documents and tests were written against:
+
+    - ``"cents"`` (the cost note, an invoice-like document): three significant figures but never
+      fewer than cents (``$0.50``, ``$0.0123``, ``$0.0000123``), ``$0.00``; the sign before the
+      symbol (``-$1.00``); ``n/a`` for NaN and infinities; other codes after the amount
+      (``12.35 CHF``), the code matched case-insensitively.
+    - ``"sig3"`` (the fleet page): three significant figures in Python's ``g`` format (``$0.5``,
+      ``$1.23e-05``), ``$0.00``; the sign after the symbol (``$-1.00``); non-finite amounts
+      written as Python does (``$inf``); other codes after the amount, matched case-insensitively.
+    - ``"terse"`` (CLI tables, short cells): ``$0``, two significant figures from a cent
+      (``$0.012``), three below (``$0.00999``); the sign after the symbol; other codes before the
+      amount (``CHF 5.00``), the code matched as given.
+    """
+    if style == "terse":
+        prefix = CURRENCY_SYMBOLS.get(currency, currency + " ")
+        if amount == 0:
+            return f"{prefix}0"
+        if abs(amount) >= 1:
+            return f"{prefix}{amount:,.2f}"
+        return f"{prefix}{amount:.2g}" if abs(amount) >= 0.01 else f"{prefix}{amount:.3g}"
+    if style == "sig3":
+        sign, text = "", f"{amount:,.2f}" if abs(amount) >= 1 or amount == 0 else f"{amount:.3g}"
+    else:
+        if not math.isfinite(amount):
+            return "n/a"
+        sign, x = ("-" if amount < 0 else ""), abs(amount)
+        if x >= 1 or x == 0:
+            text = f"{x:,.2f}"
+        else:
+            text = f"{x:.{min(8, 2 - math.floor(math.log10(x)))}f}".rstrip("0")
+            text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
+    symbol = CURRENCY_SYMBOLS.get(currency.upper())
+    return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], *, right_from: int | None = None
+) -> list[str]:
+    """The lines of a Markdown table, cells written as given (escaping ``|`` is the caller's).
+
+    Without ``right_from`` the rule is the compact ``|---|---|`` and every column left-aligned
+    (the simulation report, the AI documentation); with it the rule is spaced,
+    ``| --- | ---: |``, the columns before ``right_from`` left-aligned and the figures from
+    ``right_from`` on right-aligned (the cost note, the fleet page).
+    """
+    if right_from is None:
+        rule = "|" + "---|" * len(headers)
+    else:
+        rule = "| " + " | ".join("---" if i < right_from else "---:" for i in range(len(headers))) + " |"
+    return ["| " + " | ".join(headers) + " |", rule, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def compact_duration(seconds: float) -> str:
-    """``12.3s``, ``4m05s``, ``2h07m``: short enough for a table cell."""
+    """``12.3s``, ``4m05s``, ``2h07m``: short enough for a table cell (minutes and hours truncated)."""
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, sec = divmod(int(seconds), 60)
@@ -17,10 +103,15 @@ def compact_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def finite_or_none(value: float | None) -> float | None:
+    """``value``, or ``None`` for NaN and infinities: JSON has neither (a chi-squared against a zero expectation)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def finite_json(value: Any) -> Any:
     """Replace NaN and infinities (an ``.inf`` price, a broken clock) with ``None`` for strict JSON."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return finite_or_none(value)
     if isinstance(value, dict):
         return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

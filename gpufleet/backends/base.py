@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from gpufleet.errors import GpufleetError, StoreError, UsageError
-from gpufleet.jobs.events import read_events_checked
+from gpufleet.errors import GpufleetError, ParameterError, StoreError, UsageError
+from gpufleet.jobs.events import EventKind, read_events_checked
 from gpufleet.jobs.protocol import check_environment
 from gpufleet.jobs.store import TERMINAL, Job, Store
-from gpufleet.paths import job_dir, private_dir
+from gpufleet.paths import events_file, job_dir, private_dir, state_db
 from gpufleet.spec import JobSpec, parse_spec
 
 B = TypeVar("B", bound="type[Backend]")
@@ -75,14 +75,19 @@ def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str) ->
     later resize: that process writes single-process checkpoints, which a group cannot reshard.
     """
     if not 0 <= gpus <= MAX_RESOURCE:
-        raise UsageError(f"--gpus {gpus} is invalid: give the GPUs per node, from 0 to {MAX_RESOURCE}")
+        raise ParameterError(
+            "{gpus} is invalid: give the GPUs per node, from 0 to {most!s}", gpus=gpus, most=MAX_RESOURCE
+        )
     if nodes is not None and not 1 <= nodes <= MAX_RESOURCE:
-        raise UsageError(f"--nodes {nodes} is invalid: give the number of nodes, from 1 to {MAX_RESOURCE}")
+        raise ParameterError(
+            "{nodes} is invalid: give the number of nodes, from 1 to {most!s}", nodes=nodes, most=MAX_RESOURCE
+        )
     nodes = spec.resources.nodes if nodes is None else nodes
     if spec.distributed is None and nodes > 1:
-        raise UsageError(
-            f"--nodes {nodes}: this job is one process (it has no `distributed` block), which runs on one node; "
-            "keep --nodes 1, or submit the job again with a `distributed` block"
+        raise ParameterError(
+            "{nodes}: this job is one process (it has no `distributed` block), which runs on one node; "
+            "keep {nodes:name} 1, or submit the job again with a `distributed` block",
+            nodes=nodes,
         )
     fields = spec.model_dump()
     fields["resources"] = {**fields["resources"], "gpus": gpus, "nodes": nodes}
@@ -105,7 +110,7 @@ class Backend(ABC):
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.store = Store(home / "state.db")
+        self.store = Store(state_db(home))
 
     # ---- the contract -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
@@ -128,7 +133,7 @@ class Backend(ABC):
         """SIGTERM the running attempt, SIGKILL after ``grace``, then requeue the job."""
         if grace is not None:
             if not (math.isfinite(grace) and grace > 0):
-                raise UsageError(f"--grace {grace} is invalid: give a positive number of seconds")
+                raise ParameterError("{grace} is invalid: give a positive number of seconds", grace=grace)
             self.require(Feature.PREEMPT_GRACE)
         job = self.active(job_id)
         if job.state != "running":
@@ -279,14 +284,14 @@ def ingest_events(store: Store, home: Path, job: Job) -> None:
     The log is written by user code: a line that is not a valid event is left out and reported
     as one ``events_rejected`` warning per read, never allowed to stop the scheduler.
     """
-    events, rejected, offset = read_events_checked(job_dir(home, job.id) / "events.jsonl", job.events_offset)
+    events, rejected, offset = read_events_checked(events_file(home, job.id), job.events_offset)
     if offset != job.events_offset:
         store.add_runtime_events(job.id, events, offset)
     if rejected:
         first = rejected[0]
         store.add_event(
             job.id,
-            "events_rejected",
+            EventKind.EVENTS_REJECTED,
             lines=len(rejected),
             offset=first.offset,
             reason=first.reason,

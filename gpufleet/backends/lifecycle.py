@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.jobs.events import SESSION_EXIT as SESSION_EXIT  # re-exported: it moved to the runtime
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.events import exit_from_events as exit_from_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
-from gpufleet.jobs.store import TERMINAL, Attempt, Job, SyncEvent, SyncPlan
+from gpufleet.jobs.store import TERMINAL, Attempt, Job, JobState, Outcome, SyncEvent, SyncPlan
 
 # Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
 _PDEATHSIG = (
@@ -55,9 +56,9 @@ def failure_reason(code: int | None) -> str:
 class AttemptEnd:
     """What an ended attempt means for its job: the attempt's outcome, the job's next state and why."""
 
-    outcome: str
+    outcome: Outcome
     """``completed``, ``cancelled``, ``preempted``, ``lost``, ``requeued`` or ``failed``."""
-    state: str
+    state: JobState
     """The job's next state: ``completed``, ``cancelled``, ``queued`` (requeued) or ``failed``."""
     reason: str | None
     requeued: bool
@@ -70,19 +71,19 @@ def attempt_end(code: int | None, stop: str | None, *, attempt: int, restarts: i
     end). A cancellation wins; exit 0 completes; a preemption, a loss or exit 75 requeues the job
     until ``max_restarts`` requeues are spent; anything else fails it with the reason in words.
     """
-    if stop == "cancelled":
-        return AttemptEnd("cancelled", "cancelled", "cancelled by request", False)
+    if stop == Outcome.CANCELLED:
+        return AttemptEnd(Outcome.CANCELLED, JobState.CANCELLED, "cancelled by request", False)
     if code == 0:
-        return AttemptEnd("completed", "completed", None, False)
-    if stop in ("preempted", "lost") or code == REQUEUE_EXIT_CODE or code is None:
-        outcome = stop or ("requeued" if code == REQUEUE_EXIT_CODE else "lost")
+        return AttemptEnd(Outcome.COMPLETED, JobState.COMPLETED, None, False)
+    if stop in (Outcome.PREEMPTED, Outcome.LOST) or code == REQUEUE_EXIT_CODE or code is None:
+        outcome = Outcome(stop) if stop else (Outcome.REQUEUED if code == REQUEUE_EXIT_CODE else Outcome.LOST)
         if restarts >= max_restarts:
-            return AttemptEnd(outcome, "failed", f"{outcome} after {restarts} restarts (max_restarts)", False)
-        return AttemptEnd(outcome, "queued", f"{outcome} at attempt {attempt}", True)
-    return AttemptEnd("failed", "failed", failure_reason(code), False)
+            return AttemptEnd(outcome, JobState.FAILED, f"{outcome} after {restarts} restarts (max_restarts)", False)
+        return AttemptEnd(outcome, JobState.QUEUED, f"{outcome} at attempt {attempt}", True)
+    return AttemptEnd(Outcome.FAILED, JobState.FAILED, failure_reason(code), False)
 
 
-REQUEUED_OUTCOMES = ("preempted", "requeued", "lost")
+REQUEUED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
 """Outcomes after which the job goes back to the queue (while restarts remain)."""
 
 
@@ -116,15 +117,15 @@ def plan_sync(
         if old != new:
             attempts.append(new)
         if old is None:
-            event("attempt_start", new.n, new.started_at, pid=new.pid)
+            event(EventKind.ATTEMPT_START, new.n, new.started_at, pid=new.pid)
         if new.sigterm_at is not None and (old is None or old.sigterm_at is None):
-            event("sigterm", new.n, new.sigterm_at)
+            event(EventKind.SIGTERM, new.n, new.sigterm_at)
         if new.kill_at is not None and (old is None or old.kill_at is None):
-            event("sigkill", new.n, new.kill_at, reason="grace time expired")
+            event(EventKind.SIGKILL, new.n, new.kill_at, reason="grace time expired")
         if new.ended_at is not None and (old is None or old.ended_at is None):
-            event("attempt_end", new.n, new.ended_at, exit_code=new.exit_code, outcome=new.outcome)
+            event(EventKind.ATTEMPT_END, new.n, new.ended_at, exit_code=new.exit_code, outcome=new.outcome)
             if new.outcome in REQUEUED_OUTCOMES and (new.n < len(seen) or state in ("queued", "running")):
-                event("requeued", new.n, new.ended_at)
+                event(EventKind.REQUEUED, new.n, new.ended_at)
     if state in TERMINAL and job.state not in TERMINAL:
         last = seen[-1] if seen else None
         ts = last.ended_at if last is not None and last.ended_at is not None else now

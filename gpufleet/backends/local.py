@@ -34,10 +34,12 @@ from gpufleet.backends.lifecycle import (
     exit_from_events,
     signal_group,
 )
-from gpufleet.errors import StoreError, UsageError
+from gpufleet.errors import ParameterError, StoreError, UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import check_environment, entry_argv, job_environment
 from gpufleet.jobs.store import TERMINAL, Job, Store
-from gpufleet.paths import job_dir
+from gpufleet.paths import attempt_log, events_file, job_dir, scheduler_log, spec_file, state_db
+from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.spec import JobSpec
 
 DEFAULT_SLOTS = 1
@@ -60,7 +62,7 @@ def slots_of(spec: JobSpec) -> int:
 
 
 def store_for(home: Path) -> Store:
-    return Store(home / "state.db")
+    return Store(state_db(home))
 
 
 @register("local")
@@ -91,9 +93,11 @@ class LocalBackend(Backend):
     def _resize(self, job: Job, spec: JobSpec) -> JobSpec:
         slots = configured_slots()
         if slots_of(spec) > slots:
-            raise UsageError(
-                f"--gpus {spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s): "
-                f"give {slots} or fewer, or set GPUFLEET_LOCAL_SLOTS"
+            raise ParameterError(
+                "{gpus} exceeds the local backend's {slots!s} virtual GPU slot(s): "
+                "give {slots!s} or fewer, or set GPUFLEET_LOCAL_SLOTS",
+                gpus=spec.resources.gpus,
+                slots=slots,
             )
         return spec
 
@@ -111,7 +115,7 @@ class LocalBackend(Backend):
 
     def sync(self) -> None:
         """The scheduler writes the store itself; if it died with jobs to run, start a new one and say so."""
-        died = (self.home / "scheduler.pid").exists()  # a scheduler that exits cleanly removes it
+        died = pid_file(self.home).exists()  # a scheduler that exits cleanly removes it
         if self.spawn and died and self.store.has_active(self.name) and scheduler_pid(self.home) is None:
             ensure_scheduler(self.home)
             raise UsageError(
@@ -133,7 +137,7 @@ def scheduler_pid(home: Path) -> int | None:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                return int((home / "scheduler.pid").read_text().strip())
+                return int(pid_file(home).read_text().strip())
             except (OSError, ValueError):
                 return -1
         fcntl.flock(fh, fcntl.LOCK_UN)
@@ -146,7 +150,7 @@ def ensure_scheduler(home: Path) -> None:
         return
     check_environment(os.environ)  # a bad GPUFLEET_SCHEDULER_IDLE_S would kill it at start
     home.mkdir(parents=True, exist_ok=True)
-    with (home / "scheduler.log").open("ab") as log:
+    with scheduler_log(home).open("ab") as log:
         # The launcher forks the scheduler off and exits at once: we reap it here, and the
         # scheduler, in a session of its own, outlives this process.
         subprocess.run(
@@ -191,7 +195,7 @@ class LocalScheduler:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return
-        (self.home / "scheduler.pid").write_text(str(os.getpid()))
+        pid_file(self.home).write_text(str(os.getpid()))
         stop = False
 
         def _stop(signum: int, frame: object) -> None:
@@ -222,7 +226,7 @@ class LocalScheduler:
                 break
             time.sleep(self.poll_s)
         self.shutdown()
-        (self.home / "scheduler.pid").unlink(missing_ok=True)
+        pid_file(self.home).unlink(missing_ok=True)
         lock.close()
 
     def tick(self) -> None:
@@ -254,7 +258,7 @@ class LocalScheduler:
             run = self.running.get(job_id)
             if kind == "cancel" and run is None and job.state not in TERMINAL:
                 self.store.set_job_state(job_id, "cancelled", reason="cancelled while queued")
-                self.store.add_event(job_id, "cancelled")
+                self.store.add_event(job_id, EventKind.CANCELLED)
             elif run is not None and run.stop is None:
                 outcome = "cancelled" if kind == "cancel" else "preempted"
                 self._stop(run, outcome, grace)
@@ -265,7 +269,7 @@ class LocalScheduler:
         run.stop, run.kill_at = outcome, time.monotonic() + grace_s
         signal_group(run.proc.pid, signal.SIGTERM)
         self.store.update_attempt(run.job.id, run.n, state="stopping", sigterm_at=now)
-        self.store.add_event(run.job.id, "sigterm", attempt=run.n, ts=now, reason=outcome, grace=grace_s)
+        self.store.add_event(run.job.id, EventKind.SIGTERM, attempt=run.n, ts=now, reason=outcome, grace=grace_s)
 
     def _enforce_grace(self) -> None:
         now = time.monotonic()
@@ -273,7 +277,7 @@ class LocalScheduler:
             if run.kill_at is not None and now >= run.kill_at and run.proc.poll() is None:
                 signal_group(run.proc.pid, signal.SIGKILL)
                 self.store.update_attempt(run.job.id, run.n, kill_at=time.time())
-                self.store.add_event(run.job.id, "sigkill", attempt=run.n, reason="grace time expired")
+                self.store.add_event(run.job.id, EventKind.SIGKILL, attempt=run.n, reason="grace time expired")
                 run.kill_at = None
 
     # ---- attempts ------------------------------------------------------------------------------
@@ -328,7 +332,7 @@ class LocalScheduler:
             for pid in pids:
                 signal_group(pid, signal.SIGKILL)
             self._ingest(job)
-            code = exit_from_events(job_dir(self.home, job.id) / "events.jsonl", attempt.n)
+            code = exit_from_events(events_file(self.home, job.id), attempt.n)
             stop = "lost" if code is None else ("preempted" if attempt.state == "stopping" else None)
             self._finish(self.store.job(job.id), attempt.n, -int(signal.SIGKILL) if code is None else code, stop)
 
@@ -336,7 +340,8 @@ class LocalScheduler:
         spec = job.spec
         n = len(self.store.attempts(job.id)) + 1
         folder = job_dir(self.home, job.id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        log_path = attempt_log(self.home, job.id, n)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             **job_environment(spec, job.id, self.home, "local"),
@@ -347,10 +352,12 @@ class LocalScheduler:
         try:  # the stored spec is the authority; the attempt reads this copy (a resize changes the store only)
             write_spec_file(folder, spec)
         except OSError as err:
-            raise StoreError(f"cannot write {folder / 'spec.json'}: {err.strerror}; free some space there") from None
+            raise StoreError(
+                f"cannot write {spec_file(self.home, job.id)}: {err.strerror}; free some space there"
+            ) from None
         started = time.time()
         self.store.begin_attempt(job.id, n, started)  # intent first: a crash now cannot launch it twice
-        log = (folder / "logs" / f"attempt-{n}.log").open("ab")
+        log = log_path.open("ab")
         try:
             proc = subprocess.Popen(
                 attempt_argv(argv, signal.SIGTERM),
@@ -381,7 +388,7 @@ class LocalScheduler:
         self.store.set_attempt_pid(job.id, n, proc.pid)
         self.store.add_event(
             job.id,
-            "attempt_start",
+            EventKind.ATTEMPT_START,
             attempt=n,
             ts=started,
             pid=proc.pid,
@@ -413,7 +420,7 @@ class LocalScheduler:
                 reclaim += slots_of(victim.job.spec)
             if reclaim >= need:
                 for victim in chosen:
-                    self.store.add_event(victim.job.id, "preempted_by", attempt=victim.n, job=job.id)
+                    self.store.add_event(victim.job.id, EventKind.PREEMPTED_BY, attempt=victim.n, job=job.id)
                     self._stop(victim, "preempted", None)
             break  # strict priority: nothing lower jumps ahead of a job that is waiting
 

@@ -9,7 +9,7 @@ import typer
 
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, fmt, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
 
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
@@ -80,6 +80,7 @@ def ckpt_verify(
 
 
 @ckpt_app.command("export")
+@parameters_as_flags({"out": "--out", "step": "--step", "entry": "--entry"})
 def ckpt_export(
     directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
     out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],

@@ -15,8 +15,8 @@ from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt, SpecArg, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
-from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.paths import gpufleet_home, job_dir
+from gpufleet.errors import GpufleetError, UsageError, parameters_as_flags
+from gpufleet.paths import events_file, gpufleet_home, job_dir, spec_file
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ def determinism(
 
 
 @debug_app.command("resume-check")
+@parameters_as_flags({"at": "--at", "rollback_at": "--rollback-at", "steps": "--steps", "keep": "--keep"})
 def resume_check(
     spec: Annotated[Path, typer.Argument(help="JobSpec YAML: a `module:function` or a command entrypoint.")],
     at: Annotated[
@@ -177,10 +178,11 @@ def _loss(value: float | None) -> str:
 def _resolve_run(run: str) -> tuple[Path, Path | None]:
     """The losses' source and, when there is one, the job's spec.json (for its health policy)."""
     if run.isdigit():
-        folder = job_dir(gpufleet_home(), int(run))
-        if not (folder / "events.jsonl").is_file():
+        home, job_id = gpufleet_home(), int(run)
+        folder = job_dir(home, job_id)
+        if not events_file(home, job_id).is_file():
             raise UsageError(f"job {run} has no events under {folder}: check the id with `gpufleet jobs`")
-        return folder / "events.jsonl", folder / "spec.json"
+        return events_file(home, job_id), spec_file(home, job_id)
     path = Path(run)
     if not path.exists():
         raise UsageError(f"{run!r} is neither a job id nor an existing job folder, events.jsonl or CSV")

@@ -32,7 +32,7 @@ from gpufleet.cost.ledger import Cost
 from gpufleet.errors import UsageError
 from gpufleet.jobs.faults import FaultPlan
 from gpufleet.jobs.store import latest_step
-from gpufleet.paths import gpufleet_home
+from gpufleet.paths import gpufleet_home, notes_dir
 from gpufleet.spec import JobSpec, parse_spec
 
 LOW_STEPS, HIGH_STEPS, PREEMPT_AFTER = 240, 100, 60
@@ -120,7 +120,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     finally:
         progress.stop()
         scheduler.shutdown()
-    note_dir = home / "notes" / stamp
+    note_dir = notes_dir(home) / stamp
     report = cost_report(store, out=note_dir, title="gpufleet demo: cost note")
     jobs = {j.id: j for j in store.jobs()}
     low_attempts = store.attempts(low)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.cli.render import console, emit_json, err_console
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.spec import load_spec
 
 export_app = typer.Typer(
@@ -56,6 +56,7 @@ def _finish(text: str, payload: dict[str, Any], warnings: list[str], out: Path |
 
 
 @export_app.command("skypilot")
+@parameters_as_flags({"infra": "--infra"})
 def skypilot(
     spec_path: SpecArg,
     bucket: Annotated[

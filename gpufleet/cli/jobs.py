@@ -14,9 +14,10 @@ from gpufleet.backends.local import ensure_scheduler
 from gpufleet.cli.options import JobArg, JsonOpt, open_store
 from gpufleet.cli.render import console, duration, emit_json, fmt, print_cost, table
 from gpufleet.cost.usage import attempt_gpus
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.paths import gpufleet_home
+from gpufleet.paths import attempt_log, checkpoints_dir, gpufleet_home, state_db
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.spec import JobSpec, load_spec
 
@@ -49,7 +50,7 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
 
 def _backend_of(job_id: int) -> Backend:
     home = gpufleet_home()
-    return get_backend(Store(home / "state.db").job(job_id).backend, home)
+    return get_backend(Store(state_db(home)).job(job_id).backend, home)
 
 
 def submit(
@@ -131,7 +132,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     store = open_store()
     job = store.job(job_id)
     summary = job_summary(store, job)
-    starts = store.events(job_id, ("attempt_start", "resized"))
+    starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
     ran = [(a, attempt_gpus(job, a, starts)) for a in store.attempts(job_id)]
     attempts = [
         {
@@ -145,29 +146,8 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         }
         for a, gpus in ran
     ]
-    notable = (
-        "queued",
-        "attempt_start",
-        "sigterm",
-        "sigkill",
-        "preempted_by",
-        "resized",
-        "restore",
-        "checkpoint_skipped",
-        "unhealthy",
-        "rollback",
-        "preempt_signal",
-        "attempt_end",
-        "requeued",
-        "completed",
-        "failed",
-        "cancelled",
-        "rank_stalled",
-        "rank_stall_cleared",
-        "checkpoint_failed",
-    )
-    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, notable)]
-    ckpt_dir = gpufleet_home() / "jobs" / str(job_id) / "checkpoints"
+    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, NOTABLE)]
+    ckpt_dir = checkpoints_dir(gpufleet_home(), job_id)
     ckpts = [
         {
             "step": i.step,
@@ -249,7 +229,7 @@ def logs(
     n = attempt or attempts[-1].n
     if n > len(attempts):
         raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
-    path = gpufleet_home() / "jobs" / str(job_id) / "logs" / f"attempt-{n}.log"
+    path = attempt_log(gpufleet_home(), job_id, n)
     text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
     if json_out:
         emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
@@ -259,6 +239,7 @@ def logs(
         sys.stdout.write(text)
 
 
+@parameters_as_flags({"grace": "--grace"})
 def preempt(
     job_id: JobArg,
     grace: Annotated[
@@ -283,6 +264,7 @@ def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
         console.print(f"cancellation of job {job_id} requested")
 
 
+@parameters_as_flags({"gpus": "--gpus", "nodes": "--nodes"})
 def resize(
     job_id: JobArg,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs per node from the job's next attempt on.")],
@@ -359,6 +341,7 @@ def _describe_size(size: dict[str, Any]) -> str:
     return f"{size['gpus']} GPU{'' if size['gpus'] == 1 else 's'}{nodes} ({ranks})"
 
 
+@parameters_as_flags({"out": "--out"})
 def cost(
     team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
     job: Annotated[list[int] | None, typer.Option("--job", help="Only these job ids (repeatable).")] = None,

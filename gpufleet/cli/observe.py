@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpufleet.errors import parameters_as_flags
 from gpufleet.telemetry.rules import dashboard_json, rules_yaml
 
 if TYPE_CHECKING:
@@ -149,13 +150,13 @@ def diagnose_job_command(
     from gpufleet.errors import UsageError
     from gpufleet.jobs.events import iter_events
     from gpufleet.jobs.store import Store
-    from gpufleet.paths import gpufleet_home, job_dir
+    from gpufleet.paths import events_file, gpufleet_home, job_dir, state_db
     from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
     from gpufleet.telemetry.gpu import job_gpu_samples
     from gpufleet.telemetry.ranks import rank_findings
 
     home = gpufleet_home()
-    store = Store(home / "state.db")
+    store = Store(state_db(home))
     try:
         job = store.job(job_id)
     finally:
@@ -163,7 +164,7 @@ def diagnose_job_command(
     folder = job_dir(home, job_id)
     samples = job_gpu_samples(folder)
     telemetry = job.spec.telemetry
-    ranked = rank_findings(iter_events(folder / "events.jsonl")) if job.spec.world_size > 1 else []
+    ranked = rank_findings(iter_events(events_file(home, job_id))) if job.spec.world_size > 1 else []
     if not samples and job.spec.world_size > 1:
         source = f"job {job_id} {job.name}: {job.spec.world_size} ranks, no GPU series"
         note = f"no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}): only the ranks were judged"
@@ -255,6 +256,7 @@ def exporter_command(
 WORST_JOBS = 10
 
 
+@parameters_as_flags({"since": "--since", "out_dir": "--out"})
 def report_command(
     since: Annotated[
         str | None, typer.Option(help="Window start: 90m, 24h, 7d, or an ISO date/time (UTC). Default: all history.")
@@ -312,8 +314,9 @@ def _open_store(home: Path) -> Any:
     from gpufleet.cli.render import err_console
     from gpufleet.errors import GpufleetError
     from gpufleet.jobs.store import Store
+    from gpufleet.paths import state_db
 
-    store = Store(home / "state.db")
+    store = Store(state_db(home))
     try:
         sync_remote(home, store)
     except GpufleetError as err:

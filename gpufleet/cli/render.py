@@ -14,6 +14,7 @@ from rich.table import Table
 from gpufleet.cost.gather import CostReport
 from gpufleet.cost.ledger import Cost
 from gpufleet.fmt import compact_duration
+from gpufleet.fmt import money as _money
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
@@ -44,12 +45,8 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 
 
 def money(value: float, currency: str) -> str:
-    symbol = {"USD": "$", "EUR": "€", "GBP": "£"}.get(currency, currency + " ")
-    if value == 0:
-        return f"{symbol}0"
-    if abs(value) >= 1:
-        return f"{symbol}{value:,.2f}"
-    return f"{symbol}{value:.2g}" if abs(value) >= 0.01 else f"{symbol}{value:.3g}"
+    """Money in a CLI table cell: ``gpufleet.fmt.money`` in its ``"terse"`` style."""
+    return _money(value, currency, style="terse")
 
 
 def gpu_time(hours: float) -> str:

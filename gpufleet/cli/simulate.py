@@ -16,6 +16,7 @@ import typer
 
 from gpufleet.cli.render import console, emit_json, err_console, money, table
 from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.fmt import markdown_table
 
 if TYPE_CHECKING:
     from gpufleet.placement.simulate import SimResult
@@ -98,8 +99,7 @@ def _team_rows(results: Sequence[SimResult]) -> tuple[list[str], list[list[str]]
 
 
 def _markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    return "\n".join(markdown_table(head, rows))
 
 
 def _markdown(report: dict[str, Any], results: Sequence[SimResult]) -> str:

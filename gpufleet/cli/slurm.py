@@ -12,7 +12,7 @@ from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError
 from gpufleet.jobs.store import Store
-from gpufleet.paths import check_name, gpufleet_home
+from gpufleet.paths import check_name, gpufleet_home, state_db
 
 slurm_app = typer.Typer(
     help="Operate a Slurm cluster: accounts, holds, drains, requeues, topology.", no_args_is_help=True
@@ -47,7 +47,7 @@ def _slurm_ref(job: str) -> str:
         return job[6:]
     if not job.isdigit():
         raise UsageError(f"invalid job {job!r}: give a gpufleet job id or slurm:<slurm job id>")
-    record = Store(gpufleet_home() / "state.db").job(int(job))
+    record = Store(state_db(gpufleet_home())).job(int(job))
     if record.backend != "slurm" or not record.backend_ref:
         raise UsageError(f"job {job} runs on {record.backend}, not Slurm")
     return record.backend_ref

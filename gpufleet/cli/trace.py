@@ -11,7 +11,7 @@ from gpufleet.backends import sync_remote
 from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import GpufleetError
 from gpufleet.jobs.store import Store
-from gpufleet.paths import gpufleet_home
+from gpufleet.paths import gpufleet_home, state_db
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
 
 TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
@@ -28,7 +28,7 @@ TraceJsonOpt = Annotated[bool, typer.Option("--json", help="Print the OTLP/JSON 
 def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: TraceJsonOpt = False) -> None:
     """Export a job's attempts and phases as an OpenTelemetry trace (jobs/<id>/trace.otlp.json)."""
     home = gpufleet_home()
-    store = Store(home / "state.db")
+    store = Store(state_db(home))
     try:
         try:
             sync_remote(home, store)

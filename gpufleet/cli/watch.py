@@ -9,23 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpufleet.cli.render import console
+from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.store import TERMINAL, Event, Store, latest_step
-
-NOTABLE = (
-    "attempt_start",
-    "sigterm",
-    "sigkill",
-    "preempt_signal",
-    "restore",
-    "checkpoint_skipped",
-    "unhealthy",
-    "rollback",
-    "attempt_end",
-    "requeued",
-    "completed",
-    "failed",
-    "cancelled",
-)
 
 
 def describe(event: Event) -> str | None:
@@ -33,36 +18,36 @@ def describe(event: Event) -> str | None:
     d = event.data
     a = f"attempt {event.attempt}" if event.attempt else ""
     match event.kind:
-        case "attempt_start":
+        case EventKind.ATTEMPT_START:
             return f"{a} started (pid {d.get('pid')})"
-        case "sigterm":
+        case EventKind.SIGTERM:
             return f"[yellow]{a} got SIGTERM ({d.get('reason')}); {d.get('grace')}s to save before SIGKILL[/]"
-        case "sigkill":
+        case EventKind.SIGKILL:
             return f"[red]{a} SIGKILL: the grace time expired[/]"
-        case "preempt_signal":
+        case EventKind.PREEMPT_SIGNAL:
             return f"{a} saw {d.get('signal')} at step {d.get('step')}: saving"
-        case "restore":
+        case EventKind.RESTORE:
             if d.get("cause") == "rollback":
                 return None  # the rollback line says it
             if d.get("step") is None:
                 return f"{a} found no checkpoint: starting from scratch"
             return f"[green]{a} restored step {d.get('step')} in {float(d.get('seconds', 0)):.2f}s[/]"
-        case "checkpoint_skipped":
+        case EventKind.CHECKPOINT_SKIPPED:
             return f"[yellow]{a} skipped checkpoint step {d.get('step')}: {d.get('reason')}[/]"
-        case "unhealthy":
+        case EventKind.UNHEALTHY:
             return f"[red]{a} unhealthy step {d.get('step')}: loss {d.get('loss')} ({d.get('reason')})[/]"
-        case "rollback":
+        case EventKind.ROLLBACK:
             return (
                 f"[yellow]{a} rolled back from step {d.get('from_step')} to healthy step {d.get('to_step')}, "
                 f"skipping batches {d.get('skip_from')}..{int(d.get('skip_to', 0)) - 1}[/]"
             )
-        case "attempt_end":
+        case EventKind.ATTEMPT_END:
             return f"{a} ended: {d.get('outcome')} (exit {d.get('exit_code')})"
-        case "requeued":
+        case EventKind.REQUEUED:
             return "[yellow]requeued[/]"
-        case "completed":
+        case EventKind.COMPLETED:
             return "[green]completed[/]"
-        case "failed" | "cancelled":
+        case EventKind.FAILED | EventKind.CANCELLED:
             return f"[red]{event.kind}[/]"
     return None
 
@@ -95,12 +80,12 @@ class JobWatcher:
         job = self.store.job(job_id)
         if job_id not in self.tasks:
             self.tasks[job_id] = self.progress.add_task(f"#{job_id} {job.name}", total=None, state=job.state)
-        events = self.store.events(job_id, kinds=(*NOTABLE, "session_start"))
+        events = self.store.events(job_id, kinds=(*NOTABLE, EventKind.SESSION_START))
         for ev in events[self.seen.get(job_id, 0) :]:
             line = describe(ev)
             if line:
                 lines.append((ev.ts, f"  #{job_id} {job.name}: {line}"))
-            if ev.kind == "session_start" and isinstance(ev.data.get("total_steps"), int):
+            if ev.kind == EventKind.SESSION_START and isinstance(ev.data.get("total_steps"), int):
                 self.totals[job_id] = ev.data["total_steps"]
                 self.progress.update(self.tasks[job_id], total=ev.data["total_steps"])
         self.seen[job_id] = len(events)

@@ -38,7 +38,7 @@ import numpy as np
 from gpufleet.cost.ledger import AttemptUsage, Cost, build_ledger
 from gpufleet.cost.rates import RateCard
 from gpufleet.cost.usage import attempt_usage
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError
 from gpufleet.fmt import finite_json
 from gpufleet.jobs.store import TERMINAL, Attempt, Event, Job, Store
 from gpufleet.paths import job_dir
@@ -130,24 +130,24 @@ _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0}
 SINCE_FORMS = "a duration like 90m, 24h or 7d, or an ISO date/time like 2026-01-31 or 2026-01-31T08:00 (UTC)"
 
 
-def parse_since(text: str, now: float) -> float:
-    """``--since``: ``90m``, ``24h``, ``7d`` before ``now``, or an ISO date/time (UTC unless it says)."""
-    value = text.strip()
+def parse_since(since: str, now: float) -> float:
+    """``since``: ``90m``, ``24h``, ``7d`` before ``now``, or an ISO date/time (UTC unless it says)."""
+    value = since.strip()
     match = _DURATION_RE.match(value.lower())
     if match:
         seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
         if seconds <= 0:
-            raise UsageError(f"--since {text!r} is an empty window: give {SINCE_FORMS}")
+            raise ParameterError("{since} is an empty window: give {forms!s}", since=since, forms=SINCE_FORMS)
         return now - seconds
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise UsageError(f"--since {text!r} is not understood: give {SINCE_FORMS}") from None
+        raise ParameterError("{since} is not understood: give {forms!s}", since=since, forms=SINCE_FORMS) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     ts = moment.timestamp()
     if ts > now:
-        raise UsageError(f"--since {text!r} is in the future: give {SINCE_FORMS}")
+        raise ParameterError("{since} is in the future: give {forms!s}", since=since, forms=SINCE_FORMS)
     return ts
 
 
@@ -318,7 +318,7 @@ def build_fleet_report(
         tokens=sum(f.tokens for f, _ in token_jobs),
         token_gpu_hours=sum(j.gpu_hours for _, j in token_jobs),
     )
-    states = Counter(f.job.state for f in facts)
+    states: Counter[str] = Counter(f.job.state for f in facts)
     order = [s for s in STATE_ORDER if s in states] + sorted(set(states) - set(STATE_ORDER))
     return FleetReport(
         generated_at=now,

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpufleet.cost.fleet import WASTE_PARTS, FleetReport, _iso
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError
+from gpufleet.fmt import markdown_table, money
 from gpufleet.telemetry.slo import SloResult
 
 _COLORS = {
@@ -31,7 +32,6 @@ _COLORS = {
     "startup": "#8c8c5a",
     "lost_to_preemption": "#d62728",
 }
-_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£"}
 _HOW_TO_READ = """\
 Each job's GPU-hours add up to its parts: **lost to preemption** (work redone after a preemption or \
 rollback), **startup** (process start-up and checkpoint restore, the first start included), **checkpoint** \
@@ -47,7 +47,7 @@ def write_report(report: FleetReport, out_dir: Path) -> list[Path]:
     import json
 
     if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {str(out_dir)!r} is a file: give a folder for the report")
+        raise ParameterError("{out_dir} is a file: give a folder for the report", out_dir=str(out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = {
         "teams.png": _chart_teams,
@@ -77,7 +77,7 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
         + (f" (rate card as of {report.rate_card_as_of})_" if report.rate_card_as_of else "_"),
         "",
         f"Jobs: {states}. GPU time **{_num(report.total.total_gpu_hours * scale)} {unit}** over "
-        f"{report.total.attempts} attempts, **{_money(report.total.money, cur)}**; "
+        f"{report.total.attempts} attempts, **{money(report.total.money, cur, style='sig3')}**; "
         f"{len(report.breached)} of {len(report.slos)} objectives breached.",
         "",
     ]
@@ -105,7 +105,7 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
             str(t.preemptions),
             _num(t.gpu_hours * scale),
             _num(t.lost_to_preemption_gpu_hours * scale),
-            _money(t.money, cur),
+            money(t.money, cur, style="sig3"),
         ]
         for t in report.teams
     ]
@@ -129,16 +129,15 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
 
 
 def _md_table(head: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
-    """A Markdown table: the first ``text_columns`` left-aligned, figures right-aligned."""
+    """A Markdown table: the first ``text_columns`` left-aligned, figures right-aligned.
+
+    Cells are put on one line and their ``|`` escaped; the headers are written as given.
+    """
 
     def cell(text: str) -> str:
         return " ".join(text.split()).replace("|", "\\|")
 
-    lines = [
-        "| " + " | ".join(head) + " |",
-        "| " + " | ".join("---" if i < text_columns else "---:" for i in range(len(head))) + " |",
-    ]
-    return lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return markdown_table(head, ([cell(c) for c in r] for r in rows), right_from=text_columns)
 
 
 def _gpu_unit(hours: float) -> tuple[float, str]:
@@ -154,12 +153,6 @@ def _num(x: float) -> str:
     if x == 0 or abs(x) >= 100:
         return f"{x:,.0f}"
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
-
-
-def _money(x: float, currency: str) -> str:
-    symbol = _SYMBOLS.get(currency.upper())
-    text = f"{x:,.2f}" if abs(x) >= 1 or x == 0 else f"{x:.3g}"
-    return f"{symbol}{text}" if symbol else f"{text} {currency}"
 
 
 def _slo_value(value: float | None, unit: str) -> str:

@@ -12,7 +12,8 @@ from gpufleet.cost.ledger import AttemptUsage, Ledger, build_ledger
 from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store
 
 
@@ -20,17 +21,26 @@ def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
     """The moments a reader of a cost note wants marked: preemptions, rollbacks, resumes."""
     out: list[NoteEvent] = []
     for job_id in job_ids:
-        for e in store.events(job_id, kinds=("sigterm", "sigkill", "restore", "rollback", "checkpoint_skipped")):
+        for e in store.events(
+            job_id,
+            kinds=(
+                EventKind.SIGTERM,
+                EventKind.SIGKILL,
+                EventKind.RESTORE,
+                EventKind.ROLLBACK,
+                EventKind.CHECKPOINT_SKIPPED,
+            ),
+        ):
             d = e.data
-            if e.kind == "sigterm":
+            if e.kind == EventKind.SIGTERM:
                 text = f"attempt {e.attempt}: SIGTERM ({d.get('reason')}), grace {d.get('grace')}s"
-            elif e.kind == "sigkill":
+            elif e.kind == EventKind.SIGKILL:
                 text = f"attempt {e.attempt}: SIGKILL after the grace time"
-            elif e.kind == "restore":
+            elif e.kind == EventKind.RESTORE:
                 if d.get("step") is None or d.get("cause") == "rollback":
                     continue
                 text = f"attempt {e.attempt}: resumed from step {d.get('step')}"
-            elif e.kind == "rollback":
+            elif e.kind == EventKind.ROLLBACK:
                 text = (
                     f"attempt {e.attempt}: unhealthy step {d.get('from_step')}, rolled back to step "
                     f"{d.get('to_step')} and skipped batches {d.get('skip_from')}-{d.get('skip_to')}"
@@ -88,7 +98,7 @@ def cost_report(
     note = None
     if out is not None:
         if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {str(out)!r} is a file: give a folder for the cost note")
+            raise ParameterError("{out} is a file: give a folder for the cost note", out=str(out))
         ids = sorted(names)
         note = write_cost_note(
             out,

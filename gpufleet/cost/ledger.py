@@ -37,11 +37,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.cost.rates import RateCard
+from gpufleet.jobs.states import Outcome
 
 BUCKETS = ("useful", "lost", "checkpoint", "restore", "startup")
 PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "startup")
 """The buckets a preemption's overhead is drawn from (``useful`` never is)."""
-PREEMPTED_OUTCOMES = ("preempted", "requeued", "lost")
+PREEMPTED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
 """Outcomes of an attempt that ended because the job was taken away from its GPUs."""
 
 

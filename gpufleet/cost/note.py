@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger
-from gpufleet.fmt import finite_json
+from gpufleet.fmt import finite_json, markdown_table, money
 
-_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£"}
 _COLORS = {"startup": "#b0b0b0", "restore": "#f2a541", "useful": "#3c9d6b", "lost": "#d62728", "checkpoint": "#1b2f5e"}
 _ENDED = ("preempted", "lost")
 _HOW_TO_READ = """\
@@ -170,16 +169,16 @@ def _note_markdown(
         hours += f" ({_num(total.total_gpu_hours * 3600.0)} GPU-seconds)"
     summary = (
         f"{_plural(len(ledger.jobs), 'job')} from {_plural(len(ledger.teams), 'team')} used {hours} "
-        f"over {_plural(total.attempts, 'attempt')} and cost **{_money(total.money, cur)}**. "
+        f"over {_plural(total.attempts, 'attempt')} and cost **{money(total.money, cur)}**. "
         f"{_preemption_sentence(total, cur, amount, unit)} "
         f"Of those hours, **{_num(total.gpu_hours['lost'] * (3600.0 if seconds else 1.0))} {unit} "
         f"({_pct(total.gpu_hours['lost'], total.total_gpu_hours)})** were lost to work redone after "
         f"{_plural(total.preemptions, 'preemption')} and {_plural(rollbacks, 'rollback')}, about "
-        f"{_money(total.lost_money, cur)}. At on-demand prices the same hours would have cost "
-        f"{_money(total.on_demand_money, cur)}"
+        f"{money(total.lost_money, cur)}. At on-demand prices the same hours would have cost "
+        f"{money(total.on_demand_money, cur)}"
     )
     saved = total.on_demand_money - total.money
-    summary += f", so spot saved {_money(saved, cur)}." if saved > 0 else "."
+    summary += f", so spot saved {money(saved, cur)}." if saved > 0 else "."
     out = [f"# {_one_line(title)}", "", f"_Generated {_iso(generated_at)} · prices in {cur}_", "", summary, ""]
     if total.unpriced:
         out += [f"> **Unpriced:** {', '.join(total.unpriced)}: counted in hours but not in money.", ""]
@@ -189,9 +188,9 @@ def _note_markdown(
         useful, checkpoint = amount(c.gpu_hours["useful"]), amount(c.gpu_hours["checkpoint"])
         lost = f"{amount(c.gpu_hours['lost'])} ({_pct(c.gpu_hours['lost'], c.total_gpu_hours)})"
         overhead = c.preemption_overhead_gpu_hours
-        preemption = [f"{amount(overhead)} ({_pct(overhead, c.total_gpu_hours)})", _money(c.preemption_money, cur)]
-        money = [_money(c.money, cur), _money(c.on_demand_money, cur)]
-        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *preemption, *money]
+        preemption = [f"{amount(overhead)} ({_pct(overhead, c.total_gpu_hours)})", money(c.preemption_money, cur)]
+        priced = [money(c.money, cur), money(c.on_demand_money, cur)]
+        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *preemption, *priced]
 
     head = [
         "GPU-hours",
@@ -204,7 +203,7 @@ def _note_markdown(
         "On-demand",
     ]
     rows = [[_cell(team), *cost_cells(c)] for team, c in ledger.teams.items()]
-    out += ["## By team", "", *_table(["Team", *head], rows, right_from=1), ""]
+    out += ["## By team", "", *markdown_table(["Team", *head], rows, right_from=1), ""]
     rows = []
     for job_id, c in ledger.jobs.items():
         mine = [u for u in usages if u.job_id == job_id]
@@ -212,7 +211,8 @@ def _note_markdown(
         team = _joined(u.team for u in mine)
         job = f"#{job_id} {names.get(job_id, '?')}"
         rows.append([_cell(job), _cell(team), _cell(gpu), str(c.attempts), str(c.preemptions), *cost_cells(c)])
-    out += ["## By job", "", *_table(["Job", "Team", "GPUs", "Attempts", "Preemptions", *head], rows, right_from=3)]
+    job_head = ["Job", "Team", "GPUs", "Attempts", "Preemptions", *head]
+    out += ["## By job", "", *markdown_table(job_head, rows, right_from=3)]
     rows = []
     for u in usages:
         steps = "-" if u.first_step is None else f"{u.first_step}..{u.last_step if u.last_step is not None else '?'}"
@@ -221,7 +221,7 @@ def _note_markdown(
         job = _cell(f"#{u.job_id} {u.job_name}")
         rows.append([job, str(u.attempt), outcome, start, steps, wall, str(u.steps_done), str(u.steps_redone)])
     heads = ["Job", "Attempt", "Outcome", "Started", "Steps", "Wall", "Steps run", "Redone steps"]
-    out += ["", "## Attempts", "", *_table(heads, rows, right_from=3), "", "## Notable events", ""]
+    out += ["", "## Attempts", "", *markdown_table(heads, rows, right_from=3), "", "## Notable events", ""]
     for e in events:
         who = f"#{e.job_id} {names.get(e.job_id, '?')}"
         out.append(f"- `+{_duration(e.ts - t0)}` {_cell(who)}: **{_cell(e.kind)}**: {_one_line(e.text)}")
@@ -240,16 +240,10 @@ def _preemption_sentence(total: Cost, currency: str, amount: Callable[[float], s
     return (
         f"{_plural(total.preemptions, 'preemption')} cost **{amount(overhead)} {unit} "
         f"({_pct(overhead, total.total_gpu_hours)}) of preemption overhead**, about "
-        f"{_money(total.preemption_money, currency)}: {amount(parts['lost'])} {unit} of lost work, "
+        f"{money(total.preemption_money, currency)}: {amount(parts['lost'])} {unit} of lost work, "
         f"{amount(parts['startup'])} {unit} of restart start-up and shut-down, {amount(parts['restore'])} {unit} "
         f"of restore and {amount(parts['checkpoint'])} {unit} of saving at the signal."
     )
-
-
-def _table(head: list[str], rows: list[list[str]], *, right_from: int) -> list[str]:
-    align = ["---" if i < right_from else "---:" for i in range(len(head))]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _cell(text: str) -> str:
@@ -284,20 +278,6 @@ def _num(x: float) -> str:
         return f"{x:,.0f}"
     decimals = max(0, 2 - math.floor(math.log10(abs(x))))
     return f"{x:.{decimals}f}"
-
-
-def _money(x: float, currency: str) -> str:
-    """``$12.35``, ``$0.0123``, ``$0.000123``: cents, or three significant figures below a dollar."""
-    if not math.isfinite(x):
-        return "n/a"
-    sign, x = ("-" if x < 0 else ""), abs(x)
-    if x >= 1 or x == 0:
-        text = f"{x:,.2f}"
-    else:
-        text = f"{x:.{min(8, 2 - math.floor(math.log10(x)))}f}".rstrip("0")
-        text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
-    symbol = _SYMBOLS.get(currency.upper())
-    return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
 
 
 def _pct(part: float, whole: float) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Attempt, Event, Job, Store
 
 
@@ -38,12 +39,12 @@ def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
     for a job never resized, is what every attempt ran on).
     """
     for e in events:
-        if e.kind == "attempt_start" and e.attempt == attempt.n and e.source == "backend":
+        if e.kind == EventKind.ATTEMPT_START and e.attempt == attempt.n and e.source == "backend":
             recorded = _count(e.data.get("gpus"))
             if recorded is not None:
                 return recorded
     for e in events:
-        if e.kind == "resized" and e.ts >= attempt.started_at:
+        if e.kind == EventKind.RESIZED and e.ts >= attempt.started_at:
             before = _count(e.data.get("old_gpus"))
             if before is not None:
                 return before
@@ -64,10 +65,10 @@ def attempt_usage(
     end = attempt.ended_at if attempt.ended_at is not None else now
     outcome = attempt.outcome or "running"
     mine = [e for e in events if e.attempt == attempt.n and e.source == "runtime"]
-    restore = next((e for e in mine if e.kind == "restore" and e.data.get("cause") != "rollback"), None)
-    train_start = next((e for e in mine if e.kind == "train_start"), None)
-    checkpoints = [e for e in mine if e.kind == "checkpoint"]
-    rollbacks = [e for e in mine if e.kind == "rollback"]
+    restore = next((e for e in mine if e.kind == EventKind.RESTORE and e.data.get("cause") != "rollback"), None)
+    train_start = next((e for e in mine if e.kind == EventKind.TRAIN_START), None)
+    checkpoints = [e for e in mine if e.kind == EventKind.CHECKPOINT]
+    rollbacks = [e for e in mine if e.kind == EventKind.ROLLBACK]
     rollback_restore_s = sum(_num(e.data, "restore_seconds") for e in rollbacks)
     restore_s = (_num(restore.data, "seconds") if restore else 0.0) + rollback_restore_s
     if train_start is None:
@@ -81,7 +82,11 @@ def attempt_usage(
     preempt_save_s = sum(_num(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
     rollback_lost_s = lost_s = sum(_num(e.data, "redone_seconds") for e in rollbacks)
     shutdown_s = 0.0
-    steps = [int(_num(e.data, "step")) for e in mine if e.kind in ("step", "checkpoint", "session_end")]
+    steps = [
+        int(_num(e.data, "step"))
+        for e in mine
+        if e.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.SESSION_END)
+    ]
     last_step = max(steps) if steps else first_step
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
     for e in rollbacks:
@@ -95,7 +100,7 @@ def attempt_usage(
         durable = min(max([e.ts for e in checkpoints], default=train_start.ts), end)
         # A session that ended on purpose after its last checkpoint trained nothing after it:
         # from there to the process exit is shut-down, not lost work.
-        ended = [e.ts for e in mine if e.kind == "session_end" and e.ts >= durable]
+        ended = [e.ts for e in mine if e.kind == EventKind.SESSION_END and e.ts >= durable]
         stop = min(ended[0], end) if ended else end
         lost_s += max(0.0, stop - durable)
         shutdown_s = max(0.0, end - stop)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.errors import UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Event, latest_step
 from gpufleet.paths import job_dir
 from gpufleet.quality import deploy
@@ -171,13 +172,17 @@ class Chain:
         return backend.submit(spec, env={"GPUFLEET_LOG_EVERY_S": "0.2"})
 
     def loss_curve(self, job_id: int) -> list[tuple[int, float]]:
-        curve = {int(e.data["step"]): float(e.data["loss"]) for e in self.backend.store.events(job_id, ("step",))}
+        curve = {
+            int(e.data["step"]): float(e.data["loss"]) for e in self.backend.store.events(job_id, (EventKind.STEP,))
+        }
         return sorted(curve.items())
 
     def job_summary(self, job_id: int) -> dict[str, Any]:
         store = self.backend.store
         attempts = store.attempts(job_id)
-        restores = [e.data.get("step") for e in store.events(job_id, ("restore",)) if e.attempt and e.attempt > 1]
+        restores = [
+            e.data.get("step") for e in store.events(job_id, (EventKind.RESTORE,)) if e.attempt and e.attempt > 1
+        ]
         return {
             "id": job_id,
             "state": store.job(job_id).state,

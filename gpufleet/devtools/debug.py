@@ -24,7 +24,7 @@ from typing import Any
 
 from gpufleet.devtools.profile import entrypoint_function, isolated_job
 from gpufleet.errors import CheckpointError, UsageError
-from gpufleet.jobs.events import read_events
+from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.runtime.health import HealthMonitor
 from gpufleet.spec import HealthPolicy, JobSpec
 
@@ -66,7 +66,7 @@ def _run(spec: JobSpec, root: Path, seed: int, steps: int) -> tuple[list[float],
     with isolated_job(spec, root, events=True) as ckpt:
         func(**{**spec.args, "seed": seed, "steps": steps, **({"ckpt_dir": str(ckpt)} if "ckpt_dir" in params else {})})
     events, _ = read_events(root / "events.jsonl")
-    by_step = {int(e["step"]): _as_float(e.get("loss")) for e in events if e["kind"] == "step" and "step" in e}
+    by_step = {int(e["step"]): _as_float(e.get("loss")) for e in events if e["kind"] == EventKind.STEP and "step" in e}
     infos = CheckpointDir(ckpt).scan(verify=False)
     if not infos:
         raise CheckpointError(f"{spec.callable_entrypoint} saved no checkpoint; determinism needs a TrainSession loop")
@@ -250,13 +250,13 @@ def read_losses(source: Path) -> list[LoggedLoss]:
     points: list[LoggedLoss] = []
     last_bad: tuple[Any, int] | None = None
     for e in events:
-        if e["kind"] not in ("step", "unhealthy"):
+        if e["kind"] not in (EventKind.STEP, EventKind.UNHEALTHY):
             continue
         try:
             step = int(e["step"])
         except (KeyError, TypeError, ValueError):
             continue
-        if e["kind"] == "unhealthy":
+        if e["kind"] == EventKind.UNHEALTHY:
             verdict = _runtime_verdict(e, step)
             if verdict is not None:
                 points.append(LoggedLoss(step, verdict.loss, verdict))

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.devtools.debug import bitwise_equal, compare_states, leaves, plain_equal
-from gpufleet.errors import CheckpointError, UsageError
-from gpufleet.jobs.events import read_events
+from gpufleet.errors import CheckpointError, ParameterError, UsageError
+from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
-from gpufleet.paths import job_dir
+from gpufleet.paths import attempt_log, events_file, job_dir, spec_file
 from gpufleet.spec import JobSpec
 
 ENV_PREEMPT_AT = "GPUFLEET_DEBUG_PREEMPT_AT"
@@ -83,7 +83,7 @@ class ResumeReport:
     """Exit status of each attempt, per run."""
     seconds: dict[str, float] = field(default_factory=dict)
     folder: str | None = None
-    """Where the two job folders were kept (``--keep``), else ``None``: they were deleted."""
+    """Where the two job folders were kept (``keep``), else ``None``: they were deleted."""
     failure: RunFailure | None = None
     hints: list[str] = field(default_factory=list)
     """Likely causes of a difference, from where it shows first."""
@@ -118,15 +118,15 @@ def check_resume(
             f"{spec.name!r} has resume: must, which refuses the fresh job folder each run starts in; "
             "set resume: auto (or never) for the check"
         )
-    for name, value in (("--at", at), ("--rollback-at", rollback_at)):
+    for name, value in (("at", at), ("rollback_at", rollback_at)):
         if value is not None and value < 1:
-            raise UsageError(f"{name} {value} must be a step number of at least 1")
+            raise ParameterError(f"{{{name}}} must be a step number of at least 1", **{name: value})
     planned = spec.args.get("steps") if spec.callable_entrypoint else None
     if isinstance(planned, int) and not isinstance(planned, bool):
         _check_steps(at, rollback_at, planned)
     if keep is not None:
         if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-            raise UsageError(f"--keep {str(keep)!r} exists and is not an empty folder: give a new or empty one")
+            raise ParameterError("{keep} exists and is not an empty folder: give a new or empty one", keep=str(keep))
         keep.mkdir(parents=True, exist_ok=True)
         return _check_in(spec, keep, at, rollback_at, say, kept=True)
     with tempfile.TemporaryDirectory(prefix="gpufleet-resume-check-") as tmp:
@@ -137,11 +137,13 @@ def _with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
     if steps is None:
         return spec
     if steps < 1:
-        raise UsageError(f"--steps {steps} must be at least 1")
+        raise ParameterError("{steps} must be at least 1", steps=steps)
     if spec.callable_entrypoint is None:
-        raise UsageError(
-            f"--steps works for `module:function` entrypoints; {spec.name!r} runs a command: "
-            "set its step count in the spec's command line instead"
+        raise ParameterError(
+            "{steps:name} works for `module:function` entrypoints; {job!r} runs a command: "
+            "set its step count in the spec's command line instead",
+            steps=steps,
+            job=spec.name,
         )
     return spec.copy_with(args={**spec.args, "steps": steps})
 
@@ -149,11 +151,24 @@ def _with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
 def _check_steps(at: int | None, rollback_at: int | None, final: int) -> None:
     """``at`` must leave steps to resume; ``rollback_at`` must be a step the run reaches."""
     if final < 2:
-        raise UsageError(f"the run ends at step {final}: a resume check needs at least 2 steps (--steps)")
+        raise ParameterError(
+            "the run ends at step {final!s}: a resume check needs at least 2 steps ({steps:name})",
+            final=final,
+            steps=None,
+        )
     if at is not None and at >= final:
-        raise UsageError(f"--at {at} is not before the run's last step {final}: choose a step from 1 to {final - 1}")
+        raise ParameterError(
+            "{at} is not before the run's last step {final!s}: choose a step from 1 to {last!s}",
+            at=at,
+            final=final,
+            last=final - 1,
+        )
     if rollback_at is not None and rollback_at > final:
-        raise UsageError(f"--rollback-at {rollback_at} is beyond the run's last step {final}: choose 2 to {final}")
+        raise ParameterError(
+            "{rollback_at} is beyond the run's last step {final!s}: choose 2 to {final!s}",
+            rollback_at=rollback_at,
+            final=final,
+        )
 
 
 def _check_in(
@@ -186,8 +201,8 @@ def _check_in(
         return report(verdict="failed", final_step=final, preempt_at=preempt, failure=failure)
     _, run_state = _final_checkpoint(job_dir(home, 2), spec)
     say("comparing the final checkpoints and every step's loss")
-    ref_losses = step_losses(job_dir(home, 1) / "events.jsonl")
-    run_losses = step_losses(job_dir(home, 2) / "events.jsonl")
+    ref_losses = step_losses(events_file(home, 1))
+    run_losses = step_losses(events_file(home, 2))
     loss_step, loss_pair = first_loss_difference(ref_losses, run_losses)
     left, right = _without(base_state, IGNORED), _without(run_state, IGNORED)
     diffs = compare_states(left, right)
@@ -252,16 +267,15 @@ def _run_job(
     The environment is the caller's minus any ``GPUFLEET_*`` (a debug hook or metrics port from
     the shell would change the run) plus what a backend exports, with a ``step`` event per step.
     """
-    folder = job_dir(home, job_id)
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
-    (folder / "spec.json").write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+    attempt_log(home, job_id, 1).parent.mkdir(parents=True, exist_ok=True)
+    spec_file(home, job_id).write_text(spec.model_dump_json(indent=2), encoding="utf-8")
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env = {**inherited, **job_environment(spec, job_id, home, "local"), ENV_LOG_EVERY_S: "0", **extra}
     argv = entry_argv(spec)
     codes[run] = []
     started = time.perf_counter()
     for attempt, want in enumerate(expected, 1):
-        log = folder / "logs" / f"attempt-{attempt}.log"
+        log = attempt_log(home, job_id, attempt)
         begun = time.perf_counter()
         code = _run_attempt(argv, {**env, ENV_ATTEMPT: str(attempt)}, spec.workdir, log)
         codes[run].append(code)
@@ -329,11 +343,14 @@ def _check_rollback(folder: Path, at: int, rollback_at: int) -> None:
     The preempted run saves where the uninterrupted one did, and at the preemption as well.
     """
     events, _ = read_events(folder / "events.jsonl")
-    saved = {int(e["step"]) for e in events if e["kind"] == "checkpoint" and isinstance(e.get("step"), int)} | {at}
+    saved = {int(e["step"]) for e in events if e["kind"] == EventKind.CHECKPOINT and isinstance(e.get("step"), int)}
+    saved.add(at)
     if min(saved) >= rollback_at:
-        raise UsageError(
-            f"--rollback-at {rollback_at}: no checkpoint is saved before it to roll back to (the first is at step "
-            f"{min(saved)}); choose a step after {min(saved)}"
+        raise ParameterError(
+            "{rollback_at}: no checkpoint is saved before it to roll back to (the first is at step "
+            "{first!s}); choose a step after {first!s}",
+            rollback_at=rollback_at,
+            first=min(saved),
         )
 
 
@@ -356,13 +373,13 @@ def step_losses(path: Path) -> dict[int, list[float]]:
     events, _ = read_events(path)
     losses: dict[int, list[float]] = {}
     for e in events:
-        if e["kind"] == "rollback" and e.get("injected"):
+        if e["kind"] == EventKind.ROLLBACK and e.get("injected"):
             for step in range(int(e["to_step"]) + 1, int(e["from_step"]) + 1):
                 if losses.get(step):
                     losses[step].pop()
             continue
         loss = _as_loss(e.get("loss"))
-        if e["kind"] == "step" and isinstance(e.get("step"), int) and loss is not None:
+        if e["kind"] == EventKind.STEP and isinstance(e.get("step"), int) and loss is not None:
             losses.setdefault(int(e["step"]), []).append(loss)
     return {step: values for step, values in losses.items() if values}
 

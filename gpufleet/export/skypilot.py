@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from gpufleet import __version__
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.jobs.protocol import (
     ENV_CKPT_DIR,
     ENV_JOB_DIR,
@@ -101,23 +101,28 @@ def skypilot_infra(provider: str | None, region: str | None, infra: Mapping[str,
         return f"k8s/{region}" if region else "k8s"
     if provider in SKYPILOT_CLOUDS:
         return f"{provider}/{region}" if region else provider
-    raise UsageError(
-        f"provider {provider!r} is not a SkyPilot cloud: map it with --infra {provider}=<cloud or k8s/<context>> "
-        f"(SkyPilot clouds: {', '.join(sorted(SKYPILOT_CLOUDS))}, k8s)"
+    raise ParameterError(
+        "provider {provider!r} is not a SkyPilot cloud: map it with {infra:name} {provider!s}=<cloud or k8s/<context>> "
+        "(SkyPilot clouds: {clouds!s}, k8s)",
+        provider=provider,
+        infra=overrides,
+        clouds=", ".join(sorted(SKYPILOT_CLOUDS)),
     )
 
 
-def parse_infra_map(items: list[str]) -> dict[str, str]:
+def parse_infra_map(infra: list[str]) -> dict[str, str]:
     """``["coreweave=k8s/cw-context"]`` -> ``{"coreweave": "k8s/cw-context"}``; checked as SkyPilot would."""
     mapping: dict[str, str] = {}
-    for item in items:
+    for item in infra:
         provider, sep, target = item.partition("=")
         if not sep or not provider or not re.match(r"^(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)(?:/\S+)?$", target):
-            raise UsageError(f"--infra {item!r} is not PROVIDER=INFRA, e.g. coreweave=k8s/my-context or nscale=aws")
+            raise ParameterError(
+                "{infra} is not PROVIDER=INFRA, e.g. coreweave=k8s/my-context or nscale=aws", infra=item
+            )
         cloud, slash, rest = target.partition("/")
         cloud = cloud.lower()
         if cloud not in SKYPILOT_CLOUDS and cloud not in KUBERNETES and cloud != "*":
-            raise UsageError(f"--infra {item!r}: {cloud!r} is not a SkyPilot cloud (nor k8s)")
+            raise ParameterError("{infra}: {cloud!r} is not a SkyPilot cloud (nor k8s)", infra=item, cloud=cloud)
         mapping[provider] = cloud + slash + rest
     return mapping
 

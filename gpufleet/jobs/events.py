@@ -8,6 +8,7 @@ Lines are ``{"ts": <unix time>, "attempt": <n>, "kind": <str>, ...}``.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import math
 import sys
@@ -19,6 +20,121 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 (still supported): the same thing, a str whose str() and format() are the value
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
+
+
+class EventKind(StrEnum):
+    """Every event kind gpufleet itself writes: the runtime to ``events.jsonl``, the backends and the store to
+    the database's ``events`` table.
+
+    A member equals its string (``EventKind.STEP == "step"``), which is what logs and databases hold, so
+    reading code may compare either way. ``TrainSession.log(kind, ...)`` may still write any other kind
+    of a user's choosing: a kind read back is a ``str``, not necessarily a member.
+    """
+
+    # ---- the runtime (TrainSession, its rank watchdog), in events.jsonl ----------------------------
+    SESSION_START = "session_start"
+    """A training process opened its session (pid, total_steps, resume policy)."""
+    GPU_SOURCE = "gpu_source"
+    """Where the session's GPU samples come from (NVML, DCGM, a simulation)."""
+    GROUP = "group"
+    """A distributed session's ranks: world size, backend, and each rank's host and pid."""
+    RESTORE = "restore"
+    """A checkpoint was restored (at start or by a rollback), or none was found (``step: null``)."""
+    CHECKPOINT_SKIPPED = "checkpoint_skipped"
+    """A checkpoint could not be used on restore (corrupt, mismatched) and an older one was tried."""
+    RNG_RESEEDED = "rng_reseeded"
+    """The random state was reseeded because the world size changed since the checkpoint."""
+    CONFIG_CHANGED = "config_changed"
+    """The restored optimizer settings differ from this run's; the checkpoint's were kept."""
+    NOTHING_TO_TRAIN = "nothing_to_train"
+    """The restored step is already at ``total_steps``: the loop has nothing left to run."""
+    TRAIN_START = "train_start"
+    """The loop begins: the step and data position it starts from."""
+    STEP = "step"
+    """A healthy step ended: loss, throughput, MFU, per-rank timings."""
+    UNHEALTHY = "unhealthy"
+    """A step's loss or the model state was NaN, inf or a spike."""
+    ROLLBACK = "rollback"
+    """Training went back to the last healthy checkpoint, skipping the offending batches."""
+    CHECKPOINT = "checkpoint"
+    """A checkpoint was committed: step, seconds, bytes, why it was taken."""
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    """A checkpoint could not be written (no space); the last good one is kept."""
+    PREEMPT_SIGNAL = "preempt_signal"
+    """The process saw SIGTERM or SIGUSR1 (or a preemption request) and saves before exiting."""
+    METRICS = "metrics"
+    """Anything a script logged with ``TrainSession.log`` without naming a kind."""
+    EVAL = "eval"
+    """Evaluation losses the built-in workloads log (``TrainSession.log("eval", ...)``)."""
+    RANK_STALLED = "rank_stalled"
+    """The watchdog found ranks that stopped stepping (where each one is stuck)."""
+    RANK_STALL_CLEARED = "rank_stall_cleared"
+    """The group steps again after a reported stall."""
+    SESSION_END = "session_end"
+    """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
+
+    # ---- the backends and the store, in the database ---------------------------------------------
+    QUEUED = "queued"
+    """A job was submitted to the store (its priority)."""
+    SUBMITTED = "submitted"
+    """A remote scheduler accepted the job (the Slurm job id, the Ray actor)."""
+    RESIZED = "resized"
+    """The job's GPUs or world size changed for its next attempts."""
+    ATTEMPT_START = "attempt_start"
+    """An attempt's process started (pid, node, GPUs, world size)."""
+    PREEMPTED_BY = "preempted_by"
+    """An attempt is being preempted to make room for a higher-priority job."""
+    SIGTERM = "sigterm"
+    """An attempt was sent SIGTERM (preempted or cancelled), with its grace time to save."""
+    SIGKILL = "sigkill"
+    """An attempt was killed after its grace time expired."""
+    ATTEMPT_END = "attempt_end"
+    """An attempt's process ended: exit code and outcome."""
+    REQUEUED = "requeued"
+    """The job went back to the queue for another attempt."""
+    COMPLETED = "completed"
+    """The job completed (its final state)."""
+    FAILED = "failed"
+    """The job failed (its final state)."""
+    CANCELLED = "cancelled"
+    """The job was cancelled (its final state)."""
+    EVENTS_REJECTED = "events_rejected"
+    """Lines of the job's ``events.jsonl`` that are not events were skipped when it was read."""
+
+
+NOTABLE: tuple[EventKind, ...] = (
+    EventKind.QUEUED,
+    EventKind.ATTEMPT_START,
+    EventKind.SIGTERM,
+    EventKind.SIGKILL,
+    EventKind.PREEMPTED_BY,
+    EventKind.RESIZED,
+    EventKind.RESTORE,
+    EventKind.CHECKPOINT_SKIPPED,
+    EventKind.UNHEALTHY,
+    EventKind.ROLLBACK,
+    EventKind.PREEMPT_SIGNAL,
+    EventKind.ATTEMPT_END,
+    EventKind.REQUEUED,
+    EventKind.COMPLETED,
+    EventKind.FAILED,
+    EventKind.CANCELLED,
+    EventKind.RANK_STALLED,
+    EventKind.RANK_STALL_CLEARED,
+    EventKind.CHECKPOINT_FAILED,
+)
+"""The events a person watching a job should see (``gpufleet show``, ``gpufleet watch``)."""
 
 
 def _clean(value: Any) -> Any:
@@ -52,7 +168,7 @@ class EventLog:
             self._fh = path.open("a", encoding="utf-8")
 
     def emit(self, kind: str, **data: Any) -> dict[str, Any]:
-        event = {"ts": time.time(), "attempt": self.attempt, "kind": kind, **_clean(data)}
+        event = {"ts": time.time(), "attempt": self.attempt, "kind": str(kind), **_clean(data)}  # plain str
         with self._lock:
             self._write(event)
         for listener in self.listeners:
@@ -164,5 +280,5 @@ SESSION_EXIT = {"completed": 0, "requeue": REQUEUE_EXIT_CODE, "failed": 1}
 def exit_from_events(events_path: Path, attempt: int) -> int | None:
     """The exit status an attempt's last ``session_end`` stands for, or ``None`` if it has none."""
     events, _ = read_events(events_path)
-    ends = [e for e in events if e["kind"] == "session_end" and e.get("attempt") == attempt]
+    ends = [e for e in events if e["kind"] == EventKind.SESSION_END and e.get("attempt") == attempt]
     return SESSION_EXIT.get(str(ends[-1].get("status"))) if ends else None

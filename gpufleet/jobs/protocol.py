@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet.errors import UsageError
-from gpufleet.paths import job_dir
+from gpufleet.paths import checkpoints_dir, events_file, job_dir, spec_file
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -94,9 +94,9 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
         "GPUFLEET_JOB_NAME": spec.name,
         "GPUFLEET_TEAM": spec.team,
         ENV_JOB_DIR: str(folder),
-        ENV_SPEC: str(folder / "spec.json"),
-        ENV_CKPT_DIR: str(folder / "checkpoints"),
-        ENV_EVENTS: str(folder / "events.jsonl"),
+        ENV_SPEC: str(spec_file(home, job_id)),
+        ENV_CKPT_DIR: str(checkpoints_dir(home, job_id)),
+        ENV_EVENTS: str(events_file(home, job_id)),
         "GPUFLEET_BACKEND": backend,
         ENV_WORLD_SIZE: str(spec.world_size),
         ENV_STRATEGY: spec.distributed.strategy if spec.distributed is not None else "none",

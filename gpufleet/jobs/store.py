@@ -13,46 +13,117 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import SpecError, StoreError, UsageError
+from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState as JobState  # re-exported: where jobs are defined
+from gpufleet.jobs.states import Outcome as Outcome
 from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec, parse_spec
 
-SCHEMA_VERSION = 1
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+"""The states a job never leaves."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
+_V1_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL, team TEXT NOT NULL, priority INTEGER NOT NULL,
     backend TEXT NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL,
     submitted_at REAL NOT NULL, updated_at REAL NOT NULL,
     restarts INTEGER NOT NULL DEFAULT 0, reason TEXT, env TEXT NOT NULL DEFAULT '{}',
-    events_offset INTEGER NOT NULL DEFAULT 0,
-    backend_ref TEXT
-);
-CREATE TABLE IF NOT EXISTS attempts (
+    events_offset INTEGER NOT NULL DEFAULT 0
+)""",
+    """CREATE TABLE IF NOT EXISTS attempts (
     job_id INTEGER NOT NULL REFERENCES jobs(id), n INTEGER NOT NULL,
     state TEXT NOT NULL, pid INTEGER, started_at REAL NOT NULL, ended_at REAL,
     exit_code INTEGER, outcome TEXT, sigterm_at REAL, kill_at REAL,
     PRIMARY KEY (job_id, n)
-);
-CREATE TABLE IF NOT EXISTS events (
+)""",
+    """CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, attempt INTEGER,
     ts REAL NOT NULL, kind TEXT NOT NULL, source TEXT NOT NULL, data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_job ON events(job_id, ts);
-CREATE TABLE IF NOT EXISTS requests (
+)""",
+    "CREATE INDEX IF NOT EXISTS events_job ON events(job_id, ts)",
+    """CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, kind TEXT NOT NULL,
     grace REAL, created_at REAL NOT NULL, handled_at REAL
-);
+)""",
+)
+
+
+def _create_tables(db: sqlite3.Connection) -> None:
+    """1: jobs, attempts, events, requests, and ``meta``."""
+    for statement in _V1_SCHEMA:
+        db.execute(statement)
+
+
+def _add_backend_ref(db: sqlite3.Connection) -> None:
+    """2: ``jobs.backend_ref``, the scheduler's own id for a job (remote backends).
+
+    gpufleet before numbered migrations added this column while staying at version 1, so a
+    version 1 database may have it already.
+    """
+    if "backend_ref" not in _columns(db, "jobs"):
+        db.execute("ALTER TABLE jobs ADD COLUMN backend_ref TEXT")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_tables, _add_backend_ref)
+"""Migration ``N`` (``MIGRATIONS[N - 1]``) takes a database from version ``N - 1`` to ``N``.
+
+Append only: a released migration never changes, and a new one also bumps ``SCHEMA_VERSION`` (its
+length). The version lives in ``PRAGMA user_version``, mirrored in ``meta.schema_version`` (which
+gpufleet before numbered migrations reads, and refuses a database newer than it by).
 """
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _schema_version(db: sqlite3.Connection) -> int:
+    """The database's version: ``user_version``, or for one written before it was kept there, ``meta``'s."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0 and db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is not None:
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row is not None else 0
+    return version
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database to ``SCHEMA_VERSION`` in one transaction; refuse one newer than this code."""
+
+    def refuse_newer(version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                f"state database {path} has schema version {version}, newer than this gpufleet knows "
+                f"({SCHEMA_VERSION}): a newer gpufleet wrote it; upgrade gpufleet (pip install -U gpufleet), "
+                "or set GPUFLEET_HOME to another folder"
+            )
+
+    version = _schema_version(db)
+    refuse_newer(version)
+    if version == SCHEMA_VERSION:
+        return  # the usual open: a read, no write lock
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = _schema_version(db)  # another process may have migrated it meanwhile
+        refuse_newer(version)
+        for migration in MIGRATIONS[version:]:
+            migration(db)
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
+    except BaseException:
+        if db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 class _Connection(sqlite3.Connection):
@@ -79,7 +150,7 @@ class Job:
     team: str
     priority: int
     backend: str
-    state: str
+    state: JobState
     spec: JobSpec
     submitted_at: float
     updated_at: float
@@ -100,7 +171,7 @@ class Attempt:
     started_at: float
     ended_at: float | None
     exit_code: int | None
-    outcome: str | None
+    outcome: Outcome | None
     sigterm_at: float | None
     kill_at: float | None
 
@@ -156,23 +227,23 @@ class Store:
         private_dir(path.parent)  # the database holds each job's env, which may hold tokens
         if not path.exists():
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        db: _Connection | None = None
         try:
-            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, factory=_Connection)
-            self._db.where = path.parent
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
-            if "backend_ref" not in columns:  # databases written before remote backends existed
-                self._db.execute("ALTER TABLE jobs ADD COLUMN backend_ref TEXT")
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise StoreError(f"{path} was written by a newer gpufleet (schema {row[0]}); upgrade gpufleet")
-        except sqlite3.DatabaseError as err:
-            raise StoreError(f"cannot open state database {path}: {err}; move it aside or set GPUFLEET_HOME") from None
+            db = sqlite3.connect(path, timeout=30.0, isolation_level=None, factory=_Connection)
+            db.where = path.parent
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            _migrate(db, path)
+        except BaseException as err:
+            if db is not None:
+                db.close()
+            if isinstance(err, sqlite3.DatabaseError):
+                raise StoreError(
+                    f"cannot open state database {path}: {err}; move it aside or set GPUFLEET_HOME"
+                ) from None
+            raise
+        self._db = db
 
     def close(self) -> None:
         self._db.close()
@@ -199,9 +270,8 @@ class Store:
             )
             job_id = int(cur.lastrowid or 0)
             db.execute(
-                "INSERT INTO events (job_id, attempt, ts, kind, source, data)"
-                " VALUES (?, NULL, ?, 'queued', 'backend', ?)",
-                (job_id, now, json.dumps({"priority": spec.priority})),
+                "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, NULL, ?, ?, 'backend', ?)",
+                (job_id, now, EventKind.QUEUED, json.dumps({"priority": spec.priority})),
             )
         return job_id
 
@@ -233,7 +303,7 @@ class Store:
             )
 
     def _job(self, row: sqlite3.Row) -> Job:
-        state, reason = row["state"], row["reason"]
+        state, reason = JobState(row["state"]), row["reason"]
         try:
             spec = parse_spec(json.loads(row["spec"]), source=f"job {row['id']}")
         except (ValueError, SpecError) as err:
@@ -241,7 +311,7 @@ class Store:
             spec = _placeholder_spec(row["name"], row["team"])
             reason = f"broken: its stored spec does not validate ({str(err).splitlines()[0][:200]})"
             if state not in TERMINAL:
-                state = "failed"
+                state = JobState.FAILED
                 self.set_job_state(row["id"], state, reason=reason)
         try:
             env = json.loads(row["env"])
@@ -314,7 +384,10 @@ class Store:
 
     # ---- attempts ------------------------------------------------------------------------
     def _attempt(self, row: sqlite3.Row) -> Attempt:
-        return Attempt(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
+        fields = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row
+        if fields["outcome"] is not None:
+            fields["outcome"] = Outcome(fields["outcome"])
+        return Attempt(**fields)
 
     def begin_attempt(self, job_id: int, n: int, started_at: float) -> None:
         """Record the intent to launch attempt ``n`` (no PID yet) and the job running, in one transaction.
@@ -357,9 +430,12 @@ class Store:
                 (job_state, reason, restarts, ended_at, job_id),
             )
             db.execute(
-                insert, (job_id, n, ended_at, "attempt_end", json.dumps({"exit_code": exit_code, "outcome": outcome}))
+                insert,
+                (job_id, n, ended_at, EventKind.ATTEMPT_END, json.dumps({"exit_code": exit_code, "outcome": outcome})),
             )
-            db.execute(insert, (job_id, n, ended_at, "requeued" if job_state == "queued" else job_state, "{}"))
+            db.execute(
+                insert, (job_id, n, ended_at, EventKind.REQUEUED if job_state == JobState.QUEUED else job_state, "{}")
+            )
 
     def add_attempt(self, job_id: int, n: int, pid: int, started_at: float) -> None:
         with self.transaction() as db:
@@ -489,8 +565,10 @@ def _placeholder_spec(name: str, team: str) -> JobSpec:
 
 def latest_step(store: Store, job_id: int) -> int | None:
     """The job's most recent step count, as reported by its runtime (``None`` before any)."""
-    for ev in reversed(store.events(job_id, kinds=("train_start", "step", "checkpoint", "rollback"))):
-        value = ev.data.get("to_step" if ev.kind == "rollback" else "step")
+    for ev in reversed(
+        store.events(job_id, kinds=(EventKind.TRAIN_START, EventKind.STEP, EventKind.CHECKPOINT, EventKind.ROLLBACK))
+    ):
+        value = ev.data.get("to_step" if ev.kind == EventKind.ROLLBACK else "step")
         if isinstance(value, int):
             return value
     return None

@@ -39,7 +39,6 @@ the choice loop and the explanations. The arrays the costs above are computed on
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpufleet.errors import UsageError
+from gpufleet.fmt import finite_or_none
 from gpufleet.paths import NAME_HINT, NAME_RE
 from gpufleet.placement.advisor import CheckpointAdvice, advise
 from gpufleet.placement.catalog import GPU_TYPE_HINT, GPU_TYPE_RE, Catalog, Offer
@@ -188,10 +188,6 @@ class Candidate:
         }
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def parse_target(text: str) -> str:
     """Validate a block target: ``provider``, ``provider/region`` or ``provider/region/gpu_type``."""
     parts = text.split("/")
@@ -321,7 +317,7 @@ def _choice(t: _Tables, j: int, c: int, admission: Admission | None) -> Choice:
         finish_at_hours=t.now_hours + x,
         cost=CostBreakdown(price * n * h, price * n * (x - h), float(t.egress(j)[o])),
         admission=admission,
-        interval_seconds=_finite(float(t.interval[k, o])) if spot else None,
+        interval_seconds=finite_or_none(float(t.interval[k, o])) if spot else None,
         interval_source=t.interval_source[j] if spot else None,
         advice=advice,
         preference=_preference(t, j, c) if job.placement.ordered else None,
@@ -414,8 +410,8 @@ class Decision:
                     spot=bool(spot),
                     reason=REASON_SLUG[code],
                     detail=_detail(t, j, c, code, self.chosen, self._left, notes, total),
-                    expected_hours=_finite(float(hours[c])),
-                    expected_cost=_finite(float(total[c])),
+                    expected_hours=finite_or_none(float(hours[c])),
+                    expected_cost=finite_or_none(float(total[c])),
                 )
             )
         return tuple(out)

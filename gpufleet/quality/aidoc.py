@@ -25,6 +25,7 @@ from datetime import date, datetime, timezone
 from importlib import metadata
 from typing import Any
 
+from gpufleet.fmt import markdown_table
 from gpufleet.quality.registry import AliasEvent, Registry
 
 ANNEX_III_FROM = date(2027, 12, 2)
@@ -147,9 +148,7 @@ def _cell(value: Any) -> str:
 def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
     if not rows:
         return ["_None recorded._", ""]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return [*out, ""]
+    return [*markdown_table(head, ([_cell(v) for v in row] for row in rows)), ""]
 
 
 def _plan_lines(plan: dict[str, Any]) -> list[str]:

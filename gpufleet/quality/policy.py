@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.errors import UsageError
+from gpufleet.fmt import finite_or_none
 
 if TYPE_CHECKING:
     from gpufleet.quality.drift import DriftReport
@@ -202,10 +203,6 @@ def _calendar(cfg: PolicyConfig, ev: Evidence) -> tuple[Action, str | None, floa
     return "pass", None, age
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
 def decide(cfg: PolicyConfig, state: PolicyState, ev: Evidence) -> Decision:
     """The window's action and the next state (pure: same inputs, same decision)."""
     streak = state.drift_streak + 1 if ev.dataset_drift else 0
@@ -238,8 +235,8 @@ def decide(cfg: PolicyConfig, state: PolicyState, ev: Evidence) -> Decision:
         "drifted_columns": list(ev.drifted_columns),
         "drift_streak": streak,
         "metric_name": ev.metric_name,
-        "metric": _finite(ev.metric),
-        "baseline_metric": _finite(ev.baseline_metric),
+        "metric": finite_or_none(ev.metric),
+        "baseline_metric": finite_or_none(ev.baseline_metric),
         "metric_drop": drop,
         "model_age_s": age,
         "cooldown_until": cooldown_until,

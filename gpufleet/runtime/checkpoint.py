@@ -45,7 +45,13 @@ from typing import IO, Any, Literal
 
 from pydantic import ValidationError
 
-from gpufleet.errors import CheckpointError, CheckpointSpaceError, CorruptCheckpoint, ForeignCheckpoint, UsageError
+from gpufleet.errors import (
+    CheckpointError,
+    CheckpointSpaceError,
+    CorruptCheckpoint,
+    ForeignCheckpoint,
+    ParameterError,
+)
 from gpufleet.runtime.manifest import (
     DCP_METADATA,
     FILE_RE,
@@ -595,9 +601,13 @@ class CheckpointDir:
 
         out = Path(out)
         if out.is_dir():
-            raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {str(out / 'model.pt')!r}")
+            raise ParameterError(
+                "{out} is a directory: give a file name, e.g. {example!r}", out=str(out), example=str(out / "model.pt")
+            )
         if not out.parent.is_dir():
-            raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")
+            raise ParameterError(
+                "{out}: folder {folder!r} does not exist; create it first", out=str(out), folder=str(out.parent)
+            )
         found: dict[str, Any] | None
         if step is None:
             info, manifest, found, skipped = self.restore_candidate(formats=ANY_FORMAT)
@@ -609,7 +619,13 @@ class CheckpointDir:
             path = self.root / step_dirname(step)
             if not (path.exists() or path.is_symlink()):
                 steps = ", ".join(str(s) for _, s in self._folders()) or "none"
-                raise UsageError(f"--step {step}: {self.root} has no {path.name} (steps there: {steps}); pick one")
+                raise ParameterError(
+                    "{step}: {root!s} has no {folder!s} (steps there: {steps!s}); pick one",
+                    step=step,
+                    root=self.root,
+                    folder=path.name,
+                    steps=steps,
+                )
             manifest, found = self.check(path)
             if not manifest.healthy:
                 raise CheckpointError(f"{path} is marked unhealthy; export a healthy step (see `gpufleet ckpt list`)")
@@ -623,12 +639,19 @@ class CheckpointDir:
         else:
             state = found
         if entry not in state:
-            raise UsageError(f"--entry {entry!r}: {path.name} holds {', '.join(sorted(state))}; pick one of those")
+            raise ParameterError(
+                "{entry}: {folder!s} holds {held!s}; pick one of those",
+                entry=entry,
+                folder=path.name,
+                held=", ".join(sorted(state)),
+            )
         value = state[entry]
         try:
             write_durably(out, lambda fh: torch.save(value, fh))
         except OSError as err:
-            raise UsageError(f"--out {str(out)!r}: cannot write ({err.strerror}); choose another path") from None
+            raise ParameterError(
+                "{out}: cannot write ({why!s}); choose another path", out=str(out), why=err.strerror
+            ) from None
         tensors = _tensor_map(value)
         return ExportedEntry(
             source=path,

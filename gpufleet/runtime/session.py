@@ -38,7 +38,7 @@ from gpufleet.cost.rates import load_rates
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError, SpecError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
-from gpufleet.jobs.events import EventLog
+from gpufleet.jobs.events import EventKind, EventLog
 from gpufleet.jobs.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.checkpoint import (
     CheckpointDir,
@@ -370,7 +370,7 @@ class TrainSession:
 
     # ---- context manager: restore on entry, handlers in, handlers out ----------------------
     def __enter__(self) -> TrainSession:
-        self.events.emit("session_start", pid=os.getpid(), total_steps=self.total_steps, resume=self.resume)
+        self.events.emit(EventKind.SESSION_START, pid=os.getpid(), total_steps=self.total_steps, resume=self.resume)
         try:
             self._open()
         except BaseException as err:
@@ -390,7 +390,7 @@ class TrainSession:
         self._check_resume_mode()
         if self.gpu_sampler is not None:
             self.gpu_sampler.start()
-            self.events.emit("gpu_source", source=self.gpu_sampler.source.description)
+            self.events.emit(EventKind.GPU_SOURCE, source=self.gpu_sampler.source.description)
         info = self.restore()
         if info is None and self.resume == "must":
             raise CheckpointError(
@@ -399,7 +399,7 @@ class TrainSession:
             )
         if self.total_steps is not None and self.step >= self.total_steps:
             self._say(
-                "nothing_to_train",
+                EventKind.NOTHING_TO_TRAIN,
                 f"{self.ckpts.root} is already at step {self.step} of {self.total_steps}: nothing to train "
                 "(resume: never, or remove the checkpoints, to start over)",
                 step=self.step,
@@ -416,14 +416,14 @@ class TrainSession:
         self._step_started = time.monotonic()
         self._window_start = time.monotonic()
         self._agreed_at = time.monotonic()
-        self.events.emit("train_start", step=self.step, data_position=self.data_position)
+        self.events.emit(EventKind.TRAIN_START, step=self.step, data_position=self.data_position)
 
     def _start_watch(self) -> None:
         """Every rank: say where it runs (rank 0 records it), then watch for a rank that stops stepping."""
         here = RankInfo.here(self.group.rank)
         ranks = [RankInfo(*info) for info in self.group.gather((here.rank, here.host, here.pid))]
         self.events.emit(
-            "group",
+            EventKind.GROUP,
             world_size=self.group.world_size,
             backend=self.group.backend,
             ranks=[{"rank": r.rank, "host": r.host, "pid": r.pid} for r in ranks],
@@ -469,15 +469,19 @@ class TrainSession:
     def _emit_end(self, exc: BaseException | None) -> None:
         """``session_end``: completed, requeue (preempted, or a rank of the group lost) or failed."""
         if exc is None:
-            self.events.emit("session_end", status="completed", step=self.step)
+            self.events.emit(EventKind.SESSION_END, status="completed", step=self.step)
         elif isinstance(exc, Preempted):
-            self.events.emit("session_end", status="requeue", step=self.step)
+            self.events.emit(EventKind.SESSION_END, status="requeue", step=self.step)
         elif self.group.distributed and is_peer_loss(exc):
             if not isinstance(exc, PeerLost):  # DDP's all-reduce in backward found it, not the session
                 mark_lost(self.group.rank, str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "")
-            self.events.emit("session_end", status="requeue", step=self.step, reason="rank_lost", error=str(exc))
+            self.events.emit(
+                EventKind.SESSION_END, status="requeue", step=self.step, reason="rank_lost", error=str(exc)
+            )
         else:
-            self.events.emit("session_end", status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
+            self.events.emit(
+                EventKind.SESSION_END, status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}"
+            )
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
@@ -489,7 +493,7 @@ class TrainSession:
         if bad is not None or self._unhealthy_since_save:
             what = f"{bad} holds NaN or inf" if bad else "a step since the last checkpoint was unhealthy"
             self._say(
-                "unhealthy",
+                EventKind.UNHEALTHY,
                 f"the final state at step {self.step} is unhealthy: {what}",
                 step=self.step,
                 reason="nonfinite_state" if bad else "unhealthy_step",
@@ -628,7 +632,7 @@ class TrainSession:
             position = self.data_position + (micro or 0) * per
             detail = {"micro_batch": micro, "micro_losses": values} if len(values) > 1 else {}
             self.events.emit(
-                "unhealthy",
+                EventKind.UNHEALTHY,
                 step=self.step + 1,
                 loss=values[micro] if micro is not None else value,
                 reason=verdict.reason,
@@ -664,7 +668,7 @@ class TrainSession:
                 per_rank["rank_wait_s"] = [round(w / n, 6) for w, n in zip(wait, counts, strict=True)]
                 self._rank_window = []
             self.events.emit(
-                "step",
+                EventKind.STEP,
                 step=self.step,
                 loss=value,
                 tokens_per_s=tokens_per_s,
@@ -745,7 +749,7 @@ class TrainSession:
             at += len(step.values)
         return out
 
-    def log(self, kind: str = "metrics", **data: Any) -> None:
+    def log(self, kind: str = EventKind.METRICS.value, **data: Any) -> None:
         """Record anything else (validation loss, test metrics) in the job's event log.
 
         A value of ``checkpoint.keep_best``'s metric that beats every earlier one is saved with
@@ -756,6 +760,7 @@ class TrainSession:
             value = data[best.metric]
             if isinstance(value, (int, float)) and not isinstance(value, bool):  # the mean over ranks decides
                 data = {**data, best.metric: self.group.agree([float(value)])[0] / self.group.world_size}
+        kind = str(kind)  # a plain str, also for an EventKind: the trainer state is loaded with weights_only
         self.events.emit(kind, step=self.step, **data)
         self._logged[kind] = self.step
         if self._note_metrics(data) and self.step > 0:
@@ -821,7 +826,7 @@ class TrainSession:
     def _roll_back_bad_state(self, bad: str, when: str) -> None:
         """Weights or optimizer state went non-finite while every reported loss was finite."""
         self._say(
-            "unhealthy",
+            EventKind.UNHEALTHY,
             f"{bad} holds NaN or inf at step {self.step} ({when}), though the reported losses were finite",
             step=self.step,
             reason="nonfinite_state",
@@ -922,7 +927,7 @@ class TrainSession:
 
     def _save_failed(self, err: CheckpointSpaceError, step: int, reason: str) -> None:
         self._say(
-            "checkpoint_failed",
+            EventKind.CHECKPOINT_FAILED,
             f"checkpoint at step {step} not saved: {err}; the last good checkpoint is kept",
             step=step,
             reason=reason,
@@ -949,7 +954,7 @@ class TrainSession:
             self._unhealthy_since_save = False
             self._step_seconds.clear()
         self.events.emit(
-            "checkpoint",
+            EventKind.CHECKPOINT,
             step=step,
             seconds=manifest.save_seconds,
             bytes=manifest.total_bytes,
@@ -965,7 +970,7 @@ class TrainSession:
     def _preempt(self) -> None:
         signum = self._preempt_signal
         name = signal.Signals(signum).name if signum is not None else "request"
-        self.events.emit("preempt_signal", signal=name, step=self.step)
+        self.events.emit(EventKind.PREEMPT_SIGNAL, signal=name, step=self.step)
         self._finish_write()  # the write in flight is committed before the process exits
         if self._last_saved_step != self.step:
             self._save("preempt", self.nonfinite_state())
@@ -997,7 +1002,7 @@ class TrainSession:
     def restore(self, before_step: int | None = None, cause: str = "start") -> CheckpointInfo | None:
         """Load the newest complete, verified, healthy checkpoint of this job; report the ones skipped."""
         if self.resume == "never" and cause == "start" and (self.job is None or self.events.attempt == 1):
-            self.events.emit("restore", step=None, seconds=0.0, cause=cause)
+            self.events.emit(EventKind.RESTORE, step=None, seconds=0.0, cause=cause)
             return None
         started = time.perf_counter()
         if self.group.distributed:
@@ -1030,7 +1035,7 @@ class TrainSession:
             )
         for bad in skipped:
             self._say(
-                "checkpoint_skipped",
+                EventKind.CHECKPOINT_SKIPPED,
                 f"skipped {bad.path.name}: {bad.problem}",
                 step=bad.step,
                 path=str(bad.path),
@@ -1038,7 +1043,7 @@ class TrainSession:
             )
         if info is None or manifest is None:
             if before_step is None:
-                self.events.emit("restore", step=None, seconds=time.perf_counter() - started, cause=cause)
+                self.events.emit(EventKind.RESTORE, step=None, seconds=time.perf_counter() - started, cause=cause)
             return None
         optimizer = self._objects.get("optimizer")
         current_optimizer = optimizer.state_dict() if cause == "start" and optimizer is not None else None
@@ -1066,7 +1071,7 @@ class TrainSession:
             restore_rng(rng)
         else:  # another world size: no saved RNG state for this rank
             reseeded_rng(self.step, self.group.rank)
-            self.events.emit("rng_reseeded", step=self.step, world_size=self.group.world_size)
+            self.events.emit(EventKind.RNG_RESEEDED, step=self.step, world_size=self.group.world_size)
         self.values.update(trainer.get("values") or {})
         self._logged = {str(k): int(v) for k, v in (trainer.get("logged") or {}).items()}
         best = trainer.get("best")
@@ -1081,12 +1086,12 @@ class TrainSession:
         self._last_saved_step = self.step
         self._last_save_time = time.monotonic()
         seconds = time.perf_counter() - started
-        self.events.emit("restore", step=self.step, seconds=seconds, path=str(info.path), cause=cause)
+        self.events.emit(EventKind.RESTORE, step=self.step, seconds=seconds, path=str(info.path), cause=cause)
         if cause == "start" and self.echo:
             print(f"gpufleet: resumed from {info.path} (step {self.step}) in {seconds:.2f}s", flush=True)
         if changes:
             self._say(
-                "config_changed",
+                EventKind.CONFIG_CHANGED,
                 f"{info.path.name} restores optimizer settings that differ from this run's: {'; '.join(changes)}. "
                 "The checkpoint's values are used; start over with resume: never to apply the new ones",
                 changes=changes,
@@ -1153,7 +1158,7 @@ class TrainSession:
         target = self.data_position if skip_to is None else skip_to
         skipped = f", skipping batches {self.data_position}..{target - 1}" if target > self.data_position else ""
         self._say(
-            "rollback",
+            EventKind.ROLLBACK,
             f"rolled back from step {bad_step} to healthy step {self.step}{skipped}"
             + (" (injected)" if injected else ""),
             from_step=bad_step,

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpufleet.jobs.events import EventKind
+
 WAITING_MARKS = ("/torch/distributed/", "/torch/autograd/", "/gpufleet/runtime/group.py")
 """Where a rank's main thread waits on the other ranks (collectives, DDP's backward, FSDP's gathers)."""
 
@@ -169,7 +171,7 @@ class RankWatch:
         step, stalled = self._step, now - self._at
         if stalled < self.stall_s:
             if self._reported is not None and step > self._reported:
-                self.emit("rank_stall_cleared", step=step, reported_at_step=self._reported)
+                self.emit(EventKind.RANK_STALL_CLEARED, step=step, reported_at_step=self._reported)
                 print(f"gpufleet: the group steps again (step {step})", file=sys.stderr, flush=True)
                 self._reported = None
             with contextlib.suppress(OSError):
@@ -195,7 +197,7 @@ class RankWatch:
         silent = "no answer (dead, frozen or holding the interpreter)"
         places = {str(r): stalls[r].where if r in stalls else silent for r in stuck}
         self.emit(
-            "rank_stalled",
+            EventKind.RANK_STALLED,
             step=step,
             ranks=stuck,
             hosts=hosts,

@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.jobs.events import EventKind
+
 if TYPE_CHECKING:
     from gpufleet.telemetry.exporter import ExpositionServer
     from gpufleet.telemetry.gpu import GpuSampler
@@ -114,7 +116,7 @@ class JobMetrics:
     def __call__(self, event: Mapping[str, Any]) -> None:
         """Update from one runtime event (an ``EventLog`` listener)."""
         kind = event.get("kind")
-        if kind == "step":
+        if kind == EventKind.STEP:
             self.step.set(float(event.get("step", 0)))
             loss = event.get("loss")
             if isinstance(loss, (int, float)):
@@ -128,16 +130,16 @@ class JobMetrics:
                     for rank, value in enumerate(values):
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             gauge.labels(**self.labels, rank=str(rank)).set(float(value))
-        elif kind == "checkpoint":
+        elif kind == EventKind.CHECKPOINT:
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))
             self.step.set(float(event.get("step", 0)))
-        elif kind == "restore" and event.get("step") is not None:
+        elif kind == EventKind.RESTORE and event.get("step") is not None:
             self.restores.inc()
             self.step.set(float(event["step"]))
-        elif kind == "preempt_signal":
+        elif kind == EventKind.PREEMPT_SIGNAL:
             self.preemptions.inc()
-        elif kind == "rollback":
+        elif kind == EventKind.ROLLBACK:
             self.rollbacks.inc()
 
     def exposition(self) -> bytes:
@@ -182,7 +184,14 @@ class TextfileWriter:
         self.path = path
 
     def __call__(self, event: Mapping[str, Any]) -> None:
-        if event.get("kind") in ("step", "checkpoint", "restore", "preempt_signal", "rollback", "session_end"):
+        if event.get("kind") in (
+            EventKind.STEP,
+            EventKind.CHECKPOINT,
+            EventKind.RESTORE,
+            EventKind.PREEMPT_SIGNAL,
+            EventKind.ROLLBACK,
+            EventKind.SESSION_END,
+        ):
             from prometheus_client import write_to_textfile
 
             write_to_textfile(str(self.path), self.metrics.registry)
@@ -224,7 +233,7 @@ class TargetRegistration:
         tmp.rename(self.path)  # Prometheus never reads a half-written file
 
     def __call__(self, event: Mapping[str, Any]) -> None:
-        if event.get("kind") == "session_end":
+        if event.get("kind") == EventKind.SESSION_END:
             self.path.unlink(missing_ok=True)
 
 

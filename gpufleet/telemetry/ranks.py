@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpufleet.jobs.events import EventKind
 from gpufleet.telemetry.diagnose import Finding, Rule
 
 RANK_RULES: Mapping[str, Rule] = {
@@ -46,7 +47,7 @@ def _hosts(events: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], str]:
     """(attempt, rank) -> host, from the ``group`` event each attempt's rank 0 writes."""
     out: dict[tuple[int, int], str] = {}
     for event in events:
-        if event.get("kind") == "group" and isinstance(event.get("ranks"), list):
+        if event.get("kind") == EventKind.GROUP and isinstance(event.get("ranks"), list):
             for item in event["ranks"]:
                 if isinstance(item, Mapping) and isinstance(item.get("rank"), int):
                     out[(int(event.get("attempt") or 0), item["rank"])] = str(item.get("host", "?"))
@@ -82,9 +83,9 @@ def rank_findings(events: Iterable[Mapping[str, Any]], *, wait_fraction: float =
     cleared: list[tuple[Mapping[str, Any], float]] = []
     for event in events:
         kind, attempt = event.get("kind"), int(event.get("attempt") or 0)
-        if kind == "rank_stalled":
+        if kind == EventKind.RANK_STALLED:
             open_stalls[attempt] = event
-        elif kind == "rank_stall_cleared" and attempt in open_stalls:
+        elif kind == EventKind.RANK_STALL_CLEARED and attempt in open_stalls:
             stall = open_stalls.pop(attempt)
             cleared.append((stall, float(event.get("ts", 0)) - float(stall.get("ts", 0)) + float(stall["seconds"])))
     for attempt, stall in sorted(open_stalls.items()):
@@ -128,7 +129,7 @@ def _stragglers(
 ) -> list[Finding]:
     per_attempt: dict[int, tuple[list[list[float]], list[list[float]], float, float]] = {}
     for event in events:
-        if event.get("kind") != "step":
+        if event.get("kind") != EventKind.STEP:
             continue
         step_s, wait_s = _numbers(event.get("rank_step_s")), _numbers(event.get("rank_wait_s"))
         if step_s is None or wait_s is None or len(step_s) != len(wait_s) or len(step_s) < 2:

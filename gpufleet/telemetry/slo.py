@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.errors import UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Attempt, Event, Job
 from gpufleet.yamlio import read_yaml, validate
 
@@ -134,7 +135,7 @@ def died_of_oom(outcome: str | None, events: Sequence[Event], log_tail: Callable
         return False
     for e in events:
         error = e.data.get("error")
-        if e.kind == "session_end" and isinstance(error, str) and mentions_oom(error, OOM_ERROR_MARKERS):
+        if e.kind == EventKind.SESSION_END and isinstance(error, str) and mentions_oom(error, OOM_ERROR_MARKERS):
             return True
     return mentions_oom(log_tail())
 
@@ -162,11 +163,11 @@ def training_tokens(attempts: Sequence[Attempt], events: Sequence[Event]) -> tup
     tokens = seconds = 0.0
     for a in attempts:
         mine = [e for e in events if e.attempt == a.n and e.source == "runtime"]
-        prev = next((e.ts for e in mine if e.kind == "train_start"), None)
+        prev = next((e.ts for e in mine if e.kind == EventKind.TRAIN_START), None)
         if prev is None:
             continue
         for e in mine:
-            if e.kind != "step" or e.ts < prev:
+            if e.kind != EventKind.STEP or e.ts < prev:
                 continue
             rate = e.data.get("tokens_per_s")
             if isinstance(rate, int | float) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0:

@@ -415,7 +415,7 @@ def test_cancel_a_running_job(home: Path, fake: FakeCluster) -> None:
 def test_preempt_needs_a_running_attempt_and_a_positive_grace(home: Path, fake: FakeCluster) -> None:
     backend = RayBackend(home, cluster=fake)
     job_id = backend.submit(command_spec(PREEMPTIBLE))
-    with pytest.raises(UsageError, match="--grace 0"):
+    with pytest.raises(UsageError, match="grace=0 is invalid"):
         backend.preempt(job_id, grace=0)
     wait_for(lambda: (home / "jobs" / str(job_id) / "ready").exists())
     fake.exited.add(job_id)  # as if its actor had died for good

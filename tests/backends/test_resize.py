@@ -23,7 +23,7 @@ from gpufleet.backends.ray.backend import RayBackend
 from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.cost.usage import attempt_gpus, store_usages
 from gpufleet.errors import UsageError
-from gpufleet.jobs.store import Attempt, Event, Store
+from gpufleet.jobs.store import Attempt, Event, Outcome, Store
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.workloads.tinylm import TINY
 
@@ -75,10 +75,10 @@ def test_a_group_resized_to_one_gpu_drops_its_distributed_block() -> None:
 @pytest.mark.parametrize(
     ("gpus", "nodes", "match"),
     [
-        (-1, None, r"^--gpus -1 is invalid: give the GPUs per node, from 0 to 1024$"),
-        (2000, None, r"^--gpus 2000 is invalid"),
-        (1, 0, r"^--nodes 0 is invalid: give the number of nodes, from 1 to 1024$"),
-        (1, 2, r"^--nodes 2: this job is one process \(it has no `distributed` block\), which runs on one node"),
+        (-1, None, r"^gpus=-1 is invalid: give the GPUs per node, from 0 to 1024$"),
+        (2000, None, r"^gpus=2000 is invalid"),
+        (1, 0, r"^nodes=0 is invalid: give the number of nodes, from 1 to 1024$"),
+        (1, 2, r"^nodes=2: this job is one process \(it has no `distributed` block\), which runs on one node"),
     ],
 )
 def test_bad_sizes_are_refused_naming_the_value(gpus: int, nodes: int | None, match: str) -> None:
@@ -136,7 +136,7 @@ def test_more_gpus_than_the_local_slots_are_refused(home: Path, monkeypatch: pyt
     monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
     backend = LocalBackend(home, spawn=False)
     job = backend.submit(group_of(2))
-    with pytest.raises(UsageError, match=r"^--gpus 3 exceeds the local backend's 2 virtual GPU slot\(s\): give 2"):
+    with pytest.raises(UsageError, match=r"^gpus=3 exceeds the local backend's 2 virtual GPU slot\(s\): give 2"):
         backend.resize(job, 3)
     with pytest.raises(UsageError, match=r"does not support jobs over more than one node"):
         backend.resize(job, 1, nodes=2)
@@ -200,7 +200,7 @@ def test_each_attempt_is_priced_at_the_gpus_it_started_with(home: Path) -> None:
     job = store.job(store.add_job(spec_of(resources={"gpus": 8}), "local"))
 
     def attempt(n: int, started_at: float) -> Attempt:
-        return Attempt(job.id, n, "ended", 1, started_at, started_at + 5, 75, "preempted", None, None)
+        return Attempt(job.id, n, "ended", 1, started_at, started_at + 5, 75, Outcome.PREEMPTED, None, None)
 
     def event(kind: str, n: int | None, ts: float, source: str = "backend", **data: Any) -> Event:
         return Event(job.id, n, ts, kind, source, data)

@@ -25,7 +25,7 @@ from gpufleet.cost.fleet import (
 from gpufleet.cost.fleet_page import write_report
 from gpufleet.cost.rates import Rate, RateCard
 from gpufleet.errors import UsageError
-from gpufleet.jobs.store import Attempt, Store
+from gpufleet.jobs.store import Attempt, Outcome, Store
 from gpufleet.spec import parse_spec
 from gpufleet.telemetry import Sample, SyntheticJobConfig, generate_samples
 from gpufleet.telemetry.slo import SloConfig
@@ -121,7 +121,7 @@ def add_job(
 
 def add_attempt(store: Store, job_id: int, n: int, start: float, end: float, outcome: str) -> None:
     store.upsert_attempt(Attempt(job_id, n, "ended", 1000 + n, start, end, 0 if outcome == "completed" else 1,
-                                 outcome, None, None))  # fmt: skip
+                                 Outcome(outcome), None, None))  # fmt: skip
 
 
 def runtime(store: Store, job_id: int, *events: dict[str, Any]) -> None:
@@ -364,7 +364,7 @@ def test_parse_since() -> None:
     assert parse_since("2023-11-14T22:13:20", NOW) == T0
     assert parse_since("2023-11-15T00:13:20+02:00", NOW) == T0
     for bad in ("yesterday", "24", "5y", "0h", "2023-13-01"):
-        with pytest.raises(UsageError, match=f"--since '{bad}'.*90m, 24h or 7d.*ISO"):
+        with pytest.raises(UsageError, match=f"since='{bad}'.*90m, 24h or 7d.*ISO"):
             parse_since(bad, NOW)
     with pytest.raises(UsageError, match="in the future"):
         parse_since("2030-01-01", NOW)

@@ -10,7 +10,7 @@ import pytest
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import job_usages
-from gpufleet.jobs.store import Attempt, Store
+from gpufleet.jobs.store import Attempt, Outcome, Store
 from gpufleet.spec import parse_spec
 
 SPEC = parse_spec({"name": "lm", "team": "nlp", "entrypoint": "gpufleet.workloads.toy:train"})
@@ -46,7 +46,7 @@ def test_three_preemptions_from_stored_events(tmp_path: Path) -> None:
     for n, outcome in enumerate(OUTCOMES, start=1):
         start = 1000.0 * n
         end = start + (91.0 if outcome == "completed" else 63.0)
-        store.upsert_attempt(Attempt(job_id, n, "ended", None, start, end, 0, outcome, None, None))
+        store.upsert_attempt(Attempt(job_id, n, "ended", None, start, end, 0, Outcome(outcome), None, None))
         events += attempt_events(n, start)
     store.add_runtime_events(job_id, events, offset=1)
     usages = job_usages(store, store.job(job_id), now=10_000.0)
@@ -74,7 +74,7 @@ def test_events_outside_the_recorded_wall_are_clamped_in(tmp_path: Path) -> None
     after it. They are clamped into the wall: no lost work, no shut-down, and the buckets still sum to it."""
     store = Store(tmp_path / "state.db")
     job_id = store.add_job(SPEC, "slurm")
-    store.upsert_attempt(Attempt(job_id, 1, "ended", None, 1000.0, 1060.0, 0, "preempted", None, None))
+    store.upsert_attempt(Attempt(job_id, 1, "ended", None, 1000.0, 1060.0, 0, Outcome.PREEMPTED, None, None))
     events = attempt_events(1, 1000.0 + 0.25)  # the save at 1060.26, the session's end at 1060.28
     store.add_runtime_events(job_id, events, offset=1)
     (u,) = job_usages(store, store.job(job_id), now=10_000.0)

@@ -62,8 +62,9 @@ from gpufleet.backends.ray.runner import (
     status_path,
 )
 from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import threads_per_rank
-from gpufleet.jobs.store import TERMINAL, Attempt, Job, SyncPlan
+from gpufleet.jobs.store import TERMINAL, Attempt, Job, Outcome, SyncPlan
 from gpufleet.spec import JobSpec
 
 NAMESPACE = "gpufleet"
@@ -91,7 +92,7 @@ def _as_attempt(job_id: int, rec: AttemptRecord) -> Attempt:
         started_at=rec.started_at,
         ended_at=rec.ended_at,
         exit_code=rec.exit_code,
-        outcome=rec.outcome,
+        outcome=None if rec.outcome is None else Outcome(rec.outcome),
         sigterm_at=rec.sigterm_at,
         kill_at=rec.kill_at,
     )
@@ -114,10 +115,10 @@ def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, 
     # are not resized): each attempt's GPUs and world size, as the ledger prices them.
     size = {"gpus": job.spec.total_gpus, "world_size": job.spec.world_size}
     for rec in status.attempts:
-        details[(rec.n, "attempt_start")] = {"node": rec.node, **size}
+        details[(rec.n, EventKind.ATTEMPT_START)] = {"node": rec.node, **size}
         if rec.ranks:
-            details[(rec.n, "attempt_start")]["ranks"] = [r.model_dump() for r in rec.ranks]
-        details[(rec.n, "sigterm")] = {"reason": rec.stop, "grace": rec.grace}
+            details[(rec.n, EventKind.ATTEMPT_START)]["ranks"] = [r.model_dump() for r in rec.ranks]
+        details[(rec.n, EventKind.SIGTERM)] = {"reason": rec.stop, "grace": rec.grace}
     return lifecycle.plan_sync(
         job,
         stored,
@@ -404,7 +405,9 @@ class RayBackend(Backend):
         )
         ref = cluster.start(args, actor_options(spec, resources))
         self.store.set_backend_ref(job_id, ref)
-        self.store.add_event(job_id, "submitted", actor=actor_name(job_id), ray_actor_id=ref, address=cluster.address)
+        self.store.add_event(
+            job_id, EventKind.SUBMITTED, actor=actor_name(job_id), ray_actor_id=ref, address=cluster.address
+        )
 
     def _refresh(self, job: Job) -> Job:
         self._apply(job, gone=False)  # the actor's status file, not the last one stored
@@ -441,7 +444,7 @@ class RayBackend(Backend):
                 self.store.update_attempt(job_id, attempt.n, state="ended", ended_at=now, outcome="cancelled")
         reason = "cancelled while queued" if not started else "cancelled; its Ray actor did not answer"
         self.store.set_job_state(job.id, "cancelled", reason=reason)
-        self.store.add_event(job.id, "cancelled", reason=reason)
+        self.store.add_event(job.id, EventKind.CANCELLED, reason=reason)
 
     # ---- following ---------------------------------------------------------------------------
     def sync(self) -> None:

@@ -65,7 +65,7 @@ from gpufleet.backends.ray.ranks import (
 from gpufleet.errors import UsageError
 from gpufleet.jobs.protocol import ENV_EVENTS, entry_argv, job_environment, rank_argv
 from gpufleet.jobs.store import TERMINAL
-from gpufleet.paths import job_dir
+from gpufleet.paths import attempt_log, job_dir
 from gpufleet.spec import JobSpec, parse_spec
 
 STATUS_FILE = "ray-status.json"
@@ -375,15 +375,14 @@ class JobRunner:
 
     def _launch(self, placed: tuple[list[Any], list[RankSlot]] | None) -> Running | None:
         n = len(self.status.attempts) + 1
-        folder = job_dir(self.home, self.job_id)
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        log_path = attempt_log(self.home, self.job_id, n)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **job_environment(self.spec, self.job_id, self.home, "ray"),
             "GPUFLEET_ATTEMPT": str(n),
             "GPUFLEET_BACKEND_JOB_ID": self.status.actor_id or "",
         }
         cwd = self.spec.workdir or self.workdir or None
-        log_path = folder / "logs" / f"attempt-{n}.log"
         if self.placement is not None:
             if placed is None or self._cancel:
                 if placed is not None:

@@ -58,6 +58,7 @@ from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, attempt_end
 from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, Store, SyncPlan
 from gpufleet.paths import job_dir
@@ -166,7 +167,7 @@ os.environ.update(spec["env"])
 os.environ["GPUFLEET_ATTEMPT"] = str(attempt)
 folder = spec["folder"]
 os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
-event = {{"ts": time.time(), "attempt": attempt, "kind": "attempt_start", "pid": os.getpid(),
+event = {{"ts": time.time(), "attempt": attempt, "kind": "{EventKind.ATTEMPT_START}", "pid": os.getpid(),
          "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "node": os.uname().nodename,
          "gpus": spec["gpus"], "world_size": spec["world_size"]}}
 with open(os.path.join(folder, "events.jsonl"), "a") as fh:
@@ -373,7 +374,9 @@ def plan_slurm(
             action = "cancel"
     # Every run is the same sbatch request (Slurm jobs are not resized): the GPUs the ledger prices it at.
     size = {"gpus": job.spec.total_gpus, "world_size": job.spec.world_size}
-    details = {(n, "attempt_start"): size for n in range(1, len(seen) + 1)}
+    details: dict[tuple[int, str], dict[str, Any]] = {
+        (n, EventKind.ATTEMPT_START): size for n in range(1, len(seen) + 1)
+    }
     plan = lifecycle.plan_sync(
         job, stored, seen, state=state, reason=reason, restarts=max(0, len(started) - 1), now=now, details=details
     )
@@ -400,7 +403,7 @@ class SlurmBackend(Backend):
         out = self.run(sbatch_argv(spec, job_id, self.home, script))
         ref = out.stdout.strip().split(";")[0]
         self.store.set_backend_ref(job_id, ref)
-        self.store.add_event(job_id, "submitted", slurm_job_id=ref, partition=partition_for(spec))
+        self.store.add_event(job_id, EventKind.SUBMITTED, slurm_job_id=ref, partition=partition_for(spec))
 
     def _refresh(self, job: Job) -> Job:
         self.sync()  # Slurm's view, not the last one stored
@@ -414,7 +417,7 @@ class SlurmBackend(Backend):
     def _preempt(self, job: Job, grace: float | None) -> None:
         """``scontrol requeue``: Slurm sends SIGTERM, then SIGKILL after KillWait, and requeues."""
         self.run(["scontrol", "requeue", self._ref(job)])
-        self.store.add_event(job.id, "sigterm", reason="preempted", via="scontrol requeue")
+        self.store.add_event(job.id, EventKind.SIGTERM, reason="preempted", via="scontrol requeue")
 
     def _cancel(self, job: Job) -> None:
         self.run(["scancel", self._ref(job)])

@@ -37,6 +37,7 @@ import numpy as np
 from scipy import stats
 
 from gpufleet.errors import ParameterError, UsageError
+from gpufleet.fmt import finite_or_none
 from gpufleet.quality.drift.clean import Side, columns_of, distinct_at_most, is_constant, side_of
 from gpufleet.quality.drift.columns import (
     FEW_VALUES,
@@ -80,13 +81,13 @@ class ColumnDrift:
             "column": self.column,
             "kind": self.kind,
             "method": self.method,
-            "statistic": _finite(self.statistic),
-            "p_value": _finite(self.p_value),
-            "threshold": _finite(self.threshold),
+            "statistic": finite_or_none(self.statistic),
+            "p_value": finite_or_none(self.p_value),
+            "threshold": finite_or_none(self.threshold),
             "drift": self.drift,
             "status": self.status,
             "reason": self.reason,
-            "extra": {k: _finite(v) for k, v in self.extra.items()},
+            "extra": {k: finite_or_none(v) for k, v in self.extra.items()},
         }
 
 
@@ -140,11 +141,6 @@ class DriftReport:
 
 def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float | np.floating) else repr(str(value))
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON has no NaN or infinity; a chi-squared against a zero expectation is reported as ``None``."""
-    return value if value is not None and math.isfinite(value) else None
 
 
 def _auto_method(kind: Kind, ref: Side, cur: Side) -> Method:

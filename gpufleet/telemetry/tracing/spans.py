@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from gpufleet.fmt import compact_duration
+from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Attempt, Event, Job
 
 AttributeValue: TypeAlias = "str | int | float | bool"
@@ -38,8 +39,15 @@ StatusCode = Literal["unset", "ok", "error"]
 
 MAX_STEP_EVENTS = 200
 """Step events kept on a train span, evenly sampled; backends reject or truncate huge spans."""
-_TRAIN_EVENTS = ("unhealthy", "rollback", "preempt_signal", "eval")
-_TRAIN_END_KINDS = ("step", "checkpoint", "session_end", "unhealthy", "rollback", "preempt_signal")
+_TRAIN_EVENTS = (EventKind.UNHEALTHY, EventKind.ROLLBACK, EventKind.PREEMPT_SIGNAL, EventKind.EVAL)
+_TRAIN_END_KINDS = (
+    EventKind.STEP,
+    EventKind.CHECKPOINT,
+    EventKind.SESSION_END,
+    EventKind.UNHEALTHY,
+    EventKind.ROLLBACK,
+    EventKind.PREEMPT_SIGNAL,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,14 +212,18 @@ def _attempt_spans(
         attrs["gpufleet.exit_code"] = attempt.exit_code
     if attempt.pid is not None:
         attrs["process.pid"] = attempt.pid
-    marks = [SpanEvent(e.kind, e.ts, _attrs(e.data)) for e in mine if e.kind in ("sigkill", "preempted_by", "failed")]
+    marks = [
+        SpanEvent(e.kind, e.ts, _attrs(e.data))
+        for e in mine
+        if e.kind in (EventKind.SIGKILL, EventKind.PREEMPTED_BY, EventKind.FAILED)
+    ]
     status: StatusCode = "error" if outcome == "failed" else "unset" if attempt.ended_at is None else "ok"
     span = b.add(f"attempt-{n}", f"attempt {n}", root, min(wait_start, start), end, attrs, marks, status)
     b.add(f"attempt-{n}/wait", wait_name, span, wait_start, start)
 
     runtime = [e for e in mine if e.source == "runtime"]
     first = {k: next((e for e in runtime if e.kind == k), None) for k in ("session_start", "train_start")}
-    restore = next((e for e in runtime if e.kind == "restore" and e.data.get("cause") != "rollback"), None)
+    restore = next((e for e in runtime if e.kind == EventKind.RESTORE and e.data.get("cause") != "rollback"), None)
     restore_start = restore.ts - _num(restore.data, "seconds") if restore else None
     session_start, train_start = first["session_start"], first["train_start"]
     ready = session_start.ts if session_start else restore_start if restore_start is not None else None
@@ -225,12 +237,12 @@ def _attempt_spans(
     if train_start is not None:
         after = [e for e in runtime if e.ts >= train_start.ts]
         train_end = max([e.ts for e in after if e.kind in _TRAIN_END_KINDS], default=train_start.ts)
-        steps = [e for e in after if e.kind == "step"]
+        steps = [e for e in after if e.kind == EventKind.STEP]
         kept = sample_evenly(steps, MAX_STEP_EVENTS)
         marks = [SpanEvent("step", e.ts, _attrs(e.data)) for e in kept]
         marks += [SpanEvent(e.kind, e.ts, _attrs(e.data)) for e in after if e.kind in _TRAIN_EVENTS]
         marks.sort(key=lambda m: m.ts)
-        ended = next((e for e in after if e.kind == "session_end"), None)
+        ended = next((e for e in after if e.kind == EventKind.SESSION_END), None)
         failed = ended is not None and ended.data.get("status") == "failed"
         train_attrs: dict[str, AttributeValue] = {
             "gpufleet.first_step": int(_num(train_start.data, "step")),
@@ -250,7 +262,7 @@ def _attempt_spans(
             "error" if failed else "unset",
             str(ended.data.get("error", "")) if ended is not None and failed else "",
         )
-        for i, e in enumerate(x for x in runtime if x.kind == "checkpoint"):
+        for i, e in enumerate(x for x in runtime if x.kind == EventKind.CHECKPOINT):
             parent = train if e.ts >= train.start else span
             seconds = _num(e.data, "seconds")
             b.add(f"attempt-{n}/checkpoint-{i}", "checkpoint save", parent, e.ts - seconds, e.ts, _attrs(e.data))
@@ -258,10 +270,14 @@ def _attempt_spans(
     if outcome == "preempted":
         sigterm = attempt.sigterm_at
         if sigterm is None:
-            hits = [e for e in everything if e.kind == "sigterm" and (e.attempt in (n, None)) and start <= e.ts <= end]
+            hits = [
+                e
+                for e in everything
+                if e.kind == EventKind.SIGTERM and (e.attempt in (n, None)) and start <= e.ts <= end
+            ]
             sigterm = hits[0].ts if hits else None
         if sigterm is not None:
-            term = next((e for e in mine if e.kind == "sigterm"), None)
+            term = next((e for e in mine if e.kind == EventKind.SIGTERM), None)
             extra = _attrs(term.data) if term else {}
             if attempt.kill_at is not None:
                 extra["gpufleet.killed"] = True
