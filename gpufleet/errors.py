@@ -146,3 +146,19 @@ class ServiceUnavailable(GpufleetError):
     """
 
     exit_code = 3
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointSpaceError",
+    "CorruptCheckpoint",
+    "ForeignCheckpoint",
+    "GpufleetError",
+    "HealthError",
+    "ParameterError",
+    "ServiceUnavailable",
+    "SpecError",
+    "StoreError",
+    "UsageError",
+    "parameters_as_flags",
+]

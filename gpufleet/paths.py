@@ -87,3 +87,21 @@ def checkpoints_dir(home: Path, job_id: int) -> Path:
 def attempt_log(home: Path, job_id: int, attempt: int) -> Path:
     """The stdout and stderr of one attempt (``gpufleet logs``)."""
     return job_dir(home, job_id) / "logs" / f"attempt-{attempt}.log"
+
+
+__all__ = [
+    "NAME_HINT",
+    "NAME_RE",
+    "attempt_log",
+    "check_name",
+    "checkpoints_dir",
+    "events_file",
+    "gpufleet_home",
+    "job_dir",
+    "notes_dir",
+    "private_dir",
+    "scheduler_log",
+    "scheduler_pid",
+    "spec_file",
+    "state_db",
+]

@@ -350,3 +350,21 @@ def load_spec(path: str | Path) -> JobSpec:
     elif spec.workdir is None and spec.command is not None:
         spec = spec.copy_with(workdir=str(path.parent.resolve()))
     return spec
+
+
+__all__ = [
+    "CALLABLE_RE",
+    "ENV_NAME_RE",
+    "GPU_SOURCE_HINT",
+    "CheckpointPolicy",
+    "Distributed",
+    "HealthPolicy",
+    "JobSpec",
+    "KeepBest",
+    "OfferChoice",
+    "Placement",
+    "Resources",
+    "Telemetry",
+    "load_spec",
+    "parse_spec",
+]

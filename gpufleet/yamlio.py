@@ -53,3 +53,6 @@ def read_yaml(path: Path, *, what: str, error: type[GpufleetError]) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise error(f"{path}: malformed YAML{where}: {problem}") from None
+
+
+__all__ = ["M", "describe_validation", "read_yaml", "validate"]

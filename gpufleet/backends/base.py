@@ -325,3 +325,19 @@ def get_backend(name: str, home: Path) -> Backend:
     except KeyError:
         raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}") from None
     return cls(home)
+
+
+__all__ = [
+    "MAX_RESOURCE",
+    "B",
+    "Backend",
+    "Feature",
+    "Resize",
+    "add_job_folder",
+    "get_backend",
+    "ingest_events",
+    "register",
+    "registered",
+    "resized_spec",
+    "write_spec_file",
+]

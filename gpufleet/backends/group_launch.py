@@ -178,3 +178,15 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+__all__ = [
+    "FORWARDED",
+    "PR_SET_PDEATHSIG",
+    "RANK_SHIM",
+    "TORCHRUN_SIGNALS",
+    "USAGE",
+    "exit_status",
+    "main",
+    "torchrun_argv",
+]

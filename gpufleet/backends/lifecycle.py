@@ -180,3 +180,19 @@ def attempt_processes(home: Path, job_id: int, attempt: int) -> list[int]:
         if want <= environ:
             found.append(int(entry.name))
     return sorted(found)
+
+
+__all__ = [
+    "NOT_STARTED",
+    "REQUEUED_OUTCOMES",
+    "SESSION_EXIT",
+    "AttemptEnd",
+    "alive",
+    "attempt_argv",
+    "attempt_end",
+    "attempt_processes",
+    "exit_from_events",
+    "failure_reason",
+    "plan_sync",
+    "signal_group",
+]

@@ -441,3 +441,16 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+__all__ = [
+    "DEFAULT_SLOTS",
+    "LocalBackend",
+    "LocalScheduler",
+    "configured_slots",
+    "ensure_scheduler",
+    "main",
+    "scheduler_pid",
+    "slots_of",
+    "store_for",
+]

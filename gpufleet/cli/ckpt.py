@@ -143,3 +143,6 @@ def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
         "reason": m.reason if m else None,
         "problem": info.problem,
     }
+
+
+__all__ = ["ckpt_app", "ckpt_export", "ckpt_list", "ckpt_verify"]

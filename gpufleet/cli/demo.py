@@ -164,3 +164,6 @@ def demo_command(
     ok = run_demo(fault=fault, json_out=json_out)
     if not ok:
         raise typer.Exit(1)
+
+
+__all__ = ["closing_lines", "demo_command", "demo_specs", "run_demo"]

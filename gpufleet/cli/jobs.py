@@ -357,3 +357,6 @@ def cost(
         emit_json(report.to_dict())
         return
     print_cost(report)
+
+
+__all__ = ["cancel", "cost", "job_summary", "jobs", "logs", "preempt", "resize", "show", "submit"]

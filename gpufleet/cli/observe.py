@@ -344,7 +344,7 @@ def print_report(report: FleetReport, written: Sequence[Path] = ()) -> None:
     from gpufleet.cli.render import console, gpu_time, money, table
     from gpufleet.cost.fleet import WASTE_PARTS
 
-    window = "all history" if report.since is None else f"since {_iso(report.since)}"
+    window = "all history" if report.since is None else f"since {_minute_utc(report.since)}"
     states = ", ".join(f"{n} {s}" for s, n in report.jobs_by_state.items()) or "no jobs"
     who = f"team {report.team}" if report.team else "all teams"
     console.print(f"[bold]fleet report[/], {window}, {who}: {states}", highlight=False)
@@ -404,7 +404,7 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.0%}" if whole > 0 else ""
 
 
-def _iso(ts: float) -> str:
+def _minute_utc(ts: float) -> str:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -412,3 +412,18 @@ def _iso(ts: float) -> str:
 
 observe_app.command("exporter")(exporter_command)
 observe_app.command("report")(report_command)
+
+
+__all__ = [
+    "WORST_JOBS",
+    "OutOpt",
+    "dashboard",
+    "diagnose_command",
+    "diagnose_job_command",
+    "exporter_command",
+    "observe_app",
+    "print_findings",
+    "print_report",
+    "report_command",
+    "rules",
+]

@@ -123,3 +123,6 @@ def place_command(
         render_plan(result, explain)
     if not result.ok:
         raise typer.Exit(1)
+
+
+__all__ = ["BlockOpt", "CatalogOpt", "ExplainOpt", "JobsArg", "place_command", "render_plan"]

@@ -338,3 +338,26 @@ def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
     console.print(table(title, head, rows))
     for kind, texts in lab.examples.items():
         console.print(f"{kind}: " + " | ".join(texts), highlight=False, soft_wrap=True, markup=False)
+
+
+__all__ = [
+    "ColumnsOpt",
+    "CorrectionOpt",
+    "CurArg",
+    "FailOpt",
+    "HtmlOpt",
+    "MethodOpt",
+    "ModelArg",
+    "OutOpt",
+    "RefArg",
+    "SeedOpt",
+    "ThresholdOpt",
+    "demo_command",
+    "doc_command",
+    "drift_command",
+    "embedding_lab_command",
+    "quality_app",
+    "seasonal_lab_command",
+    "split_assignments",
+    "split_columns",
+]

@@ -98,3 +98,14 @@ def rollback_command(model: ModelArg, reason: ReasonOpt, json_out: JsonOpt = Fal
     with mlflow_errors(tracking_uri()):
         events = Registry().rollback(model, why=reason.strip())
     _moves(model, events, json_out, "rollback")
+
+
+__all__ = [
+    "ModelArg",
+    "ReasonOpt",
+    "history_command",
+    "print_alias_history",
+    "promote_command",
+    "registry_app",
+    "rollback_command",
+]

@@ -102,3 +102,6 @@ def print_cost(report: CostReport) -> None:
         console.print(f"[yellow]no rate for {', '.join(report.ledger.total.unpriced)}: counted in hours, not money[/]")
     if report.note is not None:
         console.print(f"cost note: {report.note.markdown}")
+
+
+__all__ = ["console", "duration", "emit_json", "err_console", "fmt", "gpu_time", "money", "print_cost", "table"]

@@ -259,3 +259,6 @@ def simulate_command(
     console.print(table("cost per team", *_team_rows(results)))
     for path in files.values():
         console.print(f"wrote {path}")
+
+
+__all__ = ["CHARTS", "LONG_RUN_JOBS", "simulate_command"]

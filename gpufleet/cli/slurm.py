@@ -154,3 +154,18 @@ def topology(fleet: Annotated[Path, typer.Argument(help="Fleet topology YAML.")]
     from gpufleet.backends.slurm.topology import load_fleet, render_topology_conf
 
     typer.echo(render_topology_conf(load_fleet(fleet)), nl=False)
+
+
+__all__ = [
+    "account_add",
+    "account_app",
+    "account_list",
+    "drain",
+    "hold",
+    "preempt",
+    "release",
+    "resume",
+    "slurm_app",
+    "topology",
+    "usage",
+]

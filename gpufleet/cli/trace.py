@@ -49,3 +49,6 @@ def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: T
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if url is not None:
         console.print(f"sent {len(spans)} spans to {url}", markup=False, highlight=False, soft_wrap=True)
+
+
+__all__ = ["EndpointOpt", "TraceJobArg", "TraceJsonOpt", "trace_command"]

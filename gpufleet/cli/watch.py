@@ -155,3 +155,6 @@ def make_progress(quiet: bool = False, *, to: Console | None = None) -> Progress
         disable=quiet,
         transient=False,
     )
+
+
+__all__ = ["PLAIN_EVERY", "JobWatcher", "describe", "make_progress", "watch_jobs"]

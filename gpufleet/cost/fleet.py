@@ -236,8 +236,8 @@ class FleetReport:
         """JSON-ready: finite floats or ``null``, times as Unix seconds and ISO text."""
         data = {
             "window": {
-                "since": None if self.since is None else _iso(self.since),
-                "until": _iso(self.generated_at),
+                "since": None if self.since is None else iso_utc(self.since),
+                "until": iso_utc(self.generated_at),
                 "since_ts": self.since,
                 "until_ts": self.generated_at,
             },
@@ -454,5 +454,24 @@ def _rates_used(usages: Sequence[AttemptUsage], rates: RateCard) -> tuple[RateUs
     )
 
 
-def _iso(ts: float) -> str:
+def iso_utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = [
+    "FAILED_OUTCOMES",
+    "GPU_CLASSES",
+    "LOG_TAIL_BYTES",
+    "SINCE_FORMS",
+    "STATE_ORDER",
+    "WASTE_PARTS",
+    "FleetReport",
+    "GpuSamples",
+    "JobWaste",
+    "RateUsed",
+    "TeamUsage",
+    "build_fleet_report",
+    "classify_gpu_time",
+    "iso_utc",
+    "parse_since",
+]

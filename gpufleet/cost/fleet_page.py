@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.cost.fleet import WASTE_PARTS, FleetReport, _iso
+from gpufleet.cost.fleet import WASTE_PARTS, FleetReport, iso_utc
 from gpufleet.errors import ParameterError
 from gpufleet.fmt import markdown_table, money
 from gpufleet.telemetry.slo import SloResult
@@ -67,13 +67,13 @@ def write_report(report: FleetReport, out_dir: Path) -> list[Path]:
 def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
     """The report as a Markdown page embedding ``charts`` (file names next to it)."""
     cur, scale, unit = report.currency, *_gpu_unit(report.total.total_gpu_hours)
-    window = f"since {_iso(report.since)}" if report.since is not None else "all history"
+    window = f"since {iso_utc(report.since)}" if report.since is not None else "all history"
     who = f"team {report.team}" if report.team else "all teams"
     states = ", ".join(f"{n} {s}" for s, n in report.jobs_by_state.items()) or "none"
     out = [
         "# Fleet report",
         "",
-        f"_{window} until {_iso(report.generated_at)}, {who}; prices in {cur}"
+        f"_{window} until {iso_utc(report.generated_at)}, {who}; prices in {cur}"
         + (f" (rate card as of {report.rate_card_as_of})_" if report.rate_card_as_of else "_"),
         "",
         f"Jobs: {states}. GPU time **{_num(report.total.total_gpu_hours * scale)} {unit}** over "
@@ -276,3 +276,6 @@ def _chart_slo(report: FleetReport, path: Path) -> None:
     ax.set_xlim(0, 3.2)
     ax.set(title="SLO attainment (1 = on target; green met, red breached, grey not judged)", xlabel="attainment")
     _save(fig, path)
+
+
+__all__ = ["report_markdown", "write_report"]

@@ -110,3 +110,6 @@ def cost_report(
             generated_at=time.time(),
         )
     return CostReport(ledger, usages, names, note)
+
+
+__all__ = ["CostReport", "cost_report", "note_events", "trace_timelines"]

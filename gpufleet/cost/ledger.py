@@ -265,3 +265,15 @@ def build_ledger(usages: Sequence[AttemptUsage], rates: RateCard) -> Ledger:
         total=_total(c for _, c in per_attempt),
         currency=rates.currency,
     )
+
+
+__all__ = [
+    "BUCKETS",
+    "PREEMPTED_OUTCOMES",
+    "PREEMPTION_BUCKETS",
+    "AttemptUsage",
+    "Cost",
+    "Ledger",
+    "attempt_cost",
+    "build_ledger",
+]

@@ -386,3 +386,6 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+__all__ = ["NoteEvent", "NotePaths", "write_cost_note"]

@@ -72,3 +72,6 @@ def load_rates(path: str | Path | None = None) -> RateCard:
         reference="the rate card format in the README",
         error=UsageError,
     )
+
+
+__all__ = ["Rate", "RateCard", "load_rates"]

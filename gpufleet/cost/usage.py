@@ -160,3 +160,6 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
         if job_ids is None or job.id in job_ids:
             out.extend(job_usages(store, job, now))
     return out
+
+
+__all__ = ["attempt_gpus", "attempt_usage", "attempt_usages", "job_usages", "store_usages"]

@@ -2,3 +2,5 @@
 
 They use the library as a user would and are not imported by it.
 """
+
+__all__: list[str] = []

@@ -462,3 +462,18 @@ def run_quality_demo(
     if cfg.steps < 60:
         raise UsageError(f"steps={cfg.steps}: the demo needs at least 60 training steps")
     return Chain(home, cfg, say or (lambda _: None), describe).run()
+
+
+__all__ = [
+    "FEATURES",
+    "MODEL",
+    "WHO",
+    "WORSE_FLIP",
+    "Chain",
+    "ChainConfig",
+    "Describe",
+    "Say",
+    "run_quality_demo",
+    "training_spec",
+    "write_data",
+]

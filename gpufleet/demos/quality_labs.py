@@ -353,3 +353,26 @@ def embedding_lab(encoder: SentenceTransformer, *, seed: int = 0, queries_per_si
         documents=len(docs),
         examples={"reference": ref_a[:3], "shifted_new_topic": new_topic[:3]},
     )
+
+
+__all__ = [
+    "CORPUS",
+    "DAY_S",
+    "QUERY_TEMPLATES",
+    "REFERENCE_MIX",
+    "SHIFTED_MIX",
+    "SHOP_METHODS",
+    "SHOP_START",
+    "WEEKDAYS",
+    "WEEK_DAYS",
+    "EmbeddingLab",
+    "SeasonalLab",
+    "ShopData",
+    "day_label",
+    "documents",
+    "embedding_lab",
+    "plot_seasonal_lab",
+    "queries",
+    "seasonal_lab",
+    "weekly_shop",
+]

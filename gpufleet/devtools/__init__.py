@@ -3,3 +3,5 @@
 ``debug``: is the loop deterministic, where did the loss spike; ``resumecheck``: does a resumed
 run end where an uninterrupted one does; ``profile``: where a step's time goes.
 """
+
+__all__: list[str] = []

@@ -320,3 +320,19 @@ def _exceeds(spike: Spike, threshold: float | None) -> bool:
 def find_spikes(source: Path, policy: HealthPolicy | None = None) -> list[Spike]:
     """Unhealthy steps of a logged run (see :func:`read_losses` for what ``source`` may be)."""
     return detect_spikes(read_losses(Path(source)), policy or HealthPolicy())
+
+
+__all__ = [
+    "DeterminismReport",
+    "LoggedLoss",
+    "Spike",
+    "bitwise_equal",
+    "check_determinism",
+    "compare_states",
+    "detect_spikes",
+    "find_spikes",
+    "leaves",
+    "plain_equal",
+    "plot_losses",
+    "read_losses",
+]

@@ -327,3 +327,24 @@ def checklist(shares: dict[str, float], ops: list[OpStat], *, cuda: bool, small_
     items.append(f"timeline on a GPU box (spec.json: the JSON spec, e.g. jobs/<id>/spec.json): {nsys_command()}")
     items.append(f"kernel detail: {ncu_command(regex)}")
     return items
+
+
+__all__ = [
+    "ADVICE",
+    "BUCKETS",
+    "COMM_RE",
+    "DATA_RE",
+    "FUSIBLE_RE",
+    "JOB_ENV",
+    "MATMUL_RE",
+    "NO_DATA_RANGES",
+    "OpStat",
+    "ProfileSummary",
+    "checklist",
+    "entrypoint_function",
+    "isolated_job",
+    "ncu_command",
+    "nsys_command",
+    "profile_job",
+    "summarize",
+]

@@ -408,3 +408,38 @@ def manifest_warnings(spec: JobSpec, *, checkpoint_claim: str | None) -> list[st
 def kueue_yaml(manifests: Iterable[Mapping[str, Any]]) -> str:
     """Multi-document YAML, one document per manifest, in apply order."""
     return block_yaml(manifests)
+
+
+__all__ = [
+    "CKPT_MOUNT",
+    "CONTAINER",
+    "COVERED",
+    "DEFAULT_IMAGE",
+    "DNS_LABEL_RE",
+    "FALLBACK_LABEL",
+    "GPU",
+    "GPU_PRODUCTS",
+    "GRACE_MARGIN_S",
+    "KUEUE_API",
+    "MANAGED_BY",
+    "POD_HOME",
+    "PRIORITY_LABEL",
+    "PRODUCT_LABEL",
+    "QUANTITY_RE",
+    "QUEUE_LABEL",
+    "SPEC_MOUNT",
+    "cluster_queue",
+    "job_manifests",
+    "k8s_name",
+    "kueue_manifests",
+    "kueue_problems",
+    "kueue_yaml",
+    "local_queue",
+    "manifest_warnings",
+    "node_labels",
+    "parse_quantity",
+    "priority_class",
+    "priority_class_name",
+    "resource_flavor",
+    "team_quotas",
+]

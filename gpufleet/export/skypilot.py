@@ -266,3 +266,29 @@ def block_yaml(documents: Iterable[Mapping[str, Any]]) -> str:
 def skypilot_yaml(task: Mapping[str, Any]) -> str:
     """The task as YAML text, keys in SkyPilot's documented order."""
     return block_yaml([task])
+
+
+__all__ = [
+    "BUCKET_HINT",
+    "BUCKET_RE",
+    "BUCKET_SCHEMES",
+    "CKPT_MOUNT",
+    "DEFAULT_REQUIREMENT",
+    "KUBERNETES",
+    "NO_PREFERENCE",
+    "REGION_RE",
+    "REMOTE_HOME",
+    "SKYPILOT_CLOUDS",
+    "SPEC_HEREDOC",
+    "block_yaml",
+    "check_bucket",
+    "parse_infra_map",
+    "recovery_strategy",
+    "run_script",
+    "skypilot_envs",
+    "skypilot_infra",
+    "skypilot_resources",
+    "skypilot_task",
+    "skypilot_yaml",
+    "task_warnings",
+]

@@ -4,3 +4,5 @@
 ``events`` is the JSONL log a training process writes and the names of its events; ``protocol``
 is the contract between a backend and the process it starts (environment variables, exit codes).
 """
+
+__all__: list[str] = []

@@ -282,3 +282,19 @@ def exit_from_events(events_path: Path, attempt: int) -> int | None:
     events, _ = read_events(events_path)
     ends = [e for e in events if e["kind"] == EventKind.SESSION_END and e.get("attempt") == attempt]
     return SESSION_EXIT.get(str(ends[-1].get("status"))) if ends else None
+
+
+__all__ = [
+    "MAX_ATTEMPT",
+    "MAX_TS",
+    "NOTABLE",
+    "SESSION_EXIT",
+    "EventKind",
+    "EventLog",
+    "RejectedLine",
+    "event_problem",
+    "exit_from_events",
+    "iter_events",
+    "read_events",
+    "read_events_checked",
+]

@@ -80,3 +80,6 @@ class FaultPlan:
                 f"CUDA out of memory. Tried to allocate 20.00 GiB (injected by GPUFLEET_FAULT oom@{data_position})"
             )
         return loss
+
+
+__all__ = ["HANG_SECONDS", "FaultPlan"]

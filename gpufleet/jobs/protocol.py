@@ -149,3 +149,28 @@ def entry_argv(spec: JobSpec) -> list[str]:
     if argv and argv[0] == sys.executable:
         return [*group, "--", *argv[1:]]
     return [*group, "--no-python", "--", *argv]
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ENV_ATTEMPT",
+    "ENV_CKPT_DIR",
+    "ENV_EVENTS",
+    "ENV_FAULT",
+    "ENV_JOB_DIR",
+    "ENV_JOB_ID",
+    "ENV_LOG_EVERY_S",
+    "ENV_SPEC",
+    "ENV_STRATEGY",
+    "ENV_TIMEOUT",
+    "ENV_TORCHRUN_SHUTDOWN",
+    "ENV_WORLD_SIZE",
+    "PYTHON_RE",
+    "REQUEUE_EXIT_CODE",
+    "check_environment",
+    "entry_argv",
+    "exit_reason",
+    "job_environment",
+    "rank_argv",
+    "threads_per_rank",
+]

@@ -30,3 +30,6 @@ class Outcome(enum.StrEnum):
     LOST = "lost"
     """Nobody saw it end (its process or its scheduler vanished)."""
     FAILED = "failed"
+
+
+__all__ = ["JobState", "Outcome"]

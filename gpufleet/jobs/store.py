@@ -572,3 +572,19 @@ def latest_step(store: Store, job_id: int) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "TERMINAL",
+    "Attempt",
+    "Event",
+    "Job",
+    "JobState",
+    "Outcome",
+    "Store",
+    "SyncEvent",
+    "SyncPlan",
+    "latest_step",
+]

@@ -79,3 +79,6 @@ def loss_fraction(preemptions_per_hour: float, interval_seconds: float, restore_
 def expected_hours(compute_hours: float, loss: float) -> float:
     """Wall-clock hours to do ``compute_hours`` of work when ``loss`` of each hour is lost."""
     return compute_hours / (1.0 - loss) if loss < 1.0 else math.inf
+
+
+__all__ = ["SECONDS_PER_HOUR", "CheckpointAdvice", "advise", "expected_hours", "loss_fraction", "young_daly_interval"]

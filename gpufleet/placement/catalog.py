@@ -333,3 +333,19 @@ def load_batch(path: str | Path) -> list[JobSpec]:
     """Read and validate a batch file (untrusted input: ``yaml.safe_load`` only)."""
     path = Path(path)
     return parse_batch(read_yaml(path, what="batch", error=UsageError), source=str(path))
+
+
+__all__ = [
+    "GPU_TYPE_HINT",
+    "GPU_TYPE_RE",
+    "REFERENCE",
+    "WILDCARD",
+    "Catalog",
+    "GpuType",
+    "Offer",
+    "Quota",
+    "load_batch",
+    "load_catalog",
+    "parse_batch",
+    "parse_catalog",
+]

@@ -1,6 +1,6 @@
 """The placement planner's cost tables: every number it compares, computed on numpy arrays at once.
 
-:func:`_build` turns a batch of jobs and a catalogue into :class:`_Tables`: per job and candidate
+:func:`build_tables` turns a batch of jobs and a catalogue into :class:`CostTables`: per job and candidate
 (an offer in one market; candidate ``c`` is offer ``c // 2``, spot when odd) the compute hours,
 the checkpoint interval and preemption loss on spot, the expected hours and the expected cost of
 :mod:`gpufleet.placement.planner`'s docstring, the GPUs rented, the preference rank and the quota
@@ -89,7 +89,7 @@ class _OfferColumns:
         )
 
 
-def _pair(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+def pair_markets(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Interleave on-demand and spot columns: ``(..., O)`` twice -> ``(..., 2 * O)``."""
     return np.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
 
@@ -131,7 +131,7 @@ def _interval_source(job: JobSpec) -> str:
 
 
 @dataclass(eq=False)
-class _Tables:
+class CostTables:
     """Every number the planner compares. Jobs sharing a class (GPU count, workload, checkpoint
     settings, spot, memory) share per-offer *unit* rows ``(K, O)``; a job's numbers are its class
     row times its work ``W``, plus its egress. Candidate ``c`` is offer ``c // 2``, spot when odd."""
@@ -175,16 +175,16 @@ class _Tables:
         return cost
 
     def expected(self, j: int) -> F8:
-        return _pair(self.hours(j), self.spot_hours(j))
+        return pair_markets(self.hours(j), self.spot_hours(j))
 
     def total(self, j: int) -> F8:
         """Expected cost of every candidate of job ``j``."""
         cols, a, eg = self.cols, self.alloc[self.klass[j], ::2], self.egress(j)
         with np.errstate(invalid="ignore"):
-            return _pair(cols.on_demand * a * self.hours(j) + eg, cols.spot * a * self.spot_hours(j) + eg)
+            return pair_markets(cols.on_demand * a * self.hours(j) + eg, cols.spot * a * self.spot_hours(j) + eg)
 
 
-def _build(
+def build_tables(
     jobs: Sequence[JobSpec],
     catalog: Catalog,
     blocked: frozenset[str],
@@ -192,7 +192,7 @@ def _build(
     now_hours: float,
     stay: Mapping[str, str],
     book: QuotaBook,
-) -> _Tables:
+) -> CostTables:
     """All the arithmetic of the planner's docstring: per class ``(K, O)``, then per job ``(J, O)``.
 
     ``blocked``: the block targets (kept for the explanations); ``blocked_offers``: per offer,
@@ -269,7 +269,7 @@ def _build(
         on_demand[due] = np.where(hours > limit, np.inf, on_demand[due])
         with np.errstate(invalid="ignore"):
             spot_cost[due] = np.where(~(hours * stretch[klass[due]] <= limit), np.inf, spot_cost[due])
-    return _Tables(
+    return CostTables(
         jobs=jobs,
         catalog=catalog,
         blocked=blocked,
@@ -292,6 +292,9 @@ def _build(
         ranked=ranked,
         resources=np.repeat(quota_rows, 2, axis=1),
         team_row=team_row,
-        key=_pair(on_demand, spot_cost),
+        key=pair_markets(on_demand, spot_cost),
         interval_source=[_interval_source(j) for j in jobs],
     )
+
+
+__all__ = ["DEFAULT_INTERVAL_SECONDS", "F8", "I8", "B", "CostTables", "build_tables", "pair_markets"]

@@ -115,3 +115,6 @@ def replan(
     """
     stay = {job.name: job.provider for job in affected_jobs}
     return plan(affected_jobs, catalog, now_hours=now_hours, blocked=blocked, running=running, prefer_provider=stay)
+
+
+__all__ = ["Block", "Failover", "FailoverPolicy", "replan"]

@@ -54,7 +54,7 @@ from gpufleet.fmt import finite_or_none
 from gpufleet.paths import NAME_HINT, NAME_RE
 from gpufleet.placement.advisor import CheckpointAdvice, advise
 from gpufleet.placement.catalog import GPU_TYPE_HINT, GPU_TYPE_RE, Catalog, Offer
-from gpufleet.placement.costing import F8, I8, _build, _pair, _Tables
+from gpufleet.placement.costing import F8, I8, CostTables, build_tables, pair_markets
 from gpufleet.placement.quota import NO_QUOTA, Admission, QuotaBook
 from gpufleet.spec import JobSpec
 
@@ -246,7 +246,7 @@ _STATIC = (
 )
 
 
-def _static_codes(t: _Tables, j: int) -> npt.NDArray[np.int8]:
+def _static_codes(t: CostTables, j: int) -> npt.NDArray[np.int8]:
     """The reason each candidate of job ``j`` is out before capacity and quota are looked at."""
     job, cols, k = t.jobs[j], t.cols, t.klass[j]
     tier = t.tiers[t.tier_row[j], ::2]
@@ -254,18 +254,20 @@ def _static_codes(t: _Tables, j: int) -> npt.NDArray[np.int8]:
     memory = job.placement.memory_gib or 0.0
     deadline = job.placement.deadline_hours or np.inf
     conditions = [
-        _pair(tier < 0, (tier < 0) | ~t.spot_ok[k]),
-        _pair(cols.blocked, cols.blocked),
-        _pair(np.isnan(r), np.isnan(r)),
-        _pair(memory > cols.memory, memory > cols.memory),
+        pair_markets(tier < 0, (tier < 0) | ~t.spot_ok[k]),
+        pair_markets(cols.blocked, cols.blocked),
+        pair_markets(np.isnan(r), np.isnan(r)),
+        pair_markets(memory > cols.memory, memory > cols.memory),
         t.resources[t.team_row[j]] == NO_QUOTA,
-        _pair(np.zeros(len(tier), dtype=bool), np.isinf(t.stretch[k])),
+        pair_markets(np.zeros(len(tier), dtype=bool), np.isinf(t.stretch[k])),
         t.expected(j) > deadline,
     ]
     return np.select(conditions, [int(r) for r in _STATIC], default=int(Reason.CANDIDATE)).astype(np.int8)
 
 
-def _codes(t: _Tables, j: int, chosen: int, left: I8, failed: Sequence[tuple[int, int, str]]) -> npt.NDArray[np.int8]:
+def _codes(
+    t: CostTables, j: int, chosen: int, left: I8, failed: Sequence[tuple[int, int, str]]
+) -> npt.NDArray[np.int8]:
     """Every candidate's reason, replaying the choice: capacity, quota, then rank."""
     codes = _static_codes(t, j)
     ok = codes == Reason.CANDIDATE
@@ -285,13 +287,13 @@ def _codes(t: _Tables, j: int, chosen: int, left: I8, failed: Sequence[tuple[int
     return codes
 
 
-def _preference(t: _Tables, j: int, c: int) -> int:
+def _preference(t: CostTables, j: int, c: int) -> int:
     """Index of the ``ordered`` choice candidate ``c`` matched (0 without ``ordered``)."""
     rank = int(t.tiers[t.tier_row[j], c])
     return rank // 2 if t.jobs[j].name in t.stay else rank
 
 
-def _choice(t: _Tables, j: int, c: int, admission: Admission | None) -> Choice:
+def _choice(t: CostTables, j: int, c: int, admission: Admission | None) -> Choice:
     """The :class:`Choice` that candidate ``c`` of job ``j`` makes, with its cost broken down."""
     o, spot = divmod(c, 2)
     offer, job, k = t.catalog.offers[o], t.jobs[j], t.klass[j]
@@ -325,9 +327,9 @@ def _choice(t: _Tables, j: int, c: int, admission: Admission | None) -> Choice:
 
 
 def _detail(
-    t: _Tables, j: int, c: int, code: Reason, chosen: int, left: I8, notes: Mapping[int, str], total: F8
+    t: CostTables, j: int, c: int, code: Reason, chosen: int, left: I8, notes: Mapping[int, str], total: F8
 ) -> str:
-    """One line on why candidate ``c`` lost; ``total`` is :meth:`_Tables.total` of the job."""
+    """One line on why candidate ``c`` lost; ``total`` is :meth:`CostTables.total` of the job."""
     o = c // 2
     offer, job = t.catalog.offers[o], t.jobs[j]
     if code is Reason.BLOCKED:
@@ -374,7 +376,7 @@ class Decision:
     admission: Admission | None = field(repr=False)
     work_assumed: bool
     """``placement.gpu_hours`` was unset: one hour per requested GPU was assumed."""
-    _tables: _Tables = field(repr=False)
+    _tables: CostTables = field(repr=False)
     _row: int = field(repr=False)
     _left: I8 = field(repr=False)
     """Capacity left per candidate when the job was placed."""
@@ -523,7 +525,7 @@ def plan(
     if not jobs:
         return Plan(catalog.as_of.isoformat(), catalog.currency, float(now_hours), tuple(sorted(block)), ())
     blocked_offers = [blocked_by(o, block) is not None for o in catalog.offers]
-    t = _build(jobs, catalog, block, blocked_offers, float(now_hours), prefer_provider or {}, book)
+    t = build_tables(jobs, catalog, block, blocked_offers, float(now_hours), prefer_provider or {}, book)
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].priority)
     decisions: list[Decision | None] = [None] * len(jobs)
     for position, j in enumerate(order):
@@ -574,3 +576,20 @@ def plan(
         blocked=tuple(sorted(block)),
         decisions=tuple(d for d in decisions if d is not None),
     )
+
+
+__all__ = [
+    "REASON_SLUG",
+    "Allocation",
+    "Candidate",
+    "Choice",
+    "CostBreakdown",
+    "Decision",
+    "Plan",
+    "Reason",
+    "blocked_by",
+    "check_jobs",
+    "job_gpu_types",
+    "parse_target",
+    "plan",
+]

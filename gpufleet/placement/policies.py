@@ -203,3 +203,18 @@ class SpotFailover(Policy):
         rank = {p: i for i, p in enumerate(providers)}
         spot.sort(key=lambda o: rank[fleet.catalog.offers[o >> 1].provider])
         return (*spot, *_by_price(fleet, need, (2 * i for i in offers)))
+
+
+__all__ = [
+    "POLICIES",
+    "Cheapest",
+    "Fleet",
+    "Need",
+    "OnDemand",
+    "Ordered",
+    "Policy",
+    "SpotFailover",
+    "eligible",
+    "make_policy",
+    "register",
+]

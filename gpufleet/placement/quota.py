@@ -128,3 +128,6 @@ class QuotaBook:
     def release(self, i: int, gpus: int) -> None:
         """Give back ``gpus`` on row ``i`` (a job ended or moved)."""
         self.hold(i, -gpus)
+
+
+__all__ = ["NO_QUOTA", "UNGOVERNED", "Admission", "QuotaBook"]

@@ -721,3 +721,16 @@ def compare_policies(
             )
         )
     return results
+
+
+__all__ = [
+    "JobOutcomes",
+    "Metrics",
+    "Scenario",
+    "Segment",
+    "SimResult",
+    "SimTrace",
+    "build_scenario",
+    "compare_policies",
+    "simulate",
+]

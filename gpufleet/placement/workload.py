@@ -396,3 +396,24 @@ def draw_outages(catalog: Catalog, model: Outages, *, horizon_h: float, rng: np.
         starts, lengths = rng.uniform(0.0, horizon_h, n), rng.exponential(mean_h, n)
         out += [Outage(float(s), float(s + d), provider, region) for s, d in zip(starts, lengths, strict=True)]
     return tuple(sorted(out, key=lambda o: (o.start_h, o.provider, o.region or "")))
+
+
+__all__ = [
+    "INF",
+    "WORKLOAD_REFERENCE",
+    "Bools",
+    "ChoiceSet",
+    "FailoverRule",
+    "Floats",
+    "Ints",
+    "JobTable",
+    "LogNormal",
+    "Outage",
+    "Outages",
+    "WorkloadModel",
+    "draw_outages",
+    "generate_jobs",
+    "jobs_from_specs",
+    "load_workload",
+    "parse_workload",
+]

@@ -303,3 +303,6 @@ def render(doc: DocInputs) -> str:
         *_plan_lines(doc.plan),
     ]
     return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = ["ANNEX_III_FROM", "ANNEX_I_FROM", "TODO", "DocInputs", "VersionFacts", "collect", "render"]

@@ -264,3 +264,20 @@ def plan_rollback(aliases: Mapping[str, str], model: str = "the model") -> list[
 def plan_rejection(aliases: Mapping[str, str], version: str) -> list[AliasMove]:
     """Drop ``@challenger`` when it points at the rejected version."""
     return [AliasMove(CHALLENGER, version, None)] if aliases.get(CHALLENGER) == version else []
+
+
+__all__ = [
+    "Action",
+    "AliasMove",
+    "Check",
+    "Gate",
+    "Guard",
+    "Verdict",
+    "canary_verdict",
+    "plan_promotion",
+    "plan_rejection",
+    "plan_rollback",
+    "route",
+    "shadow_verdict",
+    "validate",
+]

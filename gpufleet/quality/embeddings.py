@@ -140,3 +140,18 @@ def embedding_drift(
         retrieval_reference=None if corpus is None else retrieval_score(ref, corpus),
         retrieval_current=None if corpus is None else retrieval_score(cur, corpus),
     )
+
+
+__all__ = [
+    "DIMENSIONS",
+    "MODEL_PACKAGE",
+    "MODEL_PIP",
+    "EmbeddingDrift",
+    "embed",
+    "embedding_drift",
+    "encoder_missing",
+    "load_encoder",
+    "mean_shift",
+    "model_path",
+    "retrieval_score",
+]

@@ -162,3 +162,6 @@ def render_html(report: DriftReport, reference: Any, current: Any, *, title: str
             "</div></body></html>",
         ]
     )
+
+
+__all__ = ["TOP_CATEGORIES", "column_svg", "render_html"]

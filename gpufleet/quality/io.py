@@ -45,3 +45,6 @@ def read_table(path: Path | str) -> pd.DataFrame:
     except (ValueError, OSError, pd.errors.ParserError, UnicodeDecodeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"{path}: cannot read it as {fmt}: {first}") from err
+
+
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "read_table", "table_format"]

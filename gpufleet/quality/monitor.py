@@ -183,3 +183,15 @@ def seasonal_monitor(windows: Sequence[Window], config: SeasonalConfig | None = 
         refs = tuple(i - k * p for k in range(1, config.reference_periods + 1))
         verdicts.append(WindowVerdict(i, refs, report, alarm, flagged, band))
     return verdicts
+
+
+__all__ = [
+    "SeasonalConfig",
+    "Window",
+    "WindowVerdict",
+    "naive_monitor",
+    "placebo_band",
+    "seasonal_monitor",
+    "seasonal_reports",
+    "split_windows",
+]

@@ -294,3 +294,17 @@ class DecisionLog:
     def state(self) -> PolicyState:
         decisions = self.read()
         return decisions[-1].state if decisions else PolicyState()
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Action",
+    "Decision",
+    "DecisionLog",
+    "Evidence",
+    "PolicyConfig",
+    "PolicyState",
+    "decide",
+    "evidence_from_report",
+    "replay",
+]

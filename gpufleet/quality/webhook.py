@@ -400,3 +400,28 @@ def send(url: str, body: bytes, headers: Mapping[str, str], *, timeout: float = 
             return int(err.code), json.loads(raw or b"{}")
         except ValueError:
             return int(err.code), {"reason": raw.decode(errors="replace")}
+
+
+__all__ = [
+    "DRAIN_LIMIT",
+    "IDEMPOTENCY_HEADER",
+    "KEY_RE",
+    "MAX_BODY_BYTES",
+    "MIN_SECRET_BYTES",
+    "SECRET_ENV",
+    "SECRET_FILE_ENV",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "TOLERANCE_S",
+    "AlertPayload",
+    "AlertReceiver",
+    "Handler",
+    "Reply",
+    "WebhookServer",
+    "load_secret",
+    "post_alert",
+    "send",
+    "signature",
+    "signed_headers",
+    "write_secret",
+]

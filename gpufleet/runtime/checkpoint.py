@@ -77,14 +77,14 @@ from gpufleet.runtime.manifest import (
     step_dirname,
 )
 
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 TORCH_ONLY: tuple[Format, ...] = ("torch",)
 """What a single-process restore loads (``restore_candidate``'s default)."""
 ANY_FORMAT: tuple[Format, ...] = ("torch", "dcp")
 
 
 # ---- writing ---------------------------------------------------------------------------------
-class _HashingWriter(io.RawIOBase):
+class HashingWriter(io.RawIOBase):
     """A write-only file that hashes in a helper thread while the caller's thread writes.
 
     ``hashlib`` and ``os.write`` both release the GIL on large buffers, so the two overlap and
@@ -168,7 +168,7 @@ class _CountingSink(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def _torch_crc32_off() -> Iterator[None]:
+def torch_crc32_off() -> Iterator[None]:
     """torch's zip writer computes a CRC-32 on the main thread; sha256 already covers every byte."""
     import torch.serialization as ser
 
@@ -184,7 +184,7 @@ def _torch_crc32_off() -> Iterator[None]:
         set_(previous)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -215,10 +215,10 @@ def write_durably(path: Path, write: Callable[[IO[bytes]], object], *, atomic: b
                 target.unlink()
         raise
     if atomic:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
-def _manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+def manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     """The manifest fields of a save, checked before a byte is written (a bad value costs no I/O).
 
     ``fields`` may hold ``format="dcp"`` and ``world_size`` (a sharded save): then the state's
@@ -260,7 +260,7 @@ def _manifest_header(step: int, state: Mapping[str, Any], **fields: Any) -> dict
     return header
 
 
-def _no_space(err: BaseException, writer: _HashingWriter | None) -> bool:
+def is_no_space(err: BaseException, writer: HashingWriter | None) -> bool:
     """Whether ``err`` (or what caused it, or what ``writer`` hit) is a full disk or quota."""
     chain: list[BaseException] = []
     seen: BaseException | None = err
@@ -269,7 +269,7 @@ def _no_space(err: BaseException, writer: _HashingWriter | None) -> bool:
         seen = seen.__cause__ or seen.__context__
     if writer is not None and writer.error is not None:
         chain.append(writer.error)
-    return any(isinstance(e, OSError) and e.errno in _NO_SPACE for e in chain)
+    return any(isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS for e in chain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +348,7 @@ class CheckpointDir:
         import torch
 
         started = time.perf_counter()
-        header = _manifest_header(
+        header = manifest_header(
             step,
             state,
             healthy=healthy,
@@ -366,16 +366,16 @@ class CheckpointDir:
             shutil.rmtree(tmp)
         tmp.mkdir()
         files: dict[str, FileEntry] = {}
-        writer: _HashingWriter | None = None
+        writer: HashingWriter | None = None
         try:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, _torch_crc32_off():
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, torch_crc32_off():
                 for name, obj in state.items():
-                    writer = _HashingWriter(tmp / f"{name}.pt", pool)
+                    writer = HashingWriter(tmp / f"{name}.pt", pool)
                     try:
                         torch.save(obj, writer)  # type: ignore[arg-type]
                         digest = writer.finish()
                     except Exception:
-                        if writer.error is not None and writer.error.errno in _NO_SPACE:
+                        if writer.error is not None and writer.error.errno in NO_SPACE_ERRNOS:
                             raise writer.error from None  # torch may have wrapped it
                         raise
                     finally:
@@ -385,10 +385,10 @@ class CheckpointDir:
                 **header, files=files, created_at=time.time(), save_seconds=time.perf_counter() - started
             )
             write_durably(tmp / MANIFEST, lambda fh: fh.write(manifest.to_json().encode("utf-8")), atomic=False)
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, Exception) and _no_space(err, writer):
+            if isinstance(err, Exception) and is_no_space(err, writer):
                 raise self._space_error(state) from err
             raise
         self.install(tmp, step)
@@ -406,14 +406,14 @@ class CheckpointDir:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return final
 
     def _space_error(self, state: Mapping[str, Any]) -> CheckpointSpaceError:
         import torch
 
         needed = 0
-        with _torch_crc32_off():
+        with torch_crc32_off():
             for obj in state.values():
                 sink = _CountingSink()
                 torch.save(obj, sink)  # type: ignore[arg-type]
@@ -459,7 +459,7 @@ class CheckpointDir:
         try:
             manifest = read_manifest_at(folder, path)
             if formats is not None and manifest.format not in formats:
-                raise _OtherFormat(_format_problem(path, manifest), manifest)
+                raise _OtherFormat(format_problem(path, manifest), manifest)
             state: dict[str, Any] = {}
             for name, entry in manifest.files.items():
                 if manifest.format == "dcp" and not name.endswith(".pt"):
@@ -720,7 +720,7 @@ class _OtherFormat(ForeignCheckpoint):
         self.manifest = manifest
 
 
-def _format_problem(path: Path, manifest: CheckpointManifest) -> str:
+def format_problem(path: Path, manifest: CheckpointManifest) -> str:
     if manifest.format == "dcp":
         return (
             f"{path}: a sharded checkpoint (DCP, written by {manifest.world_size} ranks) that a single-process "
@@ -743,6 +743,7 @@ def _tensor_map(value: Any) -> dict[str, Any] | None:
 
 __all__ = [
     "MANIFEST",
+    "NO_SPACE_ERRNOS",
     "SCHEMA_VERSION",
     "STEP_RE",
     "CheckpointDir",
@@ -752,8 +753,14 @@ __all__ = [
     "ExportedEntry",
     "FileEntry",
     "Format",
+    "HashingWriter",
+    "format_problem",
+    "fsync_dir",
+    "is_no_space",
+    "manifest_header",
     "model_fingerprint",
     "state_dict_mismatch",
     "step_dirname",
+    "torch_crc32_off",
     "write_durably",
 ]

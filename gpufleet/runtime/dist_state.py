@@ -124,3 +124,6 @@ def reseeded_rng(step: int, rank: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+__all__ = ["Stateful", "apply_dcp_state", "dcp_state", "dcp_template", "reseeded_rng", "strategy_of"]

@@ -258,3 +258,18 @@ def current_group() -> Group:
         local_rank=_env_int("LOCAL_RANK", 0),
         backend=str(dist.get_backend()),
     )
+
+
+__all__ = [
+    "LOST_MARKS",
+    "WORLD_DEFAULT_MODULES",
+    "Group",
+    "PeerLost",
+    "current_group",
+    "die_with_parent",
+    "dist_timeout",
+    "import_world_defaults",
+    "is_peer_loss",
+    "lost_marker",
+    "mark_lost",
+]

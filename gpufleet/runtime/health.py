@@ -133,3 +133,6 @@ def loss_values(loss: float | Tensor | Sequence[float | Tensor]) -> list[float]:
     if len(tensors) == len(items):
         return [float(v) for v in torch.stack([t.double() for t in tensors]).cpu().tolist()]
     return [float(v.detach().item()) if isinstance(v, torch.Tensor) else float(v) for v in items]
+
+
+__all__ = ["MAD_TO_SIGMA", "HealthMonitor", "Verdict", "first_nonfinite", "loss_values", "robust_zscore", "step_loss"]

@@ -54,3 +54,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["main"]

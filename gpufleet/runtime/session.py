@@ -1212,3 +1212,15 @@ def _env_step(env: Mapping[str, str], name: str) -> int | None:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name}={raw!r} must be a step number of at least 1")
     return int(raw)
+
+
+__all__ = [
+    "PREEMPT_SIGNALS",
+    "RESERVED_NAMES",
+    "RESUME_MODES",
+    "Preempted",
+    "Stateful",
+    "TrainSession",
+    "gpu_sampler_from_env",
+    "staged",
+]

@@ -71,15 +71,15 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, CorruptCheckpoint
 from gpufleet.runtime.checkpoint import (
-    _NO_SPACE,
+    NO_SPACE_ERRNOS,
     CheckpointDir,
     CheckpointInfo,
-    _format_problem,
-    _fsync_dir,
-    _HashingWriter,
-    _manifest_header,
-    _no_space,
-    _torch_crc32_off,
+    HashingWriter,
+    format_problem,
+    fsync_dir,
+    is_no_space,
+    manifest_header,
+    torch_crc32_off,
     write_durably,
 )
 from gpufleet.runtime.group import Group
@@ -102,8 +102,8 @@ DCP_ONLY: tuple[Format, ...] = ("dcp",)
 
 
 # ---- writing: DCP's files, hashed as they are written ------------------------------------------
-class _HashedStream(_HashingWriter):
-    """A file DCP writes: hashed while written (``_HashingWriter``), fsynced and reported on close.
+class _HashedStream(HashingWriter):
+    """A file DCP writes: hashed while written (``HashingWriter``), fsynced and reported on close.
 
     DCP asks its streams for ``tell()`` (the offset of each item: here the bytes written, as the
     stream only appends) and ``fileno()`` (to fsync). It never seeks back, so the digest is of the
@@ -350,9 +350,9 @@ def _describe(err: BaseException) -> str:
 
 def _out_of_space(err: BaseException, seen: list[OSError]) -> bool:
     failures = [f[0] for f in err.failures.values()] if isinstance(err, CheckpointException) else [err]
-    if any(e.errno in _NO_SPACE for e in seen):
+    if any(e.errno in NO_SPACE_ERRNOS for e in seen):
         return True
-    return any(isinstance(f, Exception) and _no_space(f, None) for f in failures) or "No space left" in str(err)
+    return any(isinstance(f, Exception) and is_no_space(f, None) for f in failures) or "No space left" in str(err)
 
 
 def _state_bytes(value: Any) -> int:
@@ -371,13 +371,13 @@ def _state_bytes(value: Any) -> int:
 
 
 def _write_rank_file(path: Path, rank_state: Mapping[str, Any], pool: ThreadPoolExecutor) -> FileEntry:
-    writer = _HashingWriter(path, pool)
+    writer = HashingWriter(path, pool)
     try:
-        with _torch_crc32_off():
+        with torch_crc32_off():
             torch.save(dict(rank_state), writer)  # type: ignore[arg-type]
         digest = writer.finish()
     except Exception:
-        if writer.error is not None and writer.error.errno in _NO_SPACE:
+        if writer.error is not None and writer.error.errno in NO_SPACE_ERRNOS:
             raise writer.error from None  # torch may have wrapped it
         raise
     finally:
@@ -426,7 +426,7 @@ def _commit(
         **header, files=files, created_at=time.time(), save_seconds=time.perf_counter() - started
     )
     write_durably(tmp / MANIFEST, lambda fh: fh.write(manifest.to_json().encode("utf-8")), atomic=False)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     ckpts.install(tmp, step)
     with contextlib.suppress(OSError, CheckpointError):
         ckpts.prune()
@@ -465,7 +465,7 @@ def save_sharded(
     problem: str | None = None
     tmp_name: str | None = None
     try:
-        header = _manifest_header(
+        header = manifest_header(
             step,
             state,
             healthy=healthy,
@@ -505,7 +505,7 @@ def save_sharded(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
         writer = _RecordingWriter(tmp, pool)
         try:
-            with _quiet_dcp(), _torch_crc32_off():
+            with _quiet_dcp(), torch_crc32_off():
                 dcp_save(
                     state,
                     storage_writer=writer,
@@ -543,7 +543,7 @@ def save_sharded(
             result = (_commit(ckpts, tmp, step, header, files, started).to_json(), None, False)
         except Exception as err:  # noqa: BLE001 - told to every rank, then raised on each
             shutil.rmtree(tmp, ignore_errors=True)
-            result = (None, _describe(err), _no_space(err, None))
+            result = (None, _describe(err), is_no_space(err, None))
     text, why, full = group.broadcast(result)
     if text is None:
         if full:
@@ -628,7 +628,7 @@ def load_sharded(ckpts: CheckpointDir, group: Group, path: Path, state: dict[str
         raise CorruptCheckpoint(problem or f"{path}: no manifest")
     manifest = CheckpointManifest.parse(text, path)
     if manifest.format != "dcp":
-        raise CheckpointError(_format_problem(path, manifest))
+        raise CheckpointError(format_problem(path, manifest))
 
     rank_state: dict[str, Any] | None = None
     if manifest.world_size == group.world_size:

@@ -76,3 +76,6 @@ def hyperparameter_changes(saved: Any, current: Any) -> list[str]:
                 group = f" (group {i})" if len(new_groups) > 1 else ""
                 changes.append(f"{key}={a!r} in the checkpoint, {b!r} in this run{group}")
     return changes
+
+
+__all__ = ["capture_rng", "hyperparameter_changes", "is_plain", "restore_rng"]

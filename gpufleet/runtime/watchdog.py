@@ -217,3 +217,6 @@ class RankWatch:
             file=sys.stderr,
             flush=True,
         )
+
+
+__all__ = ["WAITING_MARKS", "RankInfo", "RankWatch", "Stall", "stall_seconds", "suspects", "where"]

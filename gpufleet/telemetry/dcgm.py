@@ -364,3 +364,23 @@ def render_exposition(samples: Iterable[Sample]) -> str:
             tail = f" {s.timestamp_ms}" if s.timestamp_ms is not None else ""
             lines.append(f"{head} {_format_value(s.value)}{tail}")
     return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "CATALOGUE",
+    "LABEL_ALIASES",
+    "METRIC_ALIASES",
+    "REQUIRED_LABELS",
+    "ClocksEventReason",
+    "CounterTracker",
+    "DcgmField",
+    "MetricKind",
+    "Sample",
+    "ScrapeResult",
+    "ScrapeWarning",
+    "WarningKind",
+    "canonical_labels",
+    "canonical_metric",
+    "parse_exposition",
+    "render_exposition",
+]

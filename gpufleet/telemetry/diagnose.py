@@ -538,3 +538,29 @@ def diagnose(
 ) -> list[Finding]:
     """Findings for one job, most severe first; an empty list for a healthy job."""
     return _Diagnoser(series, config or DiagnosisConfig()).run(context or JobContext())
+
+
+__all__ = [
+    "CLOCKS_EVENT_REASONS",
+    "DRAM_ACTIVE",
+    "FB_FREE",
+    "FB_USED",
+    "GPU_UTIL",
+    "LINK_METRICS",
+    "LOW_PRECISION",
+    "RULES",
+    "SM_ACTIVE",
+    "SUPERSEDES",
+    "TENSOR_ACTIVE",
+    "XID_ERRORS",
+    "BoolArray",
+    "DiagnosisConfig",
+    "Finding",
+    "FloatArray",
+    "JobContext",
+    "JobSeries",
+    "Rule",
+    "Severity",
+    "diagnose",
+    "series_from_samples",
+]

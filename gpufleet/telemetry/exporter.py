@@ -170,3 +170,6 @@ class ExpositionServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+__all__ = ["CONTENT_TYPE", "DcgmRenderer", "ExpositionServer", "format_value", "log"]

@@ -277,3 +277,14 @@ def labels_from_env(env: Mapping[str, str] = os.environ, gpu_type: str = "", pro
         "gpu_type": gpu_type,
         "provider": provider,
     }
+
+
+__all__ = [
+    "LABELS",
+    "JobMetrics",
+    "TargetRegistration",
+    "TextfileWriter",
+    "exporter_from_env",
+    "labels_from_env",
+    "serve",
+]

@@ -170,3 +170,6 @@ def _stragglers(
             )
         )
     return out
+
+
+__all__ = ["RANK_RULES", "rank_findings"]

@@ -210,3 +210,17 @@ def dashboard() -> dict[str, Any]:
 
 def dashboard_json() -> str:
     return json.dumps(dashboard(), indent=2) + "\n"
+
+
+__all__ = [
+    "CLOCK_BITS",
+    "DRAM",
+    "GPU_KEYS",
+    "SM",
+    "TENSOR",
+    "alert_rules",
+    "dashboard",
+    "dashboard_json",
+    "recording_rules",
+    "rules_yaml",
+]

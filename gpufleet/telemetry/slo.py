@@ -296,3 +296,21 @@ def evaluate_slos(inputs: SloInputs, config: SloConfig) -> tuple[SloResult, ...]
 def breached(results: Sequence[SloResult]) -> list[SloResult]:
     """The objectives that were measured and missed."""
     return [r for r in results if r.met is False]
+
+
+__all__ = [
+    "OOM_ERROR_MARKERS",
+    "OOM_LOG_MARKERS",
+    "Comparison",
+    "SloConfig",
+    "SloInputs",
+    "SloResult",
+    "breached",
+    "died_of_oom",
+    "evaluate_slos",
+    "load_slo",
+    "mentions_oom",
+    "percentile",
+    "queue_waits",
+    "training_tokens",
+]

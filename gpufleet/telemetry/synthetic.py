@@ -184,3 +184,6 @@ def synthesize(config: SyntheticJobConfig) -> SyntheticJob:
 def generate_samples(config: SyntheticJobConfig) -> list[Sample]:
     """All samples of a synthetic job at ``config.step_s`` resolution."""
     return synthesize(config).samples()
+
+
+__all__ = ["PATTERNS", "Pattern", "SyntheticJob", "SyntheticJobConfig", "generate_samples", "synthesize"]

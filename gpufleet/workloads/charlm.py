@@ -254,3 +254,16 @@ def evaluate(
         return total / batches
     finally:
         model.train(was_training)
+
+
+__all__ = [
+    "SPLITS",
+    "TEXT_FILE",
+    "Block",
+    "CausalSelfAttention",
+    "CharCorpus",
+    "CharLM",
+    "CharLMConfig",
+    "evaluate",
+    "load_text",
+]

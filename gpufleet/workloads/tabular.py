@@ -376,3 +376,21 @@ def train(
     }
     _write_json(folder / "metrics.json", result)
     return result
+
+
+__all__ = [
+    "MODEL_FORMAT",
+    "SEGMENTS",
+    "Encoder",
+    "TabularModel",
+    "TabularNet",
+    "auc",
+    "classification_metrics",
+    "file_sha256",
+    "load_model",
+    "make_dataset",
+    "output_dir",
+    "read_table",
+    "save_model",
+    "train",
+]

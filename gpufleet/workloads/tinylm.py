@@ -146,3 +146,6 @@ def train(
         }
         sess.log("eval", val_loss=result["val"], test_loss=result["test"])
     return {"val_loss": result["val"], "test_loss": result["test"], "steps": sess.step}
+
+
+__all__ = ["TINY", "build", "schedule_for", "train", "wrap"]

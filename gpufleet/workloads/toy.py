@@ -36,3 +36,6 @@ def train(steps: int = 50, step_seconds: float = 0.02, seed: int = 0, exit_code:
     if exit_code:
         raise SystemExit(exit_code)
     return {"steps": sess.step, "weight": model.weight.item()}
+
+
+__all__ = ["train"]

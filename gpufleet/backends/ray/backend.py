@@ -474,3 +474,25 @@ class RayBackend(Backend):
         ingest_events(self.store, self.home, job)
         status = read_status(status_path(self.home, job.id))
         self.store.apply_sync(job, plan_sync(job, self.store.attempts(job.id), status, gone=gone, now=time.time()))
+
+
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "LOOPBACK",
+    "NAMESPACE",
+    "PLACEMENT_STRATEGY",
+    "START_HINT",
+    "Cluster",
+    "ClusterAddress",
+    "RayBackend",
+    "RayCluster",
+    "actor_name",
+    "actor_options",
+    "check_reachable",
+    "cluster_problem",
+    "dev_ray_dir",
+    "find_cluster",
+    "placement_bundles",
+    "plan_sync",
+    "split_address",
+]

@@ -384,3 +384,20 @@ class RayPlacement:
 
         with contextlib.suppress(ValueError):
             remove_placement_group(self._group if self._group is not None else get_placement_group(self.name))
+
+
+__all__ = [
+    "RANK_CALL_TIMEOUT_S",
+    "RANK_POLL_TIMEOUT_S",
+    "Ended",
+    "Placement",
+    "RankGone",
+    "RankGroup",
+    "RankProcess",
+    "RankSlot",
+    "RayPlacement",
+    "current_actor_id",
+    "group_exit",
+    "rank_environments",
+    "rank_order",
+]

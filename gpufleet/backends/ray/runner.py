@@ -463,3 +463,24 @@ class JobRunner:
             self.status = end_attempt(self.status, code, stop, time.time(), self.spec.max_restarts)
             self._running, self._kill_at = None, None
             self._save()
+
+
+__all__ = [
+    "RESERVE_POLL_S",
+    "SCHEMA_VERSION",
+    "STATUS_FILE",
+    "AttemptRecord",
+    "JobRunner",
+    "OneProcess",
+    "RankRecord",
+    "RunStatus",
+    "RunnerArgs",
+    "Running",
+    "end_attempt",
+    "exit_actor",
+    "placement_name",
+    "read_status",
+    "start_attempt",
+    "status_path",
+    "write_status",
+]

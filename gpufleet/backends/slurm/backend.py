@@ -519,3 +519,28 @@ def slurm_usage(store: Store, runner: Runner = run_slurm) -> dict[str, Any]:
             }
         )
     return {"accounts": rows, "ok": all(r["ok"] for r in rows)}
+
+
+__all__ = [
+    "OUTCOME",
+    "RANK_EXIT_SPREAD_S",
+    "SACCT_FIELDS",
+    "START_HINT",
+    "STOP",
+    "Runner",
+    "SacctRun",
+    "SlurmBackend",
+    "allocated_cpus",
+    "batch_script",
+    "parse_sacct",
+    "partition_for",
+    "plan_slurm",
+    "run_end",
+    "run_slurm",
+    "runs_ranks",
+    "sbatch_argv",
+    "slurm_env",
+    "slurm_usage",
+    "srun_argv",
+    "task_shape",
+]

@@ -199,3 +199,6 @@ def compress_hostlist(names: Iterable[str]) -> str:
     nodeset = NodeSet(resolver=RESOLVER_NOGROUP, fold_axis=_ALL_AXES)
     nodeset.updaten(names)
     return str(nodeset)
+
+
+__all__ = ["HOSTLIST_HINT", "MAX_NAMES", "SLURM_NAME_HINT", "SLURM_NAME_RE", "compress_hostlist", "expand_hostlist"]

@@ -376,3 +376,18 @@ def placement_switches(fleet: Fleet, nodes: str | Iterable[str]) -> int:
         shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise UsageError(f"unknown nodes {shown}: under no leaf switch of fleet {fleet.name!r}")
     return len({leaves[name] for name in names})
+
+
+__all__ = [
+    "GENERATION_RE",
+    "Fabric",
+    "Fleet",
+    "Level",
+    "Link",
+    "Switch",
+    "load_fleet",
+    "parse_fleet",
+    "placement_switches",
+    "render_topology_conf",
+    "switch_hops",
+]

@@ -121,3 +121,6 @@ def distinct_at_most(ref: Side, cur: Side, limit: int) -> int:
 def is_constant(side: Side) -> bool:
     v = side.values
     return bool(v.shape[0] > 0 and np.all(v == v[0]))
+
+
+__all__ = ["Side", "clean_column", "columns_of", "distinct_at_most", "is_constant", "side_of"]

@@ -229,3 +229,26 @@ def jensen_shannon(ref: Any, cur: Any, bins: int | str = "sturges") -> float:
     """Jensen-Shannon distance (natural log, so at most sqrt(ln 2)) between the binned distributions."""
     p, q = _js_frequencies(ref, cur, bins)
     return _js_distance(p, q)
+
+
+__all__ = [
+    "ALIASES",
+    "FEW_VALUES",
+    "METHODS",
+    "SMALL_REFERENCE_ROWS",
+    "Floats",
+    "Kind",
+    "Method",
+    "chi2",
+    "jensen_shannon",
+    "ks",
+    "psi",
+    "psi_null_quantile",
+    "psi_proportions",
+    "psi_value",
+    "resolve_method",
+    "wasserstein",
+    "wasserstein_norm",
+    "wasserstein_sorted",
+    "z_test",
+]

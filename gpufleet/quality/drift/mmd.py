@@ -177,3 +177,6 @@ def mmd(
     """Unbiased MMD^2 and its p-value; see :func:`mmd_test`."""
     res = mmd_test(ref, cur, permutations=permutations, seed=seed, method=method)
     return res.statistic, res.p_value
+
+
+__all__ = ["EXACT_MMD_MAX_ROWS", "MmdEstimator", "MmdResult", "median_bandwidth", "mmd", "mmd_test"]

@@ -352,3 +352,6 @@ def drift_report(
     tested_n = sum(v.status == "ok" for v in verdicts)
     share = sum(v.drift is True for v in verdicts) / tested_n if tested_n else 0.0
     return DriftReport(verdicts, bool(tested_n and share >= drift_share), share, drift_share, correction)
+
+
+__all__ = ["PARALLEL_MIN_VALUES", "ColumnDrift", "DriftReport", "Status", "drift_report"]

@@ -161,3 +161,6 @@ def job_gpu_samples(job_folder: Path) -> list[Sample]:
         for n, path in sorted(found)
         for s in read_gpu_log(path)
     ]
+
+
+__all__ = ["GpuRecorder", "gpu_log_path", "job_gpu_samples", "read_gpu_log"]

@@ -90,3 +90,6 @@ class GpuSampler:
     def latest(self) -> ScrapeResult | None:
         """The last round read, or ``None`` before the first."""
         return self._latest
+
+
+__all__ = ["GpuSampler", "log"]

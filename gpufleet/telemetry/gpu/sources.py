@@ -438,3 +438,21 @@ def open_source(
     if kind == "scrape":
         return ScrapeSource(arg, job_id=job_id or None)
     raise UsageError(f"gpu_source {spec!r} is not one of: auto, none, nvml, synthetic:<pattern>, scrape:<http(s) url>")
+
+
+__all__ = [
+    "CHUNK_S",
+    "ENERGY",
+    "MAX_SCRAPE_BYTES",
+    "PROFILING_FIELDS",
+    "SOURCE_ERROR",
+    "UNAVAILABLE",
+    "GpuSource",
+    "NvmlSource",
+    "ScrapeSource",
+    "SyntheticSource",
+    "derive_seed",
+    "log",
+    "now_ms",
+    "open_source",
+]

@@ -89,3 +89,6 @@ def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, 
     except (OSError, ValueError) as err:
         reason = str(err) or type(err).__name__
     raise UsageError(f"cannot send trace to {url}: {reason}; check the collector is up (--endpoint)")
+
+
+__all__ = ["job_trace", "save_trace", "send_otlp", "traces_url", "write_trace"]

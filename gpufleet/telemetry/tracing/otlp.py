@@ -75,3 +75,6 @@ def to_otlp_json(spans: Sequence[Span], resource_attributes: Mapping[str, Attrib
 
 def resource_attributes(job: Job) -> dict[str, AttributeValue]:
     return {"service.name": "gpufleet", "gpufleet.job.id": job.id, "gpufleet.team": job.team}
+
+
+__all__ = ["SPAN_KIND_INTERNAL", "resource_attributes", "to_otlp_json"]

@@ -302,3 +302,16 @@ def span_timeline(spans: Sequence[Span]) -> list[str]:
             note = f"{note} ERROR {s.status_message}".strip()
         lines.append(f"{name:<{width}}  {offset:>9}  {took:>8}  {note}".rstrip())
     return lines
+
+
+__all__ = [
+    "MAX_STEP_EVENTS",
+    "AttributeValue",
+    "Span",
+    "SpanEvent",
+    "StatusCode",
+    "job_spans",
+    "sample_evenly",
+    "span_timeline",
+    "trace_seed",
+]
