@@ -202,3 +202,37 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
             assert_bitwise_equal(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
+
+
+@pytest.fixture
+def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Environment as a backend would export it, with a spec that checkpoints every 7 steps."""
+    spec = {
+        "name": "t",
+        "entrypoint": "gpufleet.workloads.tinylm:train",
+        "checkpoint": {"every_steps": 7, "keep": 2},
+        "health": {"min_history": 5, "window": 20},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
+    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "events.jsonl"))
+    monkeypatch.delenv("GPUFLEET_FAULT", raising=False)
+    return tmp_path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process through ``main()`` (what renders errors): exit code, stdout, stderr."""
+    import sys
+
+    from gpufleet.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["gpufleet", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

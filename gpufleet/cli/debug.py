@@ -40,6 +40,7 @@ def _seeds(raw: str | None, spec_args: dict[str, Any]) -> tuple[int, int]:
 
 
 @debug_app.command("determinism")
+@parameters_as_flags({"steps": "--steps", "seeds": "--seeds"})
 def determinism(
     spec: SpecArg,
     steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 10,

@@ -8,10 +8,11 @@ import typer
 
 from gpufleet.cli.options import JsonOpt, SpecArg, require_positive
 from gpufleet.cli.render import console, emit_json, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.spec import load_spec
 
 
+@parameters_as_flags({"steps": "--steps", "warmup": "--warmup"})
 def profile_command(
     spec: SpecArg,
     steps: Annotated[int, typer.Option("--steps", help="Steps recorded.")] = 5,

@@ -9,7 +9,7 @@ import typer
 
 from gpufleet.backends import sync_remote
 from gpufleet.cli.render import console, emit_json, err_console
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, parameters_as_flags
 from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home, state_db
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
@@ -25,6 +25,7 @@ EndpointOpt = Annotated[
 TraceJsonOpt = Annotated[bool, typer.Option("--json", help="Print the OTLP/JSON payload on stdout.")]
 
 
+@parameters_as_flags({"url": "--endpoint"})
 def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: TraceJsonOpt = False) -> None:
     """Export a job's attempts and phases as an OpenTelemetry trace (jobs/<id>/trace.otlp.json)."""
     home = gpufleet_home()

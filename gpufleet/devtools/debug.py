@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.devtools.profile import entrypoint_function, isolated_job
-from gpufleet.errors import CheckpointError, UsageError
+from gpufleet.errors import CheckpointError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.runtime.health import HealthMonitor
 from gpufleet.spec import HealthPolicy, JobSpec
@@ -77,9 +77,13 @@ def _run(spec: JobSpec, root: Path, seed: int, steps: int) -> tuple[list[float],
 def check_determinism(spec: JobSpec, steps: int = 10, seeds: tuple[int, int] = (0, 1)) -> DeterminismReport:
     """Two runs with ``seeds[0]`` compared bitwise, one with ``seeds[1]`` for the spread across seeds."""
     if steps <= 0:
-        raise UsageError(f"steps={steps}: run at least one step (--steps >= 1)")
+        raise ParameterError("{steps}: run at least one step", steps=steps)
     if seeds[0] == seeds[1] or min(seeds) < 0:
-        raise UsageError(f"seeds {seeds[0]},{seeds[1]}: give two different non-negative seeds, e.g. --seeds 0,1")
+        raise ParameterError(
+            "{seeds:name} {pair!s}: give two different non-negative seeds, e.g. {seeds:name} 0,1",
+            seeds=seeds,
+            pair=f"{seeds[0]},{seeds[1]}",
+        )
     _, params = entrypoint_function(spec)
     missing = {"seed", "steps"} - params
     if missing:

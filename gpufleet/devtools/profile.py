@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.errors import SpecError, UsageError
+from gpufleet.errors import ParameterError, SpecError, UsageError
 from gpufleet.spec import JobSpec
 
 COMM_RE = re.compile(
@@ -146,7 +146,11 @@ def profile_job(spec: JobSpec, steps: int = 5, warmup: int = 2, top: int = 10) -
     from torch.profiler import ProfilerActivity, profile, schedule
 
     if steps <= 0 or warmup < 0:
-        raise UsageError(f"steps={steps}, warmup={warmup}: profile at least one step (--steps >= 1, --warmup >= 0)")
+        raise ParameterError(
+            "{steps}, {warmup}: profile at least one step ({steps:name} at least 1, {warmup:name} at least 0)",
+            steps=steps,
+            warmup=warmup,
+        )
     func, params = entrypoint_function(spec)
     if "on_step" not in params and "steps" not in params:
         raise UsageError(
@@ -186,7 +190,12 @@ def profile_job(spec: JobSpec, steps: int = 5, warmup: int = 2, top: int = 10) -
         if cuda:
             torch.cuda.synchronize()
     if by_step and len(after) <= total:
-        raise UsageError(f"the job stopped after {len(after) - 1} steps; ask for fewer (--warmup + --steps)")
+        raise ParameterError(
+            "the job stopped after {done!s} steps; ask for fewer ({warmup:name} + {steps:name})",
+            done=len(after) - 1,
+            warmup=warmup,
+            steps=steps,
+        )
     (t0, c0), (t1, c1) = (after[warmup], before[total - 1]) if by_step else (after[0], before[-1])
     return summarize(
         prof,

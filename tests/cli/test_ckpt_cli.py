@@ -10,22 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 
-from gpufleet.cli.app import main
 from gpufleet.runtime.checkpoint import CheckpointDir, model_fingerprint
-
-
-def gpufleet(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
-    """Run the CLI in this process through ``main()`` (what renders errors): exit code, stdout, stderr."""
-    monkeypatch.setattr(sys, "argv", ["gpufleet", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def model_state(width: int, step: int) -> dict[str, object]:
@@ -53,14 +40,14 @@ def ckdir(tmp_path: Path) -> Path:
 def test_verify_and_restore_make_the_same_decision(
     ckdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "verify", str(ckdir), "--json")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(ckdir), "--json")
     result = json.loads(out)
     assert code == 1 and result["ok"] is False
     assert [c["status"] for c in result["checkpoints"]] == ["ok", "ok", "unhealthy", "corrupt"]
     info, _, _, skipped = CheckpointDir(ckdir).restore_candidate()
     assert info is not None and result["restore_step"] == info.step == 20
     assert [s.step for s in skipped] == [40, 30]
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "verify", str(ckdir))
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(ckdir))
     assert code == 1 and "BAD  step-00000040" in out and "unhealthy  step-00000030" in out
     assert "restore would use step 20" in out
 
@@ -71,22 +58,22 @@ def test_verify_with_job_marks_other_jobs_checkpoints_foreign(
     ckpts = CheckpointDir(tmp_path / "ck", keep=10)
     ckpts.save(1, model_state(4, 1), job="9")
     ckpts.save(2, model_state(4, 2), job="7")
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--job", "9", "--json")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--job", "9", "--json")
     result = json.loads(out)
     assert code == 0 and result["ok"] is True and result["restore_step"] == 1
     assert [c["status"] for c in result["checkpoints"]] == ["ok", "foreign"]
     assert "written by job 7, this is job 9" in result["checkpoints"][1]["problem"]
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--job", "9")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--job", "9")
     assert code == 0 and "foreign  step-00000002" in out and "restore would use step 1" in out
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--json")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(tmp_path / "ck"), "--json")
     assert json.loads(out)["restore_step"] == 2
 
 
 def test_list_shows_metrics(ckdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "list", str(ckdir), "--json")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "list", str(ckdir), "--json")
     rows = json.loads(out)["checkpoints"]
     assert code == 0 and rows[0]["metrics"] == {"val_loss": 0.1} and rows[0]["job"] == "9"
-    code, out, _ = gpufleet(capsys, monkeypatch, "ckpt", "list", str(ckdir))
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "list", str(ckdir))
     assert code == 0 and "val_loss=0.05" in out
 
 
@@ -112,7 +99,7 @@ def test_export_a_chosen_step_and_entry(
 ) -> None:
     out = tmp_path / "opt.pt"
     args = ("ckpt", "export", str(ckdir), "--step", "10", "--entry", "optimizer", "--out", str(out))
-    code, stdout, _ = gpufleet(capsys, monkeypatch, *args)
+    code, stdout, _ = run_cli(capsys, monkeypatch, *args)
     assert code == 0 and "step-00000010" in stdout
     assert torch.load(out, weights_only=True) == {"state": {}, "param_groups": []}
 
@@ -136,7 +123,7 @@ def test_export_bad_values_exit_2_with_one_line(
 ) -> None:
     given = [a.replace("{tmp}", str(tmp_path)) for a in args]
     out = [] if "--out" in given else ["--out", str(tmp_path / "model.pt")]
-    code, _, err = gpufleet(capsys, monkeypatch, "ckpt", "export", str(ckdir), *given, *out)
+    code, _, err = run_cli(capsys, monkeypatch, "ckpt", "export", str(ckdir), *given, *out)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
     assert all(name in lines[0] for name in names), lines[0]
@@ -153,6 +140,6 @@ def test_export_refuses_a_corrupt_or_unhealthy_step(
     expected: str,
 ) -> None:
     args = ("ckpt", "export", str(ckdir), "--step", step, "--out", str(tmp_path / "model.pt"))
-    code, _, err = gpufleet(capsys, monkeypatch, *args)
+    code, _, err = run_cli(capsys, monkeypatch, *args)
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "model.pt").exists()

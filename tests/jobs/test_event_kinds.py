@@ -35,18 +35,10 @@ def test_notable_is_a_subset_without_repeats() -> None:
     assert all(isinstance(kind, EventKind) for kind in NOTABLE)
 
 
-def test_every_kind_a_training_run_writes_is_a_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_kind_a_training_run_writes_is_a_member(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run with checkpoints, a NaN step rolled back, a SIGTERM that requeues, and the attempt that resumes."""
-    spec = {
-        "name": "t",
-        "entrypoint": "gpufleet.workloads.tinylm:train",
-        "checkpoint": {"every_steps": 7, "keep": 2},
-        "health": {"min_history": 5, "window": 20},
-    }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
-    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
-    monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "events.jsonl"))
     monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
     monkeypatch.setenv("GPUFLEET_FAULT", "nan@12")
     monkeypatch.setenv("GPUFLEET_ATTEMPT", "1")

@@ -22,23 +22,6 @@ from gpufleet.workloads.tinylm import TINY
 SMALL: dict[str, Any] = {**TINY, "steps": 60}
 
 
-@pytest.fixture
-def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Environment as a backend would export it, with a spec that checkpoints every 7 steps."""
-    spec = {
-        "name": "t",
-        "entrypoint": "gpufleet.workloads.tinylm:train",
-        "checkpoint": {"every_steps": 7, "keep": 2},
-        "health": {"min_history": 5, "window": 20},
-    }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("GPUFLEET_SPEC", str(tmp_path / "spec.json"))
-    monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "ckpt"))
-    monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "events.jsonl"))
-    monkeypatch.delenv("GPUFLEET_FAULT", raising=False)
-    return tmp_path
-
-
 def final_state(ckpt_dir: Path, step: int) -> dict[str, Any]:
     _, state = CheckpointDir(ckpt_dir).load(ckpt_dir / f"step-{step:08d}")
     return state

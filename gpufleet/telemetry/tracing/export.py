@@ -2,7 +2,7 @@
 
 ``job_trace`` reads the store and builds the spans (``spans``) and their OTLP/JSON (``otlp``);
 ``save_trace`` writes ``jobs/<id>/trace.otlp.json``; ``send_otlp`` POSTs to an OTLP/HTTP
-collector found by ``traces_url`` (the ``--endpoint`` or the OTel exporter environment
+collector found by ``traces_url`` (the endpoint given or the OTel exporter environment
 variables). Apart from the pure parts so that only this module touches files, the network and
 the environment.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.errors import ParameterError, ServiceUnavailable, UsageError
 from gpufleet.jobs.store import Store
 from gpufleet.paths import job_dir
 from gpufleet.telemetry.tracing.otlp import resource_attributes, to_otlp_json
@@ -88,7 +88,11 @@ def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, 
         ) from None
     except (OSError, ValueError) as err:
         reason = str(err) or type(err).__name__
-    raise UsageError(f"cannot send trace to {url}: {reason}; check the collector is up (--endpoint)")
+    raise ParameterError(
+        "cannot send trace to {url!s}: {reason!s}; check the collector is up, or give another {url:name}",
+        url=url,
+        reason=reason,
+    )
 
 
 __all__ = ["job_trace", "save_trace", "send_otlp", "traces_url", "write_trace"]
