@@ -46,6 +46,11 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def dev_services_dir(service: str) -> Path:
+    """Where ``scripts/dev-<service>`` keeps a development service of a source checkout: ``<repo>/.dev/<service>``."""
+    return Path(__file__).resolve().parents[1] / ".dev" / service
+
+
 def state_db(home: Path) -> Path:
     """The SQLite store of jobs, attempts, events and requests."""
     return home / "state.db"
@@ -95,6 +100,7 @@ __all__ = [
     "attempt_log",
     "check_name",
     "checkpoints_dir",
+    "dev_services_dir",
     "events_file",
     "gpufleet_home",
     "job_dir",

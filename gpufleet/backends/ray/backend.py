@@ -65,6 +65,7 @@ from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import threads_per_rank
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, Outcome, SyncPlan
+from gpufleet.paths import dev_services_dir
 from gpufleet.spec import JobSpec
 
 NAMESPACE = "gpufleet"
@@ -137,7 +138,7 @@ def plan_sync(job: Job, stored: Sequence[Attempt], status: RunStatus | None, *, 
 def dev_ray_dir() -> Path:
     """Where ``scripts/dev-ray`` keeps its cluster (``$GPUFLEET_RAY_DIR``, default ``<repo>/.dev/ray``)."""
     raw = os.environ.get("GPUFLEET_RAY_DIR")
-    return Path(raw) if raw else Path(__file__).resolve().parents[2] / ".dev" / "ray"
+    return Path(raw) if raw else dev_services_dir("ray")
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, Store, SyncPlan
-from gpufleet.paths import job_dir
+from gpufleet.paths import dev_services_dir, job_dir
 from gpufleet.spec import JobSpec
 
 START_HINT = "start the development cluster with `scripts/dev-slurm up` (or set SLURM_CONF for yours)"
@@ -75,7 +75,7 @@ def slurm_env() -> dict[str, str]:
     """The environment for Slurm client commands: ``SLURM_CONF`` from the dev cluster if unset."""
     env = dict(os.environ)
     if "SLURM_CONF" not in env:
-        state = Path(env.get("GPUFLEET_SLURM_DIR", Path(__file__).resolve().parents[2] / ".dev" / "slurm"))
+        state = Path(env.get("GPUFLEET_SLURM_DIR", dev_services_dir("slurm")))
         if (state / "slurm.conf").exists():
             env["SLURM_CONF"] = str(state / "slurm.conf")
     return env
