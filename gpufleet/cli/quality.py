@@ -18,7 +18,7 @@ from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.paths import gpufleet_home
 
 if TYPE_CHECKING:
-    from gpufleet.quality.drift import DriftReport
+    from gpufleet.quality.drift import ColumnDrift, DriftReport
     from gpufleet.quality.registry import AliasEvent
 
 
@@ -139,7 +139,21 @@ ThresholdOpt = Annotated[
 
 HtmlOpt = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
 FailOpt = Annotated[
-    bool, typer.Option("--fail-on-drift", help="Exit 1 on dataset drift (or when no column could be tested).")
+    bool,
+    typer.Option(
+        "--fail-on-drift",
+        help="Exit 1 unless the data is cleared: on dataset drift, when a column is untestable or over "
+        "--max-non-finite, or when no column could be tested.",
+    ),
+]
+MaxNonFiniteOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-non-finite",
+        metavar="SHARE",
+        help="Alert on a column with more than this share of non-finite values (NaN, missing, +-inf) on "
+        "either side; 1 turns the alert off.",
+    ),
 ]
 CorrectionOpt = Annotated[
     str, typer.Option("--correction", help="Multiple-testing correction over the p-values: none or bh.")
@@ -190,8 +204,22 @@ def _per_column(default: Any, per_column: dict[str, Any], names: list[str], flag
     return {n: per_column.get(n, default) for n in names if per_column.get(n, default) is not None}
 
 
+def _non_finite_cell(c: ColumnDrift) -> str:
+    """``"0% / 50%"`` (reference / current; ``-`` for a side without the column), red when it alerts."""
+
+    def share(side: str) -> str:
+        tally = c.non_finite.get(side)
+        if tally is None:
+            return "-"
+        return "0%" if tally.share == 0 else f"{tally.share:.1%}"
+
+    text = f"{share('reference')} / {share('current')}"
+    return f"[red]{text}[/]" if c.alert else text
+
+
 def _print_report(report: DriftReport) -> None:
-    drift_cell = {True: "[red]drift[/]", False: "no", None: "[yellow]skipped[/]"}
+    drift_cell = {True: "[red]drift[/]", False: "no"}
+    status_cell = {"skipped": "[yellow]skipped[/]", "untestable": "[red]untestable[/]"}
     rows = [
         [
             c.column,
@@ -200,21 +228,31 @@ def _print_report(report: DriftReport) -> None:
             c.statistic,
             c.p_value,
             c.threshold if c.status == "ok" else None,
-            drift_cell[c.drift],
+            drift_cell[c.drift] if c.drift is not None else status_cell.get(c.status, c.status),
+            _non_finite_cell(c),
         ]
         for c in report.columns
     ]
-    head = ["column", "kind", "method", "statistic", "p-value", "threshold", "drift"]
+    head = ["column", "kind", "method", "statistic", "p-value", "threshold", "drift", "non-finite ref/cur"]
     console.print(table("drift per column", head, rows))
     for c in report.columns:
         if c.reason:
-            console.print(f"[yellow]skipped[/] {c.column}: {c.reason}", highlight=False, soft_wrap=True)
-    colour = "red" if report.dataset_drift else ("green" if report.tested else "yellow")
+            label = status_cell.get(c.status, c.status)
+            console.print(f"{label} {c.column}: {c.reason}", highlight=False, soft_wrap=True)
+        if c.alert:
+            console.print(f"[red]alert[/] {c.column}: {c.alert}", highlight=False, soft_wrap=True)
+    colour = {"drift": "red", "no_drift": "green"}.get(report.status, "yellow")
     console.print(f"[{colour}]{report.verdict}[/]", highlight=False, soft_wrap=True)
 
 
 @parameters_as_flags(
-    {"columns": "--columns", "method": "--method", "threshold": "--threshold", "correction": "--correction"}
+    {
+        "columns": "--columns",
+        "method": "--method",
+        "threshold": "--threshold",
+        "correction": "--correction",
+        "max_non_finite": "--max-non-finite",
+    }
 )
 def drift_command(
     reference: RefArg,
@@ -226,8 +264,14 @@ def drift_command(
     html: HtmlOpt = None,
     fail_on_drift: FailOpt = False,
     correction: CorrectionOpt = "none",
+    max_non_finite: MaxNonFiniteOpt = 0.05,
 ) -> None:
-    """Compare current data with a reference, column by column (KS, chi-squared, PSI, Wasserstein, JS, MMD)."""
+    """Compare current data with a reference, column by column (KS, chi-squared, PSI, Wasserstein, JS, MMD).
+
+    A column that cannot be measured is "untestable", never "no drift"; non-finite values are counted
+    and alert above --max-non-finite; either leaves the verdict "incomplete".
+    """
+    from gpufleet.fmt import finite_json
     from gpufleet.quality.drift import drift_report
     from gpufleet.quality.io import read_table
 
@@ -246,6 +290,7 @@ def drift_command(
         method=_per_column(m_default, m_cols, names, "--method"),
         threshold=_per_column(t_default_num, t_cols_num, names, "--threshold"),
         correction="bh" if correction == "bh" else "none",
+        max_non_finite=max_non_finite,
     )
     if html is not None:
         from gpufleet.quality.html import render_html
@@ -256,14 +301,22 @@ def drift_command(
         except OSError as err:
             raise UsageError(f"--html {html}: cannot write it ({err.strerror}); pick a writable path") from err
     if json_out:
-        emit_json({"reference": str(reference), "current": str(current), **report.to_dict(), "html": _path(html)})
+        emit_json(
+            finite_json({"reference": str(reference), "current": str(current), **report.to_dict(), "html": _path(html)})
+        )
     else:
         _print_report(report)
         if html is not None:
             console.print(f"HTML report: {html}", highlight=False, soft_wrap=True)
-    if fail_on_drift and (report.dataset_drift or not report.tested):
-        if not report.tested:
+    if fail_on_drift and report.status != "no_drift":
+        if report.status == "untestable":
             err_console.print("no column could be tested: failing as --fail-on-drift asks", highlight=False)
+        elif report.status == "incomplete":
+            err_console.print(
+                f"{report.untestable} column(s) untestable, {report.alerted} over the non-finite share: "
+                "drift is not ruled out, failing as --fail-on-drift asks",
+                highlight=False,
+            )
         raise typer.Exit(1)
 
 
@@ -346,6 +399,7 @@ __all__ = [
     "CurArg",
     "FailOpt",
     "HtmlOpt",
+    "MaxNonFiniteOpt",
     "MethodOpt",
     "ModelArg",
     "OutOpt",

@@ -5,6 +5,9 @@ or an e-mail as is. Column names and category values come from user files, so ev
 text goes through :func:`html.escape`. Plots are drawn by hand as SVG (no matplotlib import):
 overlaid histograms on shared bins for numbers, paired bars for the most frequent categories,
 and for embeddings the histogram of each side projected on the line between the two means.
+Untestable columns and non-finite alerts are shown as such (never as "no"); values near the ends
+of float64 are scaled by a power of two before binning, and a column that still cannot be drawn
+gets no picture rather than breaking the page.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpufleet.quality.drift import ColumnDrift, DriftReport, clean_column, columns_of
+from gpufleet.quality.drift import ColumnDrift, DriftReport, clean_column, columns_of, power_of_two_scale
 
 REF_COLOUR, CUR_COLOUR = "#4C72B0", "#DD8452"
 WIDTH, HEIGHT, PAD = 360, 150, 24
@@ -27,6 +30,7 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem;color:#222;max-width:1100px}
 h1{font-size:1.4rem} .verdict{font-size:1.1rem;padding:.6rem 1rem;border-radius:6px;display:inline-block}
 .drift{background:#fde2e1;color:#8a1c14} .nodrift{background:#e3f4e1;color:#1d5c1a} .none{background:#eee}
+.incomplete{background:#fff3cd;color:#7a5a00} .alert{color:#8a1c14;font-weight:bold}
 table{border-collapse:collapse;margin:1rem 0;font-size:.9rem} th,td{padding:.25rem .6rem;text-align:left}
 th{border-bottom:2px solid #999} td{border-bottom:1px solid #ddd}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -73,8 +77,10 @@ def _svg(body: str, label: str) -> str:
 
 
 def _numeric_plot(ref: NDArray[Any], cur: NDArray[Any], bins: int = 30) -> str:
-    edges = np.histogram_bin_edges(np.concatenate([ref, cur]), bins=bins)
-    r, c = np.histogram(ref, edges)[0] / ref.size, np.histogram(cur, edges)[0] / cur.size
+    scale = power_of_two_scale(ref, cur)  # bins over +-1e308 would span an infinite range
+    edges = np.histogram_bin_edges(np.concatenate([ref * scale, cur * scale]), bins=bins)
+    r, c = np.histogram(ref * scale, edges)[0] / ref.size, np.histogram(cur * scale, edges)[0] / cur.size
+    edges = edges / scale
     labels = [f"{lo:.4g} to {hi:.4g}" for lo, hi in itertools.pairwise(edges)]
     return _bars(list(r), list(c), labels) + _axis(f"{edges[0]:.4g}", f"{edges[-1]:.4g}")
 
@@ -89,6 +95,8 @@ def _categorical_plot(ref: NDArray[Any], cur: NDArray[Any]) -> str:
 
 
 def _embedding_plot(ref: NDArray[Any], cur: NDArray[Any]) -> str:
+    scale = power_of_two_scale(ref, cur)  # means and projections of huge rows would overflow
+    ref, cur = ref * scale, cur * scale
     direction = cur.mean(axis=0) - ref.mean(axis=0)
     norm = float(np.linalg.norm(direction))
     direction = direction / norm if norm > 0 else np.eye(ref.shape[1])[0]
@@ -100,19 +108,44 @@ def column_svg(ref_raw: Any, cur_raw: Any, column: str) -> str:
     (ref_kind, ref), (cur_kind, cur) = clean_column(ref_raw), clean_column(cur_raw)
     if ref_kind is None or ref_kind != cur_kind or ref.shape[0] == 0 or cur.shape[0] == 0:
         return ""
-    if ref_kind == "numeric":
-        body = _numeric_plot(ref, cur)
-    elif ref_kind == "categorical":
-        body = _categorical_plot(ref, cur)
-    elif ref.shape[1:] == cur.shape[1:]:
-        body = _embedding_plot(ref, cur)
-    else:
+    try:
+        with np.errstate(all="ignore"):
+            if ref_kind == "numeric":
+                body = _numeric_plot(ref, cur)
+            elif ref_kind == "categorical":
+                body = _categorical_plot(ref, cur)
+            elif ref.shape[1:] == cur.shape[1:]:
+                body = _embedding_plot(ref, cur)
+            else:
+                return ""
+    except (ArithmeticError, ValueError):  # values no binning can place: the table says why
         return ""
     return _svg(body, f"distribution of {column}")
 
 
+def _non_finite(c: ColumnDrift) -> str:
+    """``"0% / 50%"``: each side's share of non-finite values (``-`` where the column is absent)."""
+    cells = []
+    for side in ("reference", "current"):
+        tally = c.non_finite.get(side)
+        cells.append("-" if tally is None else ("0%" if tally.share == 0 else f"{tally.share:.1%}"))
+    return " / ".join(cells)
+
+
+def _verdict(c: ColumnDrift) -> str:
+    if c.drift is None:
+        return c.status
+    return "drift" if c.drift else "no drift"
+
+
 def _row(c: ColumnDrift) -> str:
-    drift = {True: "<b>drift</b>", False: "no", None: "skipped"}[c.drift]
+    drift = {True: "<b>drift</b>", False: "no"}[c.drift] if c.drift is not None else c.status
+    if c.status == "untestable":
+        drift = '<span class="alert">untestable</span>'
+    share = html.escape(_non_finite(c))
+    notes = [html.escape(c.reason or "")]
+    if c.alert:
+        notes.append(f'<span class="alert">alert: {html.escape(c.alert)}</span>')
     cells = [
         html.escape(c.column),
         c.kind,
@@ -121,7 +154,8 @@ def _row(c: ColumnDrift) -> str:
         f'<td class="num">{_fmt(c.p_value)}</td>',
         f'<td class="num">{_fmt(c.threshold if c.status == "ok" else None)}</td>',
         drift,
-        html.escape(c.reason or ""),
+        f'<td class="num alert">{share}</td>' if c.alert else f'<td class="num">{share}</td>',
+        " ".join(n for n in notes if n),
     ]
     return "<tr>" + "".join(cell if cell.startswith("<td") else f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
@@ -129,8 +163,8 @@ def _row(c: ColumnDrift) -> str:
 def render_html(report: DriftReport, reference: Any, current: Any, *, title: str = "Drift report") -> str:
     """The whole report as one HTML document (a string; the caller writes it)."""
     ref_cols, cur_cols = columns_of(reference, "reference"), columns_of(current, "current")
-    css = "drift" if report.dataset_drift else ("nodrift" if report.tested else "none")
-    head = ["column", "kind", "method", "statistic", "p-value", "threshold", "drift", "note"]
+    css = {"drift": "drift", "no_drift": "nodrift", "incomplete": "incomplete"}.get(report.status, "none")
+    head = ["column", "kind", "method", "statistic", "p-value", "threshold", "drift", "non-finite ref / cur", "note"]
     figures = []
     for c in report.columns:
         svg = (
@@ -139,7 +173,7 @@ def render_html(report: DriftReport, reference: Any, current: Any, *, title: str
             else ""
         )
         if svg:
-            verdict = {True: "drift", False: "no drift", None: "skipped"}[c.drift]
+            verdict = _verdict(c)
             caption = f"{html.escape(c.column)}: {html.escape(c.method)} {_fmt(c.statistic)} ({verdict})"
             figures.append(f"<figure><figcaption>{caption}</figcaption>{svg}</figure>")
     legend = (

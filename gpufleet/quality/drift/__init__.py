@@ -14,14 +14,23 @@ The package is split by concern; every name below is importable from ``gpufleet.
 - ``columns``: the 1-D two-sample statistics (KS, chi-squared, z, PSI, Wasserstein,
   Jensen-Shannon) and the table of methods;
 - ``mmd``: maximum mean discrepancy for embeddings and other multivariate rows;
-- ``clean``: raw columns (pandas or numpy) classified and cleaned for the statistics;
+- ``clean``: raw columns (pandas or numpy) classified and cleaned for the statistics, with a
+  tally of the non-finite values dropped;
 - ``report``: the method chosen per column (Evidently 0.7's defaults), skipped columns, the
   Benjamini-Hochberg correction, the dataset verdict and the report's JSON.
+
+What cannot be measured is never "no drift" (details in ``report``): a column whose statistic
+cannot be computed (nothing finite left, a NaN or overflowing statistic) is ``untestable`` with
+the reason; non-finite values (NaN, +-inf) are counted per column and side, and a share above
+``max_non_finite`` (5 %) is an alert; either makes the dataset's status ``incomplete`` (unless it
+drifts), and ``gpufleet drift --fail-on-drift`` exits 1 on it. Huge or tiny values are scaled by a
+power of two before the statistics that would overflow (``power_of_two_scale``), so columns near
++-1e308 are measured, not given up on.
 """
 
 from __future__ import annotations
 
-from gpufleet.quality.drift.clean import clean_column, columns_of
+from gpufleet.quality.drift.clean import NonFinite, clean_column, columns_of
 from gpufleet.quality.drift.columns import (
     ALIASES,
     METHODS,
@@ -29,6 +38,7 @@ from gpufleet.quality.drift.columns import (
     chi2,
     jensen_shannon,
     ks,
+    power_of_two_scale,
     psi,
     psi_null_quantile,
     resolve_method,
@@ -36,16 +46,19 @@ from gpufleet.quality.drift.columns import (
     z_test,
 )
 from gpufleet.quality.drift.mmd import MmdEstimator, MmdResult, median_bandwidth, mmd, mmd_test
-from gpufleet.quality.drift.report import ColumnDrift, DriftReport, drift_report
+from gpufleet.quality.drift.report import MAX_NON_FINITE, ColumnDrift, DatasetStatus, DriftReport, drift_report
 
 __all__ = [
     "ALIASES",
+    "MAX_NON_FINITE",
     "METHODS",
     "ColumnDrift",
+    "DatasetStatus",
     "DriftReport",
     "Method",
     "MmdEstimator",
     "MmdResult",
+    "NonFinite",
     "chi2",
     "clean_column",
     "columns_of",
@@ -55,6 +68,7 @@ __all__ = [
     "median_bandwidth",
     "mmd",
     "mmd_test",
+    "power_of_two_scale",
     "psi",
     "psi_null_quantile",
     "resolve_method",

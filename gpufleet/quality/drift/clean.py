@@ -7,13 +7,17 @@ array, or a column of equal-width vectors); missing values (``None``, NaN, panda
 ``NaT``, non-finite numbers, rows of an embedding with a non-finite entry) are dropped and
 counted. What cannot be classified (dates, ragged vectors) keeps ``kind=None`` or a ``problem``,
 so the report skips the column with a reason instead of guessing.
+
+Dropped never means silently dropped: each side keeps a :class:`NonFinite` tally of what the
+statistics did not see (missing or NaN, ``+inf``, ``-inf``; for embeddings, rows with such an
+entry), so the report can give its share and alert when it is large.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,44 @@ from gpufleet.quality.drift.columns import Floats, Kind
 
 
 @dataclass(frozen=True, slots=True)
+class NonFinite:
+    """What one side of a column held that the statistics cannot use: missing values or NaN, +inf, -inf.
+
+    For an embedding a row counts once, under its first kind of bad entry (NaN, then +inf, then -inf).
+    """
+
+    rows: int
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+    @property
+    def infinite(self) -> int:
+        return self.posinf + self.neginf
+
+    @property
+    def share(self) -> float:
+        """Non-finite rows over all rows (0 for an empty side)."""
+        return self.count / self.rows if self.rows else 0.0
+
+    def describe(self) -> str:
+        """``"1,000 +inf, 3 NaN or missing"``; ``"none"`` when every value is finite."""
+        parts = [
+            f"{n:,} {label}"
+            for n, label in ((self.posinf, "+inf"), (self.neginf, "-inf"), (self.nan, "NaN or missing"))
+            if n
+        ]
+        return ", ".join(parts) or "none"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rows": self.rows, "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf, "share": self.share}
+
+
+@dataclass(frozen=True, slots=True)
 class Side:
     """One side of one column, ready for the statistics: missing values dropped, numbers sorted."""
 
@@ -31,6 +73,8 @@ class Side:
     values: NDArray[Any]
     missing: int
     problem: str | None = None
+    non_finite: NonFinite = field(default_factory=lambda: NonFinite(0))
+    """Every value the statistics do not see, by kind; ``missing`` is its total."""
 
 
 def _is_missing(value: Any) -> bool:
@@ -44,7 +88,11 @@ def _is_missing(value: Any) -> bool:
 def _numeric_side(arr: Floats) -> Side:
     ok = np.isfinite(arr)
     missing = int(arr.size - np.count_nonzero(ok))
-    return Side("numeric", np.sort(arr[ok] if missing else arr), missing)
+    tally = NonFinite(arr.size)
+    if missing:
+        nan, posinf = int(np.count_nonzero(np.isnan(arr))), int(np.count_nonzero(np.isposinf(arr)))
+        tally = NonFinite(arr.size, nan, posinf, missing - nan - posinf)
+    return Side("numeric", np.sort(arr[ok] if missing else arr), missing, None, tally)
 
 
 def _object_side(values: NDArray[Any], missing: NDArray[np.bool_]) -> Side:
@@ -54,15 +102,23 @@ def _object_side(values: NDArray[Any], missing: NDArray[np.bool_]) -> Side:
         rows = [np.asarray(v, dtype=np.float64).ravel() for v in present]
         widths = {r.size for r in rows}
         if len(widths) > 1:
-            return Side("embedding", np.empty((0, 0)), int(missing.sum()), f"embedding rows of widths {sorted(widths)}")
+            n = int(missing.sum())
+            problem = f"embedding rows of widths {sorted(widths)}"
+            return Side("embedding", np.empty((0, 0)), n, problem, NonFinite(values.size, n))
         matrix = np.vstack(rows) if rows else np.empty((0, 0))
         return _embedding_side(matrix, int(missing.sum()))
-    return Side("categorical", np.asarray([str(v) for v in present], dtype=str), int(missing.sum()))
+    n = int(missing.sum())
+    return Side("categorical", np.asarray([str(v) for v in present], dtype=str), n, None, NonFinite(values.size, n))
 
 
 def _embedding_side(matrix: Floats, missing: int) -> Side:
     ok = np.all(np.isfinite(matrix), axis=1) if matrix.size else np.zeros(matrix.shape[0], dtype=bool)
-    return Side("embedding", matrix[ok], missing + int(matrix.shape[0] - ok.sum()))
+    bad = matrix[~ok]
+    nan = np.any(np.isnan(bad), axis=1)
+    posinf = ~nan & np.any(np.isposinf(bad), axis=1)
+    n_nan, n_pos = int(nan.sum()), int(posinf.sum())
+    tally = NonFinite(missing + matrix.shape[0], missing + n_nan, n_pos, bad.shape[0] - n_nan - n_pos)
+    return Side("embedding", matrix[ok], missing + bad.shape[0], None, tally)
 
 
 def side_of(raw: Any) -> Side:
@@ -72,7 +128,7 @@ def side_of(raw: Any) -> Side:
         if dtype_kind in "fiu":
             return _numeric_side(np.asarray(raw.to_numpy(dtype=np.float64, na_value=np.nan)))
         if dtype_kind in "Mmc":
-            return Side(None, np.empty(0), 0, f"unsupported dtype {raw.dtype}")
+            return Side(None, np.empty(0), 0, f"unsupported dtype {raw.dtype}", NonFinite(len(raw)))
         return _object_side(np.asarray(raw.to_numpy(dtype=object)), np.asarray(raw.isna(), dtype=bool))
     arr = np.asarray(raw)
     if arr.dtype.kind in "fiu" and (arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1)):
@@ -80,10 +136,11 @@ def side_of(raw: Any) -> Side:
     if arr.dtype.kind in "fiu" and arr.ndim == 2:
         return _embedding_side(arr.astype(np.float64), 0)
     if arr.ndim != 1 or arr.dtype.kind in "Mmc":
-        return Side(None, np.empty(0), 0, f"unsupported dtype {arr.dtype} with shape {arr.shape}")
+        problem = f"unsupported dtype {arr.dtype} with shape {arr.shape}"
+        return Side(None, np.empty(0), 0, problem, NonFinite(arr.shape[0] if arr.ndim else 1))
     if arr.dtype.kind == "O":
         return _object_side(arr, np.fromiter((_is_missing(v) for v in arr), dtype=bool, count=arr.size))
-    return Side("categorical", arr.astype(str), 0)
+    return Side("categorical", arr.astype(str), 0, None, NonFinite(arr.size))
 
 
 def clean_column(raw: Any) -> tuple[Kind | None, NDArray[Any]]:
@@ -123,4 +180,4 @@ def is_constant(side: Side) -> bool:
     return bool(v.shape[0] > 0 and np.all(v == v[0]))
 
 
-__all__ = ["Side", "clean_column", "columns_of", "distinct_at_most", "is_constant", "side_of"]
+__all__ = ["NonFinite", "Side", "clean_column", "columns_of", "distinct_at_most", "is_constant", "side_of"]

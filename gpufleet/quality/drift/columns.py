@@ -15,6 +15,13 @@ Beyond Evidently, a PSI that reports its own noise floor. Under no drift, PSI ov
 approximately ``(1/N + 1/M) * chi2(B - 1)`` (the PSI is a symmetrised chi-squared divergence), so
 its 95th percentile ``psi_null_quantile`` is reported beside the PSI; a PSI only counts as drift
 when it crosses both the threshold (material) and that quantile (beyond noise).
+
+Huge and tiny numbers: values near the ends of float64 (``1e308``, ``1e-300``) overflow when
+subtracted or squared (a Wasserstein distance of ``inf / inf = NaN``, Jensen-Shannon bins over an
+infinite range) or underflow (squared distances of 0 in MMD). ``power_of_two_scale`` finds a power
+of two that brings such values to a safe magnitude; multiplying by it is exact, so the scale-free
+statistics (normed Wasserstein, PSI, Jensen-Shannon, MMD with the median bandwidth) are those of
+the original values, and values in ordinary ranges are not touched at all.
 """
 
 from __future__ import annotations
@@ -70,6 +77,25 @@ METHODS: dict[str, Method] = {
     )
 }
 ALIASES = {"chisquare": "chi2", "js": "jensenshannon", "wasserstein_norm": "wasserstein", "kolmogorov": "ks"}
+
+
+SCALE_ABOVE = 2.0**450
+"""Above this magnitude, values are scaled down before a statistic subtracts or squares them."""
+SCALE_BELOW = 2.0**-450
+"""Below this magnitude (all values), they are scaled up: their squares would underflow to 0."""
+
+
+def power_of_two_scale(*arrays: NDArray[Any]) -> float:
+    """``1.0``, or the power of two that brings the largest magnitude in ``arrays`` to about ``2**400``
+    (from above ``SCALE_ABOVE``) or about 1 (from below ``SCALE_BELOW``). Finite values only."""
+    top = 0.0
+    for a in arrays:
+        if a.size:
+            top = max(top, abs(float(np.min(a))), abs(float(np.max(a))))
+    if top == 0 or not math.isfinite(top) or SCALE_BELOW <= top <= SCALE_ABOVE:
+        return 1.0
+    target = 400 if top > SCALE_ABOVE else 0
+    return math.ldexp(1.0, min(max(target - math.frexp(top)[1], -1022), 1023))
 
 
 def resolve_method(name: str) -> Method:
@@ -150,6 +176,9 @@ def psi_proportions(ref: Any, cur: Any, bins: int) -> tuple[Floats, Floats]:
     r, c = np.asarray(ref), np.asarray(cur)
     if r.dtype.kind in "fiu" and c.dtype.kind in "fiu":
         rf, cf = _numeric(r), _numeric(c)
+        scale = power_of_two_scale(rf, cf)  # quantiles interpolate: b - a overflows near 1e308
+        if scale != 1.0:
+            rf, cf = rf * scale, cf * scale
         interior = _quantile_bins(rf, bins)
         ref_counts = np.bincount(np.searchsorted(interior, rf, side="right"), minlength=interior.size + 1)
         cur_counts = np.bincount(np.searchsorted(interior, cf, side="right"), minlength=interior.size + 1)
@@ -192,15 +221,31 @@ def wasserstein_norm(ref_std: float) -> float:
     return max(ref_std, 0.001)
 
 
+def wasserstein_parts(rs: Floats, cs: Floats) -> tuple[float, float, float]:
+    """Raw distance, normed distance and the reference's standard deviation of two sorted samples.
+
+    Huge or tiny values are scaled by a power of two first (``power_of_two_scale``), so the normed
+    distance of two columns near +-1e308 is finite and right; the raw distance and the standard
+    deviation, back in the data's units, may still overflow to ``inf`` (they exceed float64).
+    """
+    scale = power_of_two_scale(rs, cs)
+    if scale == 1.0:
+        distance, std = wasserstein_sorted(rs, cs), float(np.std(rs))
+        return distance, distance / wasserstein_norm(std), std
+    distance, std = wasserstein_sorted(rs * scale, cs * scale), float(np.std(rs * scale))
+    with np.errstate(over="ignore"):
+        raw, raw_std = float(np.float64(distance) / scale), float(np.float64(std) / scale)
+    return raw, distance / max(std, 0.001 * scale), raw_std
+
+
 def wasserstein(ref: Any, cur: Any, normed: bool) -> float:
     """First Wasserstein (earth mover's) distance; ``normed`` divides by ``max(std(ref, ddof=0), 0.001)``.
 
     The normed form is Evidently's default for numeric columns above 1,000 rows: a shift of a
     tenth of the reference's standard deviation is its drift threshold.
     """
-    rs, cs = np.sort(_numeric(ref)), np.sort(_numeric(cur))
-    distance = wasserstein_sorted(rs, cs)
-    return distance / wasserstein_norm(float(np.std(rs))) if normed else distance
+    raw, normed_distance, _ = wasserstein_parts(np.sort(_numeric(ref)), np.sort(_numeric(cur)))
+    return normed_distance if normed else raw
 
 
 def _js_distance(p: Floats, q: Floats) -> float:
@@ -218,6 +263,9 @@ def _js_frequencies(ref: Any, cur: Any, bins: int | str) -> tuple[Floats, Floats
     if r.dtype.kind in "fiu" and c.dtype.kind in "fiu":
         rf, cf = _numeric(r), _numeric(c)
         if np.unique(rf).size > 20:
+            scale = power_of_two_scale(rf, cf)  # bins over +-1e308 would span an infinite range
+            if scale != 1.0:
+                rf, cf = rf * scale, cf * scale
             edges = np.histogram_bin_edges(np.concatenate([rf, cf]), bins=bins)
             return np.histogram(rf, edges)[0] / rf.size, np.histogram(cf, edges)[0] / cf.size
         r, c = rf, cf
@@ -235,6 +283,8 @@ __all__ = [
     "ALIASES",
     "FEW_VALUES",
     "METHODS",
+    "SCALE_ABOVE",
+    "SCALE_BELOW",
     "SMALL_REFERENCE_ROWS",
     "Floats",
     "Kind",
@@ -242,6 +292,7 @@ __all__ = [
     "chi2",
     "jensen_shannon",
     "ks",
+    "power_of_two_scale",
     "psi",
     "psi_null_quantile",
     "psi_proportions",
@@ -249,6 +300,7 @@ __all__ = [
     "resolve_method",
     "wasserstein",
     "wasserstein_norm",
+    "wasserstein_parts",
     "wasserstein_sorted",
     "z_test",
 ]

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from gpufleet.errors import UsageError
-from gpufleet.quality.drift.columns import Floats
+from gpufleet.quality.drift.columns import Floats, power_of_two_scale
 
 MmdEstimator = Literal["auto", "exact", "linear", "rff"]
 
@@ -148,6 +148,11 @@ def mmd_test(
     ``rff``: the same with ``features`` random Fourier features, O(N * D); ``linear``: the
     linear-time estimator with a normal approximation, no permutations. ``auto`` picks ``exact``
     up to 4,000 pooled rows, ``rff`` above.
+
+    Rows with huge (near 1e308) or tiny entries are first scaled by a power of two
+    (``columns.power_of_two_scale``): their squared distances would overflow or vanish. The RBF
+    kernel with the median bandwidth does not change under that scaling, and ordinary rows are
+    left as they are; the bandwidth is reported in the data's units.
     """
     x, y = _as_matrix(ref), _as_matrix(cur)
     if x.shape[1] != y.shape[1]:
@@ -155,7 +160,10 @@ def mmd_test(
     if min(x.shape[0], y.shape[0]) < 2:
         raise UsageError("mmd needs at least 2 rows on each side")
     rng = np.random.default_rng(seed)
-    bw = bandwidth if bandwidth is not None else median_bandwidth(x, y, rng)
+    scale = power_of_two_scale(x, y)
+    if scale != 1.0:
+        x, y = x * scale, y * scale
+    bw = bandwidth * scale if bandwidth is not None else median_bandwidth(x, y, rng)
     estimator = method
     if estimator == "auto":
         estimator = "exact" if x.shape[0] + y.shape[0] <= EXACT_MMD_MAX_ROWS else "rff"
@@ -168,7 +176,9 @@ def mmd_test(
         permutations = 0
     else:
         raise UsageError(f"unknown MMD estimator {method!r}: use auto, exact, linear or rff")
-    return MmdResult(statistic, p, estimator, bw, permutations)
+    with np.errstate(over="ignore"):
+        bw_units = float(np.float64(bw) / scale)
+    return MmdResult(statistic, p, estimator, bw_units, permutations)
 
 
 def mmd(

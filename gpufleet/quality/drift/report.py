@@ -19,9 +19,31 @@ Beyond Evidently: Benjamini-Hochberg across the columns' p-values (``correction=
 ``scipy.stats.false_discovery_control``), and the PSI's noise floor (a PSI drifts only above
 ``psi_null_quantile`` too, see ``columns``).
 
-Bad input never crashes and never reads as "no drift": a column that cannot be tested (empty,
-all missing, absent from one side, of another type on each side, constant in the reference,
-too few rows) comes back ``status="skipped"`` with ``drift=None`` and the reason.
+Bad input never crashes and never reads as "no drift". Each column comes back with a ``status``:
+
+- ``"ok"``: measured; ``drift`` is ``True`` or ``False``;
+- ``"skipped"``: the column does not fit a test (empty, all missing, absent from one side, of
+  another type on each side, constant in the reference, too few rows for the method):
+  ``drift=None`` and the reason. Skipped columns are listed in the verdict;
+- ``"untestable"``: the column has values but no number could be trusted: nothing finite is left
+  on a side once ``+inf``/``-inf`` are dropped, the statistic (or, for a test, its p-value) came
+  out NaN, or a distance overflows float64 (a raw Wasserstein distance above 1.8e308), or the
+  computation failed. ``drift=None``, ``statistic=None`` and the reason. Overflow is avoided where
+  it can be (``columns.power_of_two_scale``: columns near +-1e308 are measured correctly), so
+  only what truly cannot be measured is untestable.
+
+Non-finite values (NaN or missing, ``+inf``, ``-inf``) are dropped before the statistics but
+never silently: each column reports, per side, their counts and share (``non_finite``), and a
+share above ``max_non_finite`` (default 5 %) on either side is an ``alert`` for that column,
+whatever its statistic says (the statistic only saw the finite rest).
+
+The dataset's ``status``: ``"drift"`` when at least ``drift_share`` of the tested columns drift;
+otherwise ``"untestable"`` when no column could be tested, ``"incomplete"`` when a column is
+untestable or alerts on non-finite values (the verdict then says "incomplete, drift not ruled
+out", never "no dataset drift"), and ``"no_drift"`` only when neither happened. ``dataset_drift``
+keeps its meaning (the share rule over tested columns) for the callers that weigh it
+(``policy``, ``monitor``); ``gpufleet drift --fail-on-drift`` exits 1 on any status but
+``"no_drift"``.
 """
 
 from __future__ import annotations
@@ -38,7 +60,7 @@ from scipy import stats
 
 from gpufleet.errors import ParameterError, UsageError
 from gpufleet.fmt import finite_or_none
-from gpufleet.quality.drift.clean import Side, columns_of, distinct_at_most, is_constant, side_of
+from gpufleet.quality.drift.clean import NonFinite, Side, columns_of, distinct_at_most, is_constant, side_of
 from gpufleet.quality.drift.columns import (
     FEW_VALUES,
     METHODS,
@@ -52,18 +74,36 @@ from gpufleet.quality.drift.columns import (
     psi_proportions,
     psi_value,
     resolve_method,
-    wasserstein_norm,
-    wasserstein_sorted,
+    wasserstein_parts,
     z_test,
 )
 from gpufleet.quality.drift.mmd import mmd_test
 
-Status = Literal["ok", "skipped"]
+Status = Literal["ok", "skipped", "untestable"]
+DatasetStatus = Literal["drift", "no_drift", "incomplete", "untestable"]
+
+MAX_NON_FINITE = 0.05
+"""Default alert line: more than this share of non-finite values on either side of a column."""
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.3g}%"
+
+
+def _names(columns: Sequence[ColumnDrift], most: int = 5) -> str:
+    names = [c.column for c in columns]
+    more = f" +{len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 @dataclass(frozen=True)
 class ColumnDrift:
-    """The verdict on one column; ``drift`` is ``None`` when the column was skipped."""
+    """The verdict on one column; ``drift`` is ``None`` when the column was skipped or is untestable.
+
+    ``non_finite`` has each side's tally of dropped values (``None`` for a side without the
+    column); ``alert`` says why the column alerts beyond its statistic (too many non-finite
+    values), ``None`` when it does not.
+    """
 
     column: str
     kind: Kind
@@ -75,6 +115,14 @@ class ColumnDrift:
     status: Status
     reason: str | None
     extra: dict[str, float] = field(default_factory=dict)
+    non_finite: dict[str, NonFinite | None] = field(default_factory=dict)
+    alert: str | None = None
+
+    @property
+    def non_finite_share(self) -> float | None:
+        """The larger side's share of non-finite values (``None`` when no side was seen)."""
+        shares = [t.share for t in self.non_finite.values() if t is not None]
+        return max(shares) if shares else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +136,8 @@ class ColumnDrift:
             "status": self.status,
             "reason": self.reason,
             "extra": {k: finite_or_none(v) for k, v in self.extra.items()},
+            "non_finite": {s: (t.to_dict() if t is not None else None) for s, t in self.non_finite.items()},
+            "alert": self.alert,
         }
 
 
@@ -101,6 +151,8 @@ class DriftReport:
     """Drifted columns over *tested* columns (skipped ones are counted apart, never as "no drift")."""
     drift_share_threshold: float
     correction: str = "none"
+    max_non_finite: float = MAX_NON_FINITE
+    """A column alerts when either side has more than this share of non-finite values."""
 
     @property
     def tested(self) -> int:
@@ -111,28 +163,62 @@ class DriftReport:
         return sum(c.status == "skipped" for c in self.columns)
 
     @property
+    def untestable(self) -> int:
+        return sum(c.status == "untestable" for c in self.columns)
+
+    @property
+    def alerted(self) -> int:
+        """Columns with an ``alert`` (too many non-finite values), whatever their status."""
+        return sum(c.alert is not None for c in self.columns)
+
+    @property
     def drifted(self) -> int:
         return sum(c.drift is True for c in self.columns)
 
     @property
-    def verdict(self) -> str:
-        skipped = f", {self.skipped} skipped" if self.skipped else ""
+    def status(self) -> DatasetStatus:
+        """``drift``, else ``untestable`` (no column tested), ``incomplete`` (a column untestable or
+        alerting), ``no_drift``: only the last one clears the data."""
+        if self.dataset_drift:
+            return "drift"
         if not self.tested:
-            return f"no column could be tested ({self.skipped} skipped): no verdict"
-        head = "dataset drift" if self.dataset_drift else "no dataset drift"
+            return "untestable"
+        if self.untestable or self.alerted:
+            return "incomplete"
+        return "no_drift"
+
+    @property
+    def verdict(self) -> str:
+        notes = [f"{self.skipped} skipped"] if self.skipped else []
+        if self.untestable:
+            bad = [c for c in self.columns if c.status == "untestable"]
+            notes.append(f"{self.untestable} untestable ({_names(bad)})")
+        if self.alerted:
+            alerting = [c for c in self.columns if c.alert is not None]
+            notes.append(f"{self.alerted} over {_percent(self.max_non_finite)} non-finite ({_names(alerting)})")
+        if not self.tested:
+            return f"no column could be tested ({', '.join(notes) or 'no columns'}): no verdict"
+        head = {"drift": "dataset drift", "incomplete": "incomplete, drift not ruled out"}.get(
+            self.status, "no dataset drift"
+        )
         return (
             f"{head}: {self.drifted} of {self.tested} tested columns drifted "
-            f"({self.share_drifted:.0%}, threshold {self.drift_share_threshold:.0%}){skipped}"
+            f"({self.share_drifted:.0%}, threshold {self.drift_share_threshold:.0%})"
+            + "".join(f", {note}" for note in notes)
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "status": self.status,
             "dataset_drift": self.dataset_drift,
-            "share_drifted": self.share_drifted,
+            "share_drifted": finite_or_none(self.share_drifted),
             "drift_share_threshold": self.drift_share_threshold,
             "tested": self.tested,
             "skipped": self.skipped,
+            "untestable": self.untestable,
             "drifted": self.drifted,
+            "alerts": self.alerted,
+            "max_non_finite": self.max_non_finite,
             "correction": self.correction,
             "verdict": self.verdict,
             "columns": {c.column: c.to_dict() for c in self.columns},
@@ -171,21 +257,45 @@ class _Outcome:
     skip: str | None = None
     uses_p_value: bool = False
     inclusive: bool = False
+    untestable: str | None = None
+    non_finite: dict[str, NonFinite | None] = field(default_factory=dict)
 
 
-def _why_untestable(name: str, ref: Side, cur: Side) -> str | None:
+def _why_untestable(name: str, ref: Side, cur: Side) -> tuple[Status, str] | None:
+    """Why the column cannot be measured at all: ``("skipped", why)`` when it does not fit a test,
+    ``("untestable", why)`` when a side had values but none finite."""
     for label, side in (("reference", ref), ("current", cur)):
         if side.problem is not None:
-            return f"{label}: {side.problem}"
+            return "skipped", f"{label}: {side.problem}"
     if ref.kind != cur.kind:
-        return f"type differs: {ref.kind} in the reference, {cur.kind} in the current data"
+        return "skipped", f"type differs: {ref.kind} in the reference, {cur.kind} in the current data"
     if ref.kind == "embedding" and ref.values.shape[1:] != cur.values.shape[1:] and cur.values.size:
-        return f"embedding width differs: {ref.values.shape[1]} in the reference, {cur.values.shape[1]} now"
+        return "skipped", f"embedding width differs: {ref.values.shape[1]} in the reference, {cur.values.shape[1]} now"
     for label, side in (("reference", ref), ("current", cur)):
         if side.values.shape[0] == 0:
-            return f"{label}: all {side.missing} values are missing" if side.missing else f"{label}: no rows"
+            tally = side.non_finite
+            if tally.infinite:
+                return "untestable", (
+                    f"{label}: nothing finite left to measure, all {tally.count:,} values are non-finite "
+                    f"({tally.describe()})"
+                )
+            return "skipped", f"{label}: all {side.missing} values are missing" if side.missing else f"{label}: no rows"
     if is_constant(ref):
-        return f"reference has a single value ({_show(ref.values[0])}): nothing to measure a change against"
+        return "skipped", f"reference has a single value ({_show(ref.values[0])}): nothing to measure a change against"
+    return None
+
+
+def _unmeasured(method: Method, statistic: float, p: float | None) -> str | None:
+    """Why a computed statistic cannot decide: NaN, or the number the decision rests on is infinite.
+
+    A chi-squared of ``inf`` with p = 0 (a category new in the current data) is a valid answer:
+    tests decide on their p-value, distances on their statistic."""
+    if math.isnan(statistic) or (p is not None and math.isnan(p)):
+        return f"{method.name} gave NaN on these values: they could not be measured"
+    decisive = p if method.uses_p_value else statistic
+    if decisive is None or not math.isfinite(decisive):
+        hint = " (the normed wasserstein, scale-free, stays finite)" if method.name == "wasserstein_raw" else ""
+        return f"{method.name} overflows float64 on these values: the distance exceeds 1.8e308{hint}"
     return None
 
 
@@ -208,9 +318,9 @@ def _measure(ref: Side, cur: Side, method: Method, threshold: float) -> tuple[fl
         quantile = psi_null_quantile(r.shape[0], c.shape[0], rp.size)
         return value, None, {**sizes, "psi_null_quantile": quantile, "bins": float(rp.size)}
     if method.name in ("wasserstein", "wasserstein_raw"):
-        distance, std = wasserstein_sorted(r, c), float(np.std(r))
+        distance, normed, std = wasserstein_parts(r, c)
         extra = {**sizes, "wasserstein_raw": distance, "reference_std": std}
-        return (distance / wasserstein_norm(std) if method.name == "wasserstein" else distance), None, extra
+        return (normed if method.name == "wasserstein" else distance), None, extra
     if method.name == "jensenshannon":
         return jensen_shannon(r, c), None, sizes
     res = mmd_test(r, c)
@@ -238,22 +348,39 @@ def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, th
     if ref_raw is None or cur_raw is None:
         side = side_of(cur_raw if ref_raw is None else ref_raw)
         where = "reference" if ref_raw is None else "current data"
-        return _Outcome(name, side.kind or "categorical", _label(requested), math.nan, skip=f"missing from the {where}")
+        seen: dict[str, NonFinite | None] = {"reference": side.non_finite, "current": None}
+        if ref_raw is None:
+            seen = {"reference": None, "current": side.non_finite}
+        skip = f"missing from the {where}"
+        return _Outcome(name, side.kind or "categorical", _label(requested), math.nan, skip=skip, non_finite=seen)
     ref, cur = side_of(ref_raw), side_of(cur_raw)
+    tallies: dict[str, NonFinite | None] = {"reference": ref.non_finite, "current": cur.non_finite}
     kind: Kind = ref.kind or cur.kind or "categorical"
-    problem = _why_untestable(name, ref, cur)
+    status, problem = _why_untestable(name, ref, cur) or ("ok", None)
     method = requested
     if method is None and problem is None:
         method = _auto_method(kind, ref, cur)
     thr = math.nan if method is None else _threshold_for(method, threshold)
     if problem is None and method is not None:
         problem = _why_not_method(method, kind, ref, cur)
+    if status == "untestable":
+        return _Outcome(name, kind, _label(method), thr, untestable=problem, non_finite=tallies)
     if problem is not None or method is None:
-        return _Outcome(name, kind, _label(method), thr, skip=problem)
-    statistic, p, extra = _measure(ref, cur, method, thr)
+        return _Outcome(name, kind, _label(method), thr, skip=problem, non_finite=tallies)
+    try:
+        with np.errstate(all="ignore"):  # overflow and NaN are judged below, from the numbers
+            statistic, p, extra = _measure(ref, cur, method, thr)
+    except (ArithmeticError, ValueError) as err:
+        why = f"{method.name} could not be computed on these values: {err}"
+        return _Outcome(name, kind, method.name, thr, untestable=why, non_finite=tallies)
     if ref.missing or cur.missing:
         extra = {**extra, "missing_reference": float(ref.missing), "missing_current": float(cur.missing)}
-    return _Outcome(name, kind, method.name, thr, statistic, p, extra, None, method.uses_p_value, method.inclusive)
+    why_not = _unmeasured(method, statistic, p)
+    if why_not is not None:
+        return _Outcome(name, kind, method.name, thr, extra=extra, untestable=why_not, non_finite=tallies)
+    return _Outcome(
+        name, kind, method.name, thr, statistic, p, extra, None, method.uses_p_value, method.inclusive, None, tallies
+    )
 
 
 def _label(method: Method | None) -> str:
@@ -271,9 +398,33 @@ def _why_not_method(method: Method, kind: Kind, ref: Side, cur: Side) -> str | N
     return None
 
 
-def _decide(o: _Outcome, adjusted_p: float | None) -> ColumnDrift:
+def _alert(tallies: Mapping[str, NonFinite | None], line: float) -> str | None:
+    """Why a column alerts on its non-finite values (more than ``line`` of a side), or ``None``."""
+    over = [f"{side} {t.share:.1%} ({t.describe()})" for side, t in tallies.items() if t is not None and t.share > line]
+    return f"non-finite values above {_percent(line)}: " + "; ".join(over) if over else None
+
+
+def _decide(o: _Outcome, adjusted_p: float | None, max_non_finite: float = MAX_NON_FINITE) -> ColumnDrift:
+    alert = _alert(o.non_finite, max_non_finite)
     if o.skip is not None:
-        return ColumnDrift(o.column, o.kind, o.method, None, None, o.threshold, None, "skipped", o.skip, {})
+        return ColumnDrift(
+            o.column, o.kind, o.method, None, None, o.threshold, None, "skipped", o.skip, {}, o.non_finite, alert
+        )
+    if o.untestable is not None:
+        return ColumnDrift(
+            o.column,
+            o.kind,
+            o.method,
+            None,
+            None,
+            o.threshold,
+            None,
+            "untestable",
+            o.untestable,
+            dict(o.extra),
+            o.non_finite,
+            alert,
+        )
     extra = dict(o.extra)
     if o.uses_p_value:
         p = o.p_value if adjusted_p is None else adjusted_p
@@ -284,7 +435,20 @@ def _decide(o: _Outcome, adjusted_p: float | None) -> ColumnDrift:
     else:
         assert o.statistic is not None
         drift = o.statistic >= o.threshold and o.statistic > extra.get("psi_null_quantile", -math.inf)
-    return ColumnDrift(o.column, o.kind, o.method, o.statistic, o.p_value, o.threshold, bool(drift), "ok", None, extra)
+    return ColumnDrift(
+        o.column,
+        o.kind,
+        o.method,
+        o.statistic,
+        o.p_value,
+        o.threshold,
+        bool(drift),
+        "ok",
+        None,
+        extra,
+        o.non_finite,
+        alert,
+    )
 
 
 PARALLEL_MIN_VALUES = 200_000
@@ -324,17 +488,26 @@ def drift_report(
     threshold: float | Mapping[str, float] | None = None,
     drift_share: float = 0.5,
     correction: Literal["none", "bh"] = "none",
+    max_non_finite: float = MAX_NON_FINITE,
 ) -> DriftReport:
     """Compare every column (or ``columns``) of ``current`` against ``reference``.
 
     ``reference`` and ``current`` are pandas DataFrames or mappings of column name to array (a
     2-D array or a column of vectors is an embedding). ``method`` and ``threshold`` are one value
     for every column or a mapping per column; unset columns get Evidently's automatic choice.
+    A column with more than ``max_non_finite`` of its rows non-finite (NaN or missing, +-inf) on
+    either side alerts (``1`` turns the alert off).
     """
     if correction not in ("none", "bh"):
         raise UsageError(f"correction {correction!r}: use none or bh")
     if not 0 < drift_share <= 1:
         raise UsageError(f"drift share {drift_share!r} must be in (0, 1]")
+    if not 0 <= max_non_finite <= 1:
+        raise ParameterError(
+            "{max_non_finite} is a share of rows: give one from 0 to 1, e.g. {default}",
+            max_non_finite=max_non_finite,
+            default=MAX_NON_FINITE,
+        )
     ref_cols, cur_cols = columns_of(reference, "reference"), columns_of(current, "current")
     names = list(columns) if columns is not None else [*ref_cols, *(c for c in cur_cols if c not in ref_cols)]
     absent = [n for n in names if n not in ref_cols and n not in cur_cols]
@@ -345,13 +518,26 @@ def drift_report(
     outcomes = _evaluate_all(jobs)
     adjusted: dict[int, float] = {}
     if correction == "bh":
-        tested = [i for i, o in enumerate(outcomes) if o.skip is None and o.uses_p_value and o.p_value is not None]
+        tested = [
+            i
+            for i, o in enumerate(outcomes)
+            if o.skip is None and o.untestable is None and o.uses_p_value and o.p_value is not None
+        ]
         bh = stats.false_discovery_control([outcomes[i].p_value or 0.0 for i in tested], method="bh")
         adjusted = {i: float(p) for i, p in zip(tested, bh, strict=True)}
-    verdicts = [_decide(o, adjusted.get(i)) for i, o in enumerate(outcomes)]
+    verdicts = [_decide(o, adjusted.get(i), max_non_finite) for i, o in enumerate(outcomes)]
     tested_n = sum(v.status == "ok" for v in verdicts)
     share = sum(v.drift is True for v in verdicts) / tested_n if tested_n else 0.0
-    return DriftReport(verdicts, bool(tested_n and share >= drift_share), share, drift_share, correction)
+    dataset_drift = bool(tested_n and share >= drift_share)
+    return DriftReport(verdicts, dataset_drift, share, drift_share, correction, max_non_finite)
 
 
-__all__ = ["PARALLEL_MIN_VALUES", "ColumnDrift", "DriftReport", "Status", "drift_report"]
+__all__ = [
+    "MAX_NON_FINITE",
+    "PARALLEL_MIN_VALUES",
+    "ColumnDrift",
+    "DatasetStatus",
+    "DriftReport",
+    "Status",
+    "drift_report",
+]
