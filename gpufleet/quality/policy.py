@@ -88,6 +88,8 @@ class Evidence:
     share_drifted: float | None = None
     drift_share_threshold: float | None = None
     drifted_columns: tuple[str, ...] = ()
+    unmeasured_columns: tuple[str, ...] = ()
+    """Columns the report could not measure: untestable, or too many non-finite values."""
     metric_name: str | None = None
     metric: float | None = None
     """The champion's metric on this window's labels, once they have arrived."""
@@ -161,13 +163,15 @@ def evidence_from_report(report: DriftReport, *, window: str, at: float, **more:
         share_drifted=report.share_drifted if tested else None,
         drift_share_threshold=report.drift_share_threshold,
         drifted_columns=drifted,
+        unmeasured_columns=tuple(c.column for c in report.columns if c.status == "untestable" or c.alert is not None),
         **more,
     )
 
 
 def _drift(cfg: PolicyConfig, ev: Evidence, streak: int) -> tuple[Action, str | None]:
+    unmeasured = ", ".join(ev.unmeasured_columns)
     if ev.dataset_drift is None:
-        return "pass", None
+        return ("alert", f"drift could not be measured ({unmeasured})") if unmeasured else ("pass", None)
     share = ev.share_drifted or 0.0
     cols = f" ({', '.join(ev.drifted_columns)})" if ev.drifted_columns else ""
     if ev.dataset_drift and streak >= cfg.persistence:
@@ -176,6 +180,8 @@ def _drift(cfg: PolicyConfig, ev: Evidence, streak: int) -> tuple[Action, str | 
         return "alert", f"dataset drift{cols}, {streak} of {cfg.persistence} windows needed to retrain"
     if share >= cfg.alert_share:
         return "alert", f"{share:.0%} of columns drifted (alert at {cfg.alert_share:.0%}){cols}"
+    if unmeasured:  # a clean verdict on the rest does not clear what could not be measured
+        return "alert", f"drift not ruled out: {unmeasured} could not be measured"
     return "pass", None
 
 

@@ -160,3 +160,16 @@ def test_evidence_from_a_real_drift_report() -> None:
 def test_bad_config_is_a_usage_error(kwargs: dict[str, Any]) -> None:
     with pytest.raises(UsageError):
         PolicyConfig(**kwargs)
+
+
+def test_a_column_that_could_not_be_measured_alerts_instead_of_passing() -> None:
+    """Half of one column is +inf: the report cannot clear it, so the policy alerts (and never retrains on it)."""
+    rng = np.random.default_rng(0)
+    ref = {"x": rng.normal(size=400), "y": rng.normal(size=400)}
+    cur_y = rng.normal(size=400)
+    cur_y[:200] = np.inf
+    report = drift_report(ref, {"x": rng.normal(size=400), "y": cur_y})
+    evidence = evidence_from_report(report, window="w1", at=1_000_000.0)
+    assert evidence.unmeasured_columns == ("y",) and evidence.dataset_drift is False
+    decision = decide(PolicyConfig(persistence=1, cooldown_s=0), PolicyState(), evidence)
+    assert decision.action == "alert" and "drift not ruled out: y could not be measured" in decision.reasons[0]
