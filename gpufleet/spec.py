@@ -15,6 +15,7 @@ The same spec runs unchanged on every backend::
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import shlex
@@ -30,6 +31,25 @@ from gpufleet.yamlio import read_yaml, validate
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` on one line and at most ``limit`` characters, for naming a user-written path in a message."""
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_hint(item: Any) -> str:
+    """What a YAML value that JSON cannot hold is, and what to write instead."""
+    if isinstance(item, datetime.date):
+        return f"a date or time ({item.isoformat()}): quote it to pass it as text"
+    if isinstance(item, bytes | bytearray):
+        return "binary data (!!binary): pass it as text, e.g. base64 in a string"
+    if isinstance(item, set | frozenset):
+        return "a set (!!set): write a list"
+    if isinstance(item, tuple):
+        return "a pair (from !!omap or !!pairs): write a mapping"
+    return f"a {type(item).__name__}: args hold text, numbers, true/false, null, lists and mappings"
 
 
 def _field_error(model: str, loc: tuple[str, ...], value: Any, message: str) -> ValidationError:
@@ -143,8 +163,10 @@ class Telemetry(_Frozen):
             if arg not in PATTERNS:
                 raise ValueError(f"unknown synthetic GPU pattern {arg!r}; choose one of {', '.join(PATTERNS)}")
             return value
-        if kind == "scrape" and re.match(r"^https?://[^\s/]+", arg):
-            return value
+        if kind == "scrape":
+            from gpufleet.telemetry.gpu.sources import check_scrape_url
+
+            return f"scrape:{check_scrape_url(arg)}"
         raise ValueError(f"gpu_source {value!r} is not one of {GPU_SOURCE_HINT}")
 
 
@@ -267,10 +289,24 @@ class JobSpec(_Frozen):
 
     @field_validator("args")
     @classmethod
-    def _args_finite(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key, item in value.items():
+    def _args_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Every value at any depth must be one JSON holds as itself: the job is stored, and exported,
+        # as JSON, where inf and NaN do not exist (an export would write null) and a date, a set or
+        # binary data would come back as something else.
+        todo: list[tuple[str, Any]] = [(f"args.{key}", item) for key, item in value.items()]
+        while todo:
+            where, item = todo.pop()
             if isinstance(item, float) and not math.isfinite(item):
-                raise ValueError(f"args.{key} must be finite, got {item}")
+                raise ValueError(f"{_clip(where)} must be a finite number, got {item}")
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError(f"{_clip(where)}: key {_clip(repr(key))} is not text: quote it")
+                    todo.append((f"{where}.{key}", sub))
+            elif isinstance(item, list):
+                todo.extend((f"{where}[{i}]", sub) for i, sub in enumerate(item))
+            elif item is not None and not isinstance(item, str | int | float):
+                raise ValueError(f"{_clip(where)} is {_json_hint(item)}")
         return value
 
     @model_validator(mode="after")

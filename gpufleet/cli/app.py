@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from typing import NoReturn
 
 import typer
 from rich.markup import escape
+from typer import TyperException
 
 from gpufleet.cli import jobs
 from gpufleet.cli.ckpt import ckpt_app
@@ -56,12 +59,65 @@ app.add_typer(quality_app, name="quality")
 app.add_typer(registry_app, name="registry")
 
 
-def main() -> None:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_PLAIN = re.compile(r"[\w.,:/@+-]+")  # a value shown as typed; anything else, quoted
+_HINT_FITS = 160  # an error line longer than this gets no "(see ... --help)" hint
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every control character (a newline too) shown escaped, so it prints as one line."""
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}"), text.strip())
+
+
+def _fail(message: str, code: int, *, label: str = "error:") -> NoReturn:
+    """``label message`` as one line on stderr, then exit ``code``."""
+    line = f"[red]{label}[/]" + (f" {escape(_one_line(message))}" if message else "")
+    err_console.print(line, highlight=False, soft_wrap=True, emoji=False)
+    sys.exit(code)
+
+
+def _bad_input(err: TyperException) -> str:
+    """``, got VALUE`` where Typer's message came from a validation that kept the input but did not name it."""
+    errors = getattr(err.__cause__, "errors", None)
     try:
-        app(standalone_mode=True)
+        value = errors()[0]["input"] if callable(errors) else None
+    except (LookupError, TypeError):
+        return ""
+    if value is None:
+        return ""
+    shown = str(value)
+    if len(shown) > 40:
+        return f", got {shown[:40]!r}... ({len(shown)} characters)"
+    return f", got {shown}" if _PLAIN.fullmatch(shown) else f", got {shown!r}"
+
+
+def _usage_line(err: TyperException) -> str:
+    """Click's own message (it names the option and the value) and, where it fits, where to read more."""
+    message = _one_line(err.format_message().strip().rstrip(".") + _bad_input(err))
+    ctx = getattr(err, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "gpufleet"
+    hint = f" (see {command} --help)"
+    return message + hint if len(message) + len(hint) <= _HINT_FITS else message
+
+
+def main() -> None:
+    """Run the CLI: any error a user can cause ends as one line on stderr and its exit code, never a traceback."""
+    try:
+        code = app(standalone_mode=False)
     except GpufleetError as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
-        sys.exit(err.exit_code)
+        _fail(str(err), err.exit_code)
+    except typer.Abort:
+        _fail("", 130, label="aborted")
+    except TyperException as err:  # Click's usage errors (a bad value, an unknown option or command)
+        if type(err).__name__ == "NoArgsIsHelpError":  # no arguments: the help was printed already
+            sys.exit(err.exit_code)
+        _fail(_usage_line(err), err.exit_code)
+    # Not standalone, the app returns typer.Exit's code (``--help`` gives 0; Ctrl-C, 130) or a command's None.
+    if code == 130:
+        _fail("", 130, label="aborted")
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 __all__ = ["app", "main"]

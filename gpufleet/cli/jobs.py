@@ -351,7 +351,9 @@ def cost(
 ) -> None:
     """GPU-hours and money per job and team, with the work lost to preemption."""
     from gpufleet.cost.gather import cost_report
+    from gpufleet.cost.rates import load_rates
 
+    load_rates(rates)  # a refused rate card leaves the home as it was: read it before opening the store
     report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
     if json_out:
         emit_json(report.to_dict())

@@ -18,11 +18,10 @@ from datetime import date
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.errors import UsageError
-from gpufleet.yamlio import read_yaml, validate
+from gpufleet.yamlio import parse_yaml, read_yaml, validate
 
 
 class Rate(BaseModel):
@@ -35,7 +34,7 @@ class Rate(BaseModel):
 
 
 class RateCard(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     currency: str = "USD"
     as_of: str | None = None
 
@@ -61,7 +60,8 @@ def load_rates(path: str | Path | None = None) -> RateCard:
     """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None``."""
     if path is None:
         shipped = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
-        data, source = yaml.safe_load(shipped), "<default rate card>"
+        source = "<default rate card>"
+        data = parse_yaml(shipped, source=source, error=UsageError)
     else:
         data, source = read_yaml(Path(path), what="rate card", error=UsageError), str(path)
     return validate(

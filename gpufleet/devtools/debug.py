@@ -277,6 +277,24 @@ def read_losses(source: Path) -> list[LoggedLoss]:
 
 
 def _read_csv(path: Path) -> list[tuple[int, float]]:
+    try:
+        return _parse_csv(path)
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"{str(path)!r} is not UTF-8 text (byte {err.start}); give a `step,loss` CSV saved as UTF-8"
+        ) from None
+    except csv.Error as err:
+        raise UsageError(f"{str(path)!r} is not a readable CSV ({err}); give a `step,loss` CSV") from None
+
+
+def _short(value: str | None, limit: int = 40) -> str:
+    """A CSV cell for an error message: quoted, and cut to ``limit`` characters."""
+    if value is not None and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
+def _parse_csv(path: Path) -> list[tuple[int, float]]:
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         if not {"step", "loss"} <= set(reader.fieldnames or ()):
@@ -286,9 +304,8 @@ def _read_csv(path: Path) -> list[tuple[int, float]]:
             try:
                 points.append((int(row["step"]), float(row["loss"])))
             except (TypeError, ValueError):
-                raise UsageError(
-                    f"{path}, line {reader.line_num}: step {row['step']!r}, loss {row['loss']!r} are not numbers"
-                ) from None
+                step, loss = _short(row["step"]), _short(row["loss"])
+                raise UsageError(f"{path}, line {reader.line_num}: step {step}, loss {loss} are not numbers") from None
     return points
 
 

@@ -172,7 +172,7 @@ def _parse_value(token: str) -> float:
     if token in _SPECIAL:
         return _SPECIAL[token]
     if not _FLOAT_RE.fullmatch(token):
-        raise _BadLine(f"value {token!r} is not a number (or NaN, +Inf, -Inf)")
+        raise _BadLine(f"value {_clip(token)} is not a number (or NaN, +Inf, -Inf)")
     return float(token)
 
 
@@ -235,12 +235,25 @@ def _parse_sample_line(line: str) -> tuple[str, dict[str, str], float, int | Non
     if not tokens or len(tokens) > 2:
         raise _BadLine(f"expected a value and an optional timestamp, got {len(tokens)} fields")
     value = _parse_value(tokens[0])
-    timestamp: int | None = None
-    if len(tokens) == 2:
-        if not _INT_RE.fullmatch(tokens[1]):
-            raise _BadLine(f"timestamp {tokens[1]!r} is not an integer number of milliseconds")
-        timestamp = int(tokens[1])
+    timestamp = _parse_timestamp(tokens[1]) if len(tokens) == 2 else None
     return name, labels, value, timestamp
+
+
+def _parse_timestamp(token: str) -> int:
+    """Milliseconds since the epoch, as Prometheus keeps them: an integer that fits in 64 bits."""
+    if not _INT_RE.fullmatch(token):
+        raise _BadLine(f"timestamp {_clip(token)} is not an integer number of milliseconds")
+    # Leading zeros go, and the digits are counted, before int() (which refuses over 4300 digits).
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    stamp = None if len(digits) > 19 else -int(digits) if token.startswith("-") else int(digits)
+    if stamp is None or not -(2**63) <= stamp < 2**63:
+        raise _BadLine(f"timestamp {_clip(token)} is out of range (a 64-bit number of milliseconds)")
+    return stamp
+
+
+def _clip(token: str, limit: int = 40) -> str:
+    """A token for a warning: quoted, and cut to ``limit`` characters."""
+    return f"{token[:limit]!r}... ({len(token)} characters)" if len(token) > limit else repr(token)
 
 
 def parse_exposition(text: str, *, already_warned: Collection[str] = ()) -> ScrapeResult:

@@ -20,7 +20,7 @@ from gpufleet.errors import SpecError, UsageError
 from gpufleet.jobs.events import read_events_checked
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 from gpufleet.jobs.store import latest_step
-from gpufleet.spec import parse_spec
+from gpufleet.spec import JobSpec, parse_spec
 
 
 def command(name: str, code: str, **fields: Any) -> Any:
@@ -31,8 +31,13 @@ def test_an_infinite_interval_is_refused_at_submit(local: Any) -> None:
     backend, _ = local
     with pytest.raises(SpecError, match="every_seconds"):
         parse_spec({"name": "a", "entrypoint": "m:f", "checkpoint": {"every_steps": None, "every_seconds": "inf"}})
-    with pytest.raises(SpecError, match="does not read back"):
-        backend.submit(parse_spec({"name": "a", "entrypoint": "m:f", "args": {"x": [float("inf")]}}))
+    with pytest.raises(SpecError, match=r"args\.x\[0\]"):  # refused where the spec is read
+        parse_spec({"name": "a", "entrypoint": "m:f", "args": {"x": [float("inf")]}})
+    unchecked = JobSpec.model_construct(
+        **{**parse_spec({"name": "a", "entrypoint": "m:f"}).__dict__, "args": {"x": [float("inf")]}}
+    )
+    with pytest.raises(SpecError, match="does not read back"):  # and by the store, if it got that far
+        backend.submit(unchecked)
     assert backend.store.jobs() == []
 
 

@@ -61,7 +61,7 @@ _FABRIC_LABEL: dict[str, str] = {"infiniband": "InfiniBand", "roce": "RoCE", "et
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Link(_Frozen):

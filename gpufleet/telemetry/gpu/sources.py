@@ -27,6 +27,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -273,6 +274,35 @@ def _dcgm_lines_only(text: str) -> str:
     return "\n".join(lines)
 
 
+_URL_UNSAFE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+
+
+def check_scrape_url(url: str) -> str:
+    """``url`` when it is a dcgm-exporter address to GET: http(s), a host, no whitespace or control character.
+
+    Raises ``ValueError`` naming what is wrong (the spec's ``telemetry.gpu_source`` validator and
+    ``ScrapeSource`` both call this, so a bad URL is refused before any job is queued).
+    """
+    fix = "give http(s)://host[:port]/path, e.g. scrape:http://node:9400/metrics"
+    if _URL_UNSAFE.search(url):
+        problem = "contains whitespace or a control character"
+    else:
+        parts = urllib.parse.urlsplit(url)
+        try:
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:
+            port_ok = False
+        if parts.scheme not in ("http", "https"):
+            problem = "is not http:// or https://"
+        elif not parts.hostname:
+            problem = "names no host"
+        elif not port_ok:
+            problem = "has a port that is not 1-65535"
+        else:
+            return url
+    raise ValueError(f"scrape URL {url!r} {problem}; {fix}")
+
+
 class ScrapeSource:
     """A dcgm-exporter's ``/metrics`` over HTTP, filtered to one job's GPUs.
 
@@ -284,8 +314,10 @@ class ScrapeSource:
     """
 
     def __init__(self, url: str, *, job_id: str | None = None, timeout: float = 5.0) -> None:
-        if not re.match(r"^https?://[^\s/]+", url):
-            raise UsageError(f"scrape URL {url!r} is not http(s)://host[:port]/path; e.g. http://node:9400/metrics")
+        try:
+            check_scrape_url(url)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
         self.url, self.job_id, self.timeout = url, job_id or None, timeout
         self.description = f"scrape:{url}"
         self._counters = CounterTracker()
@@ -451,6 +483,7 @@ __all__ = [
     "NvmlSource",
     "ScrapeSource",
     "SyntheticSource",
+    "check_scrape_url",
     "derive_seed",
     "log",
     "now_ms",
