@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from gpufleet.cli.options import JsonOpt, SpecArg, require_positive
+from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, SpecArg, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import GpufleetError, UsageError, parameters_as_flags
 from gpufleet.paths import events_file, gpufleet_home, job_dir, spec_file
@@ -178,7 +178,10 @@ def _loss(value: float | None) -> str:
 
 def _resolve_run(run: str) -> tuple[Path, Path | None]:
     """The losses' source and, when there is one, the job's spec.json (for its health policy)."""
-    if run.isdigit():
+    if run.isascii() and run.isdigit():
+        if len(run) > len(str(MAX_JOB_ID)) or int(run) > MAX_JOB_ID:
+            shown = run if len(run) <= 30 else f"{run[:20]}... ({len(run)} digits)"
+            raise UsageError(f"job id {shown} is out of range: job ids are at most 2**63-1 (see `gpufleet jobs`)")
         home, job_id = gpufleet_home(), int(run)
         folder = job_dir(home, job_id)
         if not events_file(home, job_id).is_file():

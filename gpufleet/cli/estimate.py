@@ -10,7 +10,7 @@ import typer
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, table
 from gpufleet.errors import UsageError, parameters_as_flags
-from gpufleet.estimate.flops import TransformerShape, require_recompute
+from gpufleet.estimate.flops import MAX_COUNT, TransformerShape, require_recompute
 from gpufleet.estimate.layout import GIB, LayoutOption, advise_layout, usable_bytes
 from gpufleet.estimate.memory import (
     OFFLOADS,
@@ -72,17 +72,30 @@ _MFU_FLAGS = _flags(
     "dtype",
 )
 _MEMORY_FLAGS = _SHAPE_FLAGS | _flags(
-    "gpus", "strategy", "tp", "pp", "micro_batches", "virtual_stages", "offload", "gpus_per_node", "precision"
+    "gpus",
+    "strategy",
+    "tp",
+    "pp",
+    "micro_batches",
+    "virtual_stages",
+    "offload",
+    "gpus_per_node",
+    "precision",
+    "largest_layer_params",
 )
 _LAYOUT_FLAGS = _SHAPE_FLAGS | _flags("gpus", "gpus_per_node", "precision", "headroom", "reserve_gib")
 
 
 def parse_count(text: str, flag: str) -> int:
-    """``"6.74e9"``, ``"7B"``, ``"350M"`` -> an int; anything else is a :class:`UsageError` naming ``flag``."""
+    """``"6.74e9"``, ``"7B"``, ``"350M"`` -> an int up to ``MAX_COUNT`` (1e15); anything else is a
+    :class:`UsageError` naming ``flag``."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", text.lower())
     if match is None:
         raise UsageError(f"--{flag} {text!r} is not a count: write e.g. 6.74e9, 7B or 350M")
-    return round(float(match.group(1)) * _SUFFIX[match.group(2)])
+    value = float(match.group(1)) * _SUFFIX[match.group(2)]
+    if not value <= MAX_COUNT:  # also inf: 1e400 reads as infinity
+        raise UsageError(f"--{flag} {text!r} is out of range: give a count of at most 1e15")
+    return round(value)
 
 
 def _shape(

@@ -78,12 +78,24 @@ def diagnose_command(
         parse_exposition,
         series_from_samples,
     )
+    from gpufleet.telemetry.synthetic import MAX_DURATION_S, MAX_GPUS, MAX_SAMPLE_POINTS
 
     warnings: list[str] = []
     if pattern is not None:
         if pattern not in PATTERNS:
             raise UsageError(f"unknown --pattern {pattern!r}; choose one of: {', '.join(PATTERNS)}")
-        samples = generate_samples(SyntheticJobConfig(pattern=pattern, gpus=gpus, duration_s=minutes * 60, seed=seed))
+        if not 1 / 60 <= minutes <= MAX_DURATION_S / 60:  # also NaN
+            raise UsageError(f"--minutes {minutes:g} is out of range: give 1/60 (one 1 s step) to 10080 (a week)")
+        if gpus > MAX_GPUS:
+            raise UsageError(f"--gpus {gpus} is out of range: a synthetic job has at most {MAX_GPUS} GPUs")
+        if gpus * round(minutes * 60) > MAX_SAMPLE_POINTS:
+            raise UsageError(
+                f"--gpus {gpus} for --minutes {minutes:g} is more than {MAX_SAMPLE_POINTS:,} GPU-seconds of samples: "
+                f"lower --minutes or --gpus (8 GPUs for up to {MAX_SAMPLE_POINTS // 8 // 60} minutes)"
+            )
+        with parameters_as_flags({"seed": "--seed", "gpus": "--gpus"}):
+            config = SyntheticJobConfig(pattern=pattern, gpus=gpus, duration_s=minutes * 60, seed=seed)
+        samples = generate_samples(config)
         source = f"synthetic {pattern} job on {gpus} GPUs, {minutes:g} min"
     elif scrapes:
         samples, seen = [], set[str]()
@@ -136,7 +148,7 @@ def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[
 
 
 def diagnose_job_command(
-    job_id: Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)],
+    job_id: Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1, max=2**63 - 1)],
     window: Annotated[
         float, typer.Option("--window", help="Seconds each condition is averaged over.", min=0.001)
     ] = 60.0,
@@ -155,6 +167,8 @@ def diagnose_job_command(
     from gpufleet.telemetry.gpu import job_gpu_samples
     from gpufleet.telemetry.ranks import rank_findings
 
+    with parameters_as_flags({"window_s": "--window", "min_duration_s": "--min-duration"}):
+        config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
     home = gpufleet_home()
     store = Store(state_db(home))
     try:
@@ -182,7 +196,6 @@ def diagnose_job_command(
         f"job {job_id} {job.name}: {len(gpus)} GPU(s), {len(attempts)} attempt(s), "
         f"{series.duration_s:.0f} s of GPU series"
     )
-    config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
     findings = ranked + diagnose(series, JobContext(precision=telemetry.precision), config)
     notes = []
     if series.duration_s < min_duration:

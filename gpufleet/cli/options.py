@@ -15,7 +15,9 @@ from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home, state_db
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
+MAX_JOB_ID = 2**63 - 1
+"""The largest job id: SQLite's INTEGER is a signed 64-bit number."""
+JobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1, max=MAX_JOB_ID)]
 SpecArg = Annotated[Path, typer.Argument(help="JobSpec YAML with a `module:function` entrypoint.")]
 
 
@@ -39,4 +41,4 @@ def open_store(sync: bool = True) -> Store:
     return store
 
 
-__all__ = ["JobArg", "JsonOpt", "SpecArg", "open_store", "require_positive"]
+__all__ = ["MAX_JOB_ID", "JobArg", "JsonOpt", "SpecArg", "open_store", "require_positive"]

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpufleet.cost.gather import CostReport
 from gpufleet.cost.ledger import Cost
-from gpufleet.fmt import compact_duration
+from gpufleet.fmt import compact_duration, finite_json
 from gpufleet.fmt import money as _money
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
@@ -23,7 +23,8 @@ err_console = Console(stderr=True)
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    """``obj`` as standard JSON on stdout: NaN and infinities become ``null`` (JSON has neither)."""
+    sys.stdout.write(json.dumps(finite_json(obj), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
 
 
 def fmt(value: Any) -> str:

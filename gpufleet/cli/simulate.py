@@ -16,7 +16,7 @@ import typer
 
 from gpufleet.cli.render import console, emit_json, err_console, money, table
 from gpufleet.errors import UsageError, parameters_as_flags
-from gpufleet.fmt import markdown_table
+from gpufleet.fmt import finite_json, markdown_table
 
 if TYPE_CHECKING:
     from gpufleet.placement.simulate import SimResult
@@ -171,7 +171,8 @@ def _save(fig: Any, ax: Any, path: Path, title: str) -> None:
 def _write(out: Path, report: dict[str, Any], results: Sequence[SimResult]) -> dict[str, str]:
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "simulation.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(finite_json(report), indent=2, allow_nan=False)  # standard JSON: no NaN or Infinity
+        (out / "simulation.json").write_text(text + "\n", encoding="utf-8")
         (out / "simulation.md").write_text(_markdown(report, results), encoding="utf-8")
         _charts(out, results)
     except OSError as err:

@@ -127,6 +127,8 @@ def _long_or_edge_runs(mask: BoolArray, min_len: int) -> BoolArray:
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([mhd])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0}
+_EARLIEST_SINCE = datetime(2, 1, 1, tzinfo=timezone.utc).timestamp()
+"""The earliest window start: a year above ``datetime.min``, so any time zone can still show it."""
 SINCE_FORMS = "a duration like 90m, 24h or 7d, or an ISO date/time like 2026-01-31 or 2026-01-31T08:00 (UTC)"
 
 
@@ -138,16 +140,22 @@ def parse_since(since: str, now: float) -> float:
         seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
         if seconds <= 0:
             raise ParameterError("{since} is an empty window: give {forms!s}", since=since, forms=SINCE_FORMS)
-        return now - seconds
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ParameterError("{since} is not understood: give {forms!s}", since=since, forms=SINCE_FORMS) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    ts = moment.timestamp()
-    if ts > now:
-        raise ParameterError("{since} is in the future: give {forms!s}", since=since, forms=SINCE_FORMS)
+        ts = now - seconds
+    else:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ParameterError("{since} is not understood: give {forms!s}", since=since, forms=SINCE_FORMS) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        ts = moment.timestamp()
+        if ts > now:
+            raise ParameterError("{since} is in the future: give {forms!s}", since=since, forms=SINCE_FORMS)
+    if not ts >= _EARLIEST_SINCE:  # also -inf: a window of 1e400 days
+        raise ParameterError(
+            "{since} starts before 0002-01-01, earlier than a date can show: give a shorter window or a later date",
+            since=since,
+        )
     return ts
 
 

@@ -24,6 +24,7 @@ forward is recomputed, so the overhead counted here is a third of that (0.9% for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +33,15 @@ from gpufleet.errors import ParameterError
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
+MAX_COUNT = 10**15
+"""Most parameters (or tokens per step) an estimate takes: a thousand times today's largest models."""
+MAX_GPUS = 10**6
+"""Most GPUs (and tensor, pipeline, expert degrees) an estimate takes: ten times today's largest clusters."""
+MAX_SIZE = 2**31
+"""Most layers, heads, hidden size, sequence length or micro-batch an estimate takes (int32 sizes)."""
+MAX_TOKENS_PER_SECOND = 1e15
+"""Most tokens per second a run's MFU is computed for (a million GPUs at a billion tokens/s each)."""
+
 
 def require_positive(**values: float) -> None:
     """Raise :class:`ParameterError` naming the first value that is zero, negative or not a number."""
@@ -39,6 +49,19 @@ def require_positive(**values: float) -> None:
         if isinstance(value, bool) or not value > 0:
             raise ParameterError(
                 f"{{{name}:name}} must be positive, got {{{name}!r}}: pass a size greater than zero", **{name: value}
+            )
+
+
+def require_at_most(limit: float, bound: str, **values: float) -> None:
+    """Raise :class:`ParameterError` naming the first value that is not a finite number of at most ``limit``.
+
+    ``bound`` says the limit in words (``"1e15 parameters"``); huge ints are compared exactly, never as floats.
+    """
+    for name, value in values.items():
+        finite = isinstance(value, int) or math.isfinite(value)
+        if isinstance(value, bool) or not finite or value > limit:
+            raise ParameterError(
+                f"{{{name}}} is out of range: give a finite number of at most {bound}", **{name: value}
             )
 
 
@@ -71,6 +94,8 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         require_positive(params=self.params, layers=self.layers, heads=self.heads, head_dim=self.head_dim, seq=self.seq)
+        require_at_most(MAX_COUNT, "1e15 parameters", params=self.params)
+        require_at_most(MAX_SIZE, "2**31", layers=self.layers, heads=self.heads, head_dim=self.head_dim, seq=self.seq)
         if not 0 <= self.embedding_params < self.params:
             raise ParameterError(
                 "{embedding_params} must be in [0, {params}): give the embedding share of the parameters",
@@ -112,12 +137,17 @@ def hardware_flops_per_token(shape: TransformerShape, recompute: Recompute) -> i
 
 
 __all__ = [
+    "MAX_COUNT",
+    "MAX_GPUS",
+    "MAX_SIZE",
+    "MAX_TOKENS_PER_SECOND",
     "RECOMPUTE",
     "Recompute",
     "TransformerShape",
     "flops_per_token",
     "hardware_flops_per_token",
     "recompute_flops_per_token",
+    "require_at_most",
     "require_positive",
     "require_recompute",
 ]

@@ -19,11 +19,12 @@ as in the ZeRO paper's section 7.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpufleet.errors import ParameterError, UsageError
-from gpufleet.estimate.flops import Recompute, require_positive
+from gpufleet.estimate.flops import MAX_COUNT, MAX_GPUS, Recompute, require_at_most, require_positive
 from gpufleet.estimate.memory import ActivationShape, MemoryEstimate, Offload, Precision, Strategy, estimate_memory
 from gpufleet.estimate.peak import GpuPeak, gpu_peak
 
@@ -90,21 +91,25 @@ def usable_bytes(gpu: GpuPeak, *, headroom: float = 0.10, reserve_gib: float = 1
         raise ParameterError(
             "{headroom} must be in [0, 1): a fraction of the GPU's memory to keep free", headroom=headroom
         )
-    if reserve_gib < 0:
-        raise ParameterError("{reserve_gib} must be >= 0: the GiB kept for the CUDA context", reserve_gib=reserve_gib)
-    usable = int(gpu.memory_bytes * (1 - headroom) - reserve_gib * GIB)
-    if usable <= 0:
+    if not (math.isfinite(reserve_gib) and reserve_gib >= 0):
+        raise ParameterError(
+            "{reserve_gib} must be a finite number >= 0: the GiB kept for the CUDA context", reserve_gib=reserve_gib
+        )
+    usable = gpu.memory_bytes * (1 - headroom) - reserve_gib * GIB
+    if not usable > 0:
         raise ParameterError(
             "{headroom} and {reserve_gib} leave nothing of {gpu!s}'s memory",
             headroom=headroom,
             reserve_gib=reserve_gib,
             gpu=gpu.name,
         )
-    return usable
+    return int(usable)
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, in O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def advise_layout(
@@ -128,6 +133,8 @@ def advise_layout(
     rejected with that reason rather than estimated.
     """
     require_positive(params=params, gpus=gpus, gpus_per_node=gpus_per_node)
+    require_at_most(MAX_COUNT, "1e15 parameters", params=params)
+    require_at_most(MAX_GPUS, "1e6 GPUs", gpus=gpus, gpus_per_node=gpus_per_node)
     row = gpu if isinstance(gpu, GpuPeak) else gpu_peak(gpu)
     usable = usable_bytes(row, headroom=headroom, reserve_gib=reserve_gib)
 

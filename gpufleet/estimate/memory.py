@@ -45,7 +45,15 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from gpufleet.errors import ParameterError
-from gpufleet.estimate.flops import Recompute, require_positive, require_recompute
+from gpufleet.estimate.flops import (
+    MAX_COUNT,
+    MAX_GPUS,
+    MAX_SIZE,
+    Recompute,
+    require_at_most,
+    require_positive,
+    require_recompute,
+)
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid"]
 STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp_full", "fsdp_grad_op", "fsdp_hybrid")
@@ -103,6 +111,15 @@ class ActivationShape:
     def __post_init__(self) -> None:
         require_positive(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq)
         require_positive(micro_batch=self.micro_batch)
+        require_at_most(
+            MAX_SIZE,
+            "2**31",
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            seq=self.seq,
+            micro_batch=self.micro_batch,
+        )
         if self.hidden % self.heads:
             raise ParameterError(
                 "{hidden} is not divisible by {heads}: fix the model shape", hidden=self.hidden, heads=self.heads
@@ -167,6 +184,8 @@ def _check_degrees(
     params: int, gpus: int, tp: int, pp: int, ep: int, expert_params: int, shape: ActivationShape | None
 ) -> None:
     require_positive(params=params, gpus=gpus, tp=tp, pp=pp, ep=ep)
+    require_at_most(MAX_COUNT, "1e15 parameters", params=params)
+    require_at_most(MAX_GPUS, "1e6 GPUs", gpus=gpus, tp=tp, pp=pp, ep=ep)
     if gpus % (tp * pp):
         raise ParameterError(
             "{gpus} is not divisible by {tp} * {pp}: pick degrees whose product divides it", gpus=gpus, tp=tp, pp=pp
@@ -280,9 +299,18 @@ def estimate_memory(
     recompute = require_recompute(recompute)
     _check_degrees(params, gpus, tp, pp, ep, expert_params, shape)
     require_positive(gpus_per_node=gpus_per_node, virtual_stages=virtual_stages)
+    require_at_most(MAX_GPUS, "1e6 GPUs", gpus_per_node=gpus_per_node)
+    require_at_most(MAX_SIZE, "2**31", virtual_stages=virtual_stages)
     _validate_options(strategy, offload, precision, pp, virtual_stages, shape)
     micro_batches = pp if micro_batches is None else micro_batches
     require_positive(micro_batches=micro_batches)
+    require_at_most(MAX_SIZE, "2**31", micro_batches=micro_batches)
+    if largest_layer_params is not None and not 0 <= largest_layer_params <= params:
+        raise ParameterError(
+            "{largest_layer_params} must be in [0, {params}]: a layer is part of the model",
+            largest_layer_params=largest_layer_params,
+            params=params,
+        )
 
     dp = gpus // (tp * pp)
     shard = _shard_degree(strategy, dp, tp, gpus_per_node)

@@ -14,14 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.estimate.flops import (
+    MAX_COUNT,
+    MAX_GPUS,
+    MAX_TOKENS_PER_SECOND,
     Recompute,
     TransformerShape,
     flops_per_token,
     hardware_flops_per_token,
+    require_at_most,
     require_positive,
 )
+
+MAX_STEP_TIME = 1e7
+"""Most seconds per optimizer step (about 116 days) a throughput is computed from."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +69,16 @@ class MfuEstimate:
 def tokens_per_second(*, step_time: float, tokens_per_step: float) -> float:
     """Throughput from a step time in seconds and the tokens one step consumes across all GPUs."""
     require_positive(step_time=step_time, tokens_per_step=tokens_per_step)
-    return tokens_per_step / step_time
+    require_at_most(MAX_STEP_TIME, "1e7 seconds", step_time=step_time)
+    require_at_most(MAX_COUNT, "1e15 tokens", tokens_per_step=tokens_per_step)
+    rate = tokens_per_step / step_time
+    if not rate <= MAX_TOKENS_PER_SECOND:
+        raise ParameterError(
+            "{tokens_per_step} in {step_time} is more than 1e15 tokens per second: check both",
+            tokens_per_step=tokens_per_step,
+            step_time=step_time,
+        )
+    return rate
 
 
 def utilization(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:
@@ -86,7 +102,9 @@ def mfu(
     ``peak_flops_per_gpu`` is a dense figure in FLOP/s, e.g. ``gpu_peak("h100").peak_flops("bf16")``.
     """
     require_positive(tokens_per_second=tokens_per_second, num_gpus=num_gpus)
-    if not peak_flops_per_gpu > 0:
+    require_at_most(MAX_TOKENS_PER_SECOND, "1e15 tokens per second", tokens_per_second=tokens_per_second)
+    require_at_most(MAX_GPUS, "1e6 GPUs", num_gpus=num_gpus)
+    if not 0 < peak_flops_per_gpu < float("inf"):
         raise UsageError(f"peak FLOP/s per GPU must be positive, got {peak_flops_per_gpu!r}")
     model = flops_per_token(shape)
     hardware = hardware_flops_per_token(shape, recompute)
@@ -105,4 +123,4 @@ def mfu(
     )
 
 
-__all__ = ["MfuEstimate", "mfu", "tokens_per_second", "utilization"]
+__all__ = ["MAX_STEP_TIME", "MfuEstimate", "mfu", "tokens_per_second", "utilization"]

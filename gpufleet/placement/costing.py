@@ -24,15 +24,39 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpufleet.errors import UsageError
 from gpufleet.placement.advisor import SECONDS_PER_HOUR
 from gpufleet.placement.catalog import Catalog
 from gpufleet.placement.quota import NO_QUOTA, QuotaBook
 from gpufleet.spec import JobSpec, OfferChoice
 
 DEFAULT_INTERVAL_SECONDS = 1800.0
+MAX_PREEMPTIONS_PER_HOUR = 60.0
+"""Most spot preemptions per node-hour a catalogue may claim: one a minute, 240 times the example
+catalogue's most pessimistic 0.25 and far beyond any cloud's spot market (AWS's worst interruption
+band is "above 20%" a month); tests model bursts at 50. A larger figure is a unit mistake. Near the
+bound a restart is preempted before its first checkpoint and the simulator replays every one of
+those preemptions, so the run time grows with the rate (a 50-job month of ``gpufleet simulate``:
+1.3 s at 10/h, 115 s at 60/h, hours at 1e4/h)."""
+MAX_GPU_HOURS = 1e9
+"""Most ``placement.gpu_hours`` of one job: about 114,000 GPU-years, a hundred times today's largest runs."""
+MAX_CHECKPOINT_GB = 1e9
+"""Most ``placement.checkpoint_gb`` of one job: an exabyte."""
 F8 = npt.NDArray[np.float64]
 I8 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
+
+
+def check_rates(catalog: Catalog) -> None:
+    """Raise :class:`UsageError` naming the first offer whose spot preemption rate is not a number in
+    ``[0, MAX_PREEMPTIONS_PER_HOUR]``: the planner's and the simulator's arithmetic assume physical rates."""
+    for i, offer in enumerate(catalog.offers):
+        rate = offer.spot_preemptions_per_hour
+        if not 0 <= rate <= MAX_PREEMPTIONS_PER_HOUR:  # also NaN and infinity
+            raise UsageError(
+                f"offers[{i}] ({offer.key}): spot_preemptions_per_hour {rate:g} is out of range: give preemptions "
+                f"per node-hour from 0 to {MAX_PREEMPTIONS_PER_HOUR:g} (one a minute)"
+            )
 
 
 def _tiers(job: JobSpec, cols: _OfferColumns, home: int | None) -> I8:
@@ -163,15 +187,18 @@ class CostTables:
     interval_source: list[str]
 
     def hours(self, j: int) -> F8:
-        hours: F8 = self.unit_hours[self.klass[j]] * self.work[j]
+        with np.errstate(over="ignore"):
+            hours: F8 = self.unit_hours[self.klass[j]] * self.work[j]
         return hours
 
     def spot_hours(self, j: int) -> F8:
-        hours: F8 = self.hours(j) * self.stretch[self.klass[j]]
+        with np.errstate(over="ignore", invalid="ignore"):
+            hours: F8 = self.hours(j) * self.stretch[self.klass[j]]
         return hours
 
     def egress(self, j: int) -> F8:
-        cost: F8 = self.leaving[self.source[j]] * self.jobs[j].placement.checkpoint_gb
+        with np.errstate(over="ignore"):
+            cost: F8 = self.leaving[self.source[j]] * self.jobs[j].placement.checkpoint_gb
         return cost
 
     def expected(self, j: int) -> F8:
@@ -180,7 +207,7 @@ class CostTables:
     def total(self, j: int) -> F8:
         """Expected cost of every candidate of job ``j``."""
         cols, a, eg = self.cols, self.alloc[self.klass[j], ::2], self.egress(j)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             return pair_markets(cols.on_demand * a * self.hours(j) + eg, cols.spot * a * self.spot_hours(j) + eg)
 
 
@@ -196,8 +223,22 @@ def build_tables(
     """All the arithmetic of the planner's docstring: per class ``(K, O)``, then per job ``(J, O)``.
 
     ``blocked``: the block targets (kept for the explanations); ``blocked_offers``: per offer,
-    whether one of them covers it.
+    whether one of them covers it. A product that overflows (huge prices) is ``inf``, silently:
+    the planner reports such a candidate as ``cost_not_finite``.
     """
+    with np.errstate(over="ignore"):
+        return _build_tables(jobs, catalog, blocked, blocked_offers, now_hours, stay, book)
+
+
+def _build_tables(
+    jobs: Sequence[JobSpec],
+    catalog: Catalog,
+    blocked: frozenset[str],
+    blocked_offers: Sequence[bool],
+    now_hours: float,
+    stay: Mapping[str, str],
+    book: QuotaBook,
+) -> CostTables:
     offers, providers, cols = catalog.offers, catalog.providers, _OfferColumns.of(catalog, blocked_offers)
     n_offers = len(offers)
     classes, klass = _index([_class_key(j) for j in jobs])
@@ -269,6 +310,7 @@ def build_tables(
         on_demand[due] = np.where(hours > limit, np.inf, on_demand[due])
         with np.errstate(invalid="ignore"):
             spot_cost[due] = np.where(~(hours * stretch[klass[due]] <= limit), np.inf, spot_cost[due])
+    key = pair_markets(on_demand, spot_cost)
     return CostTables(
         jobs=jobs,
         catalog=catalog,
@@ -292,9 +334,21 @@ def build_tables(
         ranked=ranked,
         resources=np.repeat(quota_rows, 2, axis=1),
         team_row=team_row,
-        key=pair_markets(on_demand, spot_cost),
+        key=np.where(np.isnan(key), np.inf, key),  # an overflow (inf - inf, 0 * inf) is no candidate
         interval_source=[_interval_source(j) for j in jobs],
     )
 
 
-__all__ = ["DEFAULT_INTERVAL_SECONDS", "F8", "I8", "B", "CostTables", "build_tables", "pair_markets"]
+__all__ = [
+    "DEFAULT_INTERVAL_SECONDS",
+    "F8",
+    "I8",
+    "MAX_CHECKPOINT_GB",
+    "MAX_GPU_HOURS",
+    "MAX_PREEMPTIONS_PER_HOUR",
+    "B",
+    "CostTables",
+    "build_tables",
+    "check_rates",
+    "pair_markets",
+]

@@ -39,6 +39,7 @@ the choice loop and the explanations. The arrays the costs above are computed on
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,13 +55,26 @@ from gpufleet.fmt import finite_or_none
 from gpufleet.paths import NAME_HINT, NAME_RE
 from gpufleet.placement.advisor import CheckpointAdvice, advise
 from gpufleet.placement.catalog import GPU_TYPE_HINT, GPU_TYPE_RE, Catalog, Offer
-from gpufleet.placement.costing import F8, I8, CostTables, build_tables, pair_markets
+from gpufleet.placement.costing import (
+    F8,
+    I8,
+    MAX_CHECKPOINT_GB,
+    MAX_GPU_HOURS,
+    CostTables,
+    build_tables,
+    check_rates,
+    pair_markets,
+)
 from gpufleet.placement.quota import NO_QUOTA, Admission, QuotaBook
 from gpufleet.spec import JobSpec
 
 
 class Reason(IntEnum):
-    """Why a candidate lost (or that it won), in the order the planner tests them."""
+    """Why a candidate lost (or that it won), in the order the planner tests them.
+
+    ``NOT_FINITE`` (last in value, tested after the static filters) is a candidate whose expected
+    cost overflowed to infinity: prices and amounts of work so large no comparison means anything.
+    """
 
     CANDIDATE = 0
     EXCLUDED = 1
@@ -74,6 +88,7 @@ class Reason(IntEnum):
     PREFERENCE = 9
     COSTLIER = 10
     CHOSEN = 11
+    NOT_FINITE = 12
 
 
 REASON_SLUG: dict[Reason, str] = {
@@ -87,6 +102,7 @@ REASON_SLUG: dict[Reason, str] = {
     Reason.PREFERENCE: "preference_order",
     Reason.COSTLIER: "costlier",
     Reason.CHOSEN: "chosen",
+    Reason.NOT_FINITE: "cost_not_finite",
 }
 
 
@@ -233,6 +249,14 @@ def check_jobs(jobs: Sequence[JobSpec], catalog: Catalog) -> None:
             raise UsageError(f"job {job.name!r}: resources.gpus is 0, nothing to place: ask for at least 1 GPU")
         if job.placement.deadline_hours is not None and job.placement.gpu_hours is None:
             raise UsageError(f"job {job.name!r}: placement.deadline_hours needs placement.gpu_hours to be judged")
+        for field_name, value, limit in (
+            ("gpu_hours", job.placement.gpu_hours, MAX_GPU_HOURS),
+            ("checkpoint_gb", job.placement.checkpoint_gb, MAX_CHECKPOINT_GB),
+        ):
+            if value is not None and not (math.isfinite(value) and value <= limit):
+                raise UsageError(
+                    f"job {job.name!r}: placement.{field_name} {value:g} is out of range: give at most {limit:g}"
+                )
 
 
 _STATIC = (
@@ -270,6 +294,7 @@ def _codes(
 ) -> npt.NDArray[np.int8]:
     """Every candidate's reason, replaying the choice: capacity, quota, then rank."""
     codes = _static_codes(t, j)
+    codes[(codes == Reason.CANDIDATE) & ~np.isfinite(t.key[j])] = Reason.NOT_FINITE
     ok = codes == Reason.CANDIDATE
     alloc, rows = t.alloc[t.klass[j]], t.resources[t.team_row[j]]
     short = ok & (left < alloc)
@@ -357,6 +382,8 @@ def _detail(
         return f"failover tries {t.stay[job.name]}'s other regions before other providers"
     if code is Reason.COSTLIER:
         return f"+{total[c] - total[chosen]:,.2f} {t.catalog.currency} over the chosen"
+    if code is Reason.NOT_FINITE:
+        return "the expected cost overflows: check the offer's prices and placement.gpu_hours"
     return ""
 
 
@@ -513,6 +540,7 @@ def plan(
     (failover's "next region first, then next provider").
     """
     check_jobs(jobs, catalog)
+    check_rates(catalog)
     block = frozenset(parse_target(b) for b in blocked)
     book = QuotaBook(catalog.quotas)
     remaining = np.repeat(np.array([o.capacity_gpus for o in catalog.offers], dtype=np.int64), 2)

@@ -55,6 +55,7 @@ import numpy.typing as npt
 
 from gpufleet.errors import ParameterError, UsageError
 from gpufleet.placement.catalog import Catalog
+from gpufleet.placement.costing import check_rates
 from gpufleet.placement.policies import Fleet, Need, Policy, make_policy
 from gpufleet.placement.quota import QuotaBook
 from gpufleet.placement.workload import (
@@ -69,6 +70,18 @@ from gpufleet.placement.workload import (
     draw_outages,
     generate_jobs,
 )
+
+MAX_DAYS = 3650.0
+"""Longest arrival window, and longest drain after it (ten years each): the horizon stays a few
+hundred thousand hours, which numpy's Poisson draws and the event loop handle."""
+MAX_HORIZON_H = 24.0 * 2 * MAX_DAYS
+"""Longest horizon :func:`simulate` runs to."""
+MAX_JOBS = 1_000_000
+"""Most jobs one scenario generates."""
+MAX_OUTAGES_PER_DAY = 24.0
+"""Most outages per day a workload model may give a region or a provider: one an hour."""
+MIN_CHECKPOINT_MINUTES = 1 / 60
+"""Shortest checkpoint interval a workload model may draw: one second."""
 
 FINISH, PREEMPT, DOWN, UP, UNBLOCK, REOPEN = 0, 1, 2, 3, 4, 5
 KILL, HORIZON = 6, 7
@@ -646,8 +659,9 @@ def simulate(
     failover rule, team preferences); ``trace=True`` keeps every attempt and quota change
     (:class:`SimTrace`); ``progress`` is called with the simulated fraction of the horizon now and then.
     """
-    if not horizon_h > 0:
-        raise UsageError(f"the horizon must be > 0 hours, got {horizon_h}")
+    if not 0 < horizon_h <= MAX_HORIZON_H:  # also NaN and infinity
+        raise UsageError(f"the horizon must be > 0 and at most {MAX_HORIZON_H:g} hours, got {horizon_h}")
+    check_rates(catalog)
     chosen = make_policy(policy, workload) if isinstance(policy, str) else policy
     fleet = Fleet.of(catalog, whole_nodes=(workload or chosen.workload).whole_nodes)
     engine = _Engine(fleet, jobs, chosen, outages, horizon_h, np.random.default_rng(seed), trace)
@@ -681,12 +695,46 @@ class Scenario:
     workload: WorkloadModel = field(default_factory=WorkloadModel)
 
 
+def check_workload(workload: WorkloadModel) -> None:
+    """Raise :class:`UsageError` naming the first field of ``workload`` beyond what a simulation can run."""
+    problems = (
+        ("drain_days", workload.drain_days, 0 <= workload.drain_days <= MAX_DAYS, "from 0 to 3650 (ten years)"),
+        *(
+            (f"outages.{name}", rate, 0 <= rate <= MAX_OUTAGES_PER_DAY, "from 0 to 24 a day (one an hour)")
+            for name, rate in (
+                ("region_per_day", workload.outages.region_per_day),
+                ("provider_per_day", workload.outages.provider_per_day),
+            )
+        ),
+        *(
+            ("checkpoint_minutes", minutes, minutes >= MIN_CHECKPOINT_MINUTES, "at least 1/60 (a second)")
+            for minutes in workload.checkpoint_minutes
+        ),
+    )
+    for name, value, ok, bound in problems:
+        if not ok:  # a comparison with NaN is false too
+            raise UsageError(f"the workload model's {name} {value:g} is out of range: give {bound}")
+
+
 def build_scenario(catalog: Catalog, workload: WorkloadModel, *, jobs: int, days: float, seed: int) -> Scenario:
-    """Jobs over ``days`` days, outages over the days plus ``drain_days``, all from ``seed``."""
+    """Jobs over ``days`` days, outages over the days plus ``drain_days``, all from ``seed``.
+
+    Bounds: ``days`` and the workload's ``drain_days`` at most ``MAX_DAYS``, ``jobs`` at most
+    ``MAX_JOBS``, outages at most ``MAX_OUTAGES_PER_DAY``, checkpoints at least a second apart;
+    the catalogue's spot preemption rates at most 60 an hour (:func:`~gpufleet.placement.costing.check_rates`).
+    """
     if not days > 0:
         raise ParameterError("{days:name} must be > 0, got {days!s}", days=days)
+    if not days <= MAX_DAYS:  # also infinity
+        raise ParameterError("{days:name} must be at most 3650 (ten years), got {days!s}", days=days)
     if jobs < 1:
         raise ParameterError("{jobs:name} must be >= 1, got {jobs!s}", jobs=jobs)
+    if jobs > MAX_JOBS:
+        raise ParameterError("{jobs:name} must be at most 1000000, got {jobs!s}", jobs=jobs)
+    if seed < 0:
+        raise ParameterError("{seed:name} must be >= 0, got {seed!s}", seed=seed)
+    check_workload(workload)
+    check_rates(catalog)
     for_jobs, for_outages, for_preemptions = np.random.SeedSequence(seed).spawn(3)
     table = generate_jobs(catalog, workload, jobs=jobs, days=days, rng=np.random.default_rng(for_jobs))
     horizon = 24.0 * (days + workload.drain_days)
@@ -724,6 +772,11 @@ def compare_policies(
 
 
 __all__ = [
+    "MAX_DAYS",
+    "MAX_HORIZON_H",
+    "MAX_JOBS",
+    "MAX_OUTAGES_PER_DAY",
+    "MIN_CHECKPOINT_MINUTES",
     "JobOutcomes",
     "Metrics",
     "Scenario",
@@ -731,6 +784,7 @@ __all__ = [
     "SimResult",
     "SimTrace",
     "build_scenario",
+    "check_workload",
     "compare_policies",
     "simulate",
 ]

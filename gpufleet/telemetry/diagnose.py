@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.telemetry.dcgm import ClocksEventReason as CER
 from gpufleet.telemetry.dcgm import Sample
 
@@ -114,6 +114,10 @@ def series_from_samples(samples: Iterable[Sample], *, job: str | None = None, st
     return JobSeries(step_s=step_s, gpus=gpus, metrics=metrics)
 
 
+MAX_WINDOW_S = 365 * 86400.0
+"""Longest window or duration a :class:`DiagnosisConfig` takes: a year."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DiagnosisConfig:
     """Windows and thresholds; the defaults are the sourced values in the module docstring."""
@@ -135,8 +139,10 @@ class DiagnosisConfig:
 
     def __post_init__(self) -> None:
         for name in ("window_s", "min_duration_s", "idle_window_s"):
-            if not getattr(self, name) > 0:
-                raise UsageError(f"{name}={getattr(self, name)} must be positive seconds")
+            if not 0 < getattr(self, name) <= MAX_WINDOW_S:  # also NaN and infinity
+                raise ParameterError(
+                    f"{{{name}}} must be positive seconds, at most a year (31536000)", **{name: getattr(self, name)}
+                )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -548,6 +554,7 @@ __all__ = [
     "GPU_UTIL",
     "LINK_METRICS",
     "LOW_PRECISION",
+    "MAX_WINDOW_S",
     "RULES",
     "SM_ACTIVE",
     "SUPERSEDES",

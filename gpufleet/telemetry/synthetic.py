@@ -22,13 +22,14 @@ Clock-event bits are NVML's ``nvmlClocksEventReasons`` (see ``ClocksEventReason`
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import ParameterError, UsageError
 from gpufleet.telemetry.dcgm import ClocksEventReason as CER
 from gpufleet.telemetry.dcgm import Sample
 from gpufleet.telemetry.diagnose import FloatArray, JobSeries
@@ -45,6 +46,17 @@ Pattern = Literal[
     "idle",
 ]
 PATTERNS: tuple[Pattern, ...] = get_args(Pattern)
+
+MAX_GPUS = 1024
+"""Most GPUs of one synthetic job."""
+MAX_DURATION_S = 7 * 86400.0
+"""Longest synthetic job: a week."""
+MAX_POINTS = 2_000_000
+"""Most GPU-steps (GPUs x time steps) of one synthetic job's arrays: 16 float64 series each, about 256 MB
+(e.g. 1024 GPUs for 2,000 steps, or 8 GPUs for 69 h at 1 s steps)."""
+MAX_SAMPLE_POINTS = 100_000
+"""Most GPU-steps :func:`generate_samples` turns into :class:`Sample` objects (16 per GPU-step, about
+7 kB): 8 GPUs for about 3.5 h at 1 s steps, under 1 GB."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,11 +78,30 @@ class SyntheticJobConfig:
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS:
             raise UsageError(f"unknown pattern {self.pattern!r}; choose one of {', '.join(PATTERNS)}")
-        if self.gpus < 1 or not self.step_s > 0 or self.duration_s < self.step_s:
-            raise UsageError(
-                f"gpus={self.gpus}, step_s={self.step_s}, duration_s={self.duration_s}: need at least one GPU "
-                "and one positive step"
+        if not 1 <= self.gpus <= MAX_GPUS:
+            raise ParameterError(f"{{gpus}} must be in [1, {MAX_GPUS}]: give the synthetic job's GPUs", gpus=self.gpus)
+        if not (math.isfinite(self.step_s) and self.step_s > 0):
+            raise ParameterError("{step_s} must be a finite number of seconds > 0", step_s=self.step_s)
+        if not self.step_s <= self.duration_s <= MAX_DURATION_S:  # also NaN
+            raise ParameterError(
+                "{duration_s} must be at least one step ({step_s}) and at most a week (604800 s)",
+                duration_s=self.duration_s,
+                step_s=self.step_s,
             )
+        _require_points(self, MAX_POINTS)
+        if self.seed < 0:
+            raise ParameterError("{seed} must be >= 0: numpy seeds are non-negative", seed=self.seed)
+
+
+def _require_points(config: SyntheticJobConfig, limit: int) -> None:
+    if config.gpus * round(config.duration_s / config.step_s) > limit:
+        raise ParameterError(
+            f"{{gpus}} for {{duration_s}} at {{step_s}} is more than {limit:,} GPU-steps: "
+            "shorten the job, lengthen the step or use fewer GPUs",
+            gpus=config.gpus,
+            duration_s=config.duration_s,
+            step_s=config.step_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +213,20 @@ def synthesize(config: SyntheticJobConfig) -> SyntheticJob:
 
 
 def generate_samples(config: SyntheticJobConfig) -> list[Sample]:
-    """All samples of a synthetic job at ``config.step_s`` resolution."""
+    """All samples of a synthetic job at ``config.step_s`` resolution (at most ``MAX_SAMPLE_POINTS`` GPU-steps)."""
+    _require_points(config, MAX_SAMPLE_POINTS)
     return synthesize(config).samples()
 
 
-__all__ = ["PATTERNS", "Pattern", "SyntheticJob", "SyntheticJobConfig", "generate_samples", "synthesize"]
+__all__ = [
+    "MAX_DURATION_S",
+    "MAX_GPUS",
+    "MAX_POINTS",
+    "MAX_SAMPLE_POINTS",
+    "PATTERNS",
+    "Pattern",
+    "SyntheticJob",
+    "SyntheticJobConfig",
+    "generate_samples",
+    "synthesize",
+]
