@@ -8,13 +8,14 @@ from typing import Annotated
 import typer
 
 from gpufleet.backends import sync_remote
+from gpufleet.cli.options import MAX_JOB_ID
 from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import GpufleetError, parameters_as_flags
 from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home, state_db
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
 
-TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1)]
+TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1, max=MAX_JOB_ID)]
 EndpointOpt = Annotated[
     str | None,
     typer.Option(

@@ -126,6 +126,10 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
     db.execute("COMMIT")
 
 
+MAX_ROW_ID = 2**63 - 1
+"""The largest id SQLite can store (a larger one overflows its integer)."""
+
+
 class _Connection(sqlite3.Connection):
     """A connection that turns SQLite's "disk is full" into one clear ``StoreError``."""
 
@@ -335,7 +339,8 @@ class Store:
         )
 
     def job(self, job_id: int) -> Job:
-        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        row = None if not 0 < job_id <= MAX_ROW_ID else self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,))
+        row = row.fetchone() if row is not None else None
         if row is None:
             raise UsageError(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
         return self._job(row)
