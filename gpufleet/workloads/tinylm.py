@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,16 +88,18 @@ def train(
     eval_batches: int = 8,
     ckpt_dir: str = "checkpoints",
     strategy: str | None = None,
+    step_seconds: float = 0.0,
     on_step: Callable[[TrainSession], None] | None = None,
 ) -> dict[str, Any]:
     """Train, surviving preemption; return the final validation and test losses.
 
-    Under torchrun (``distributed:`` in the job's spec) ``strategy`` is ``ddp`` or ``fsdp``
-    (default: the spec's ``distributed.strategy``):
-    every rank builds the same model, wraps it, and trains on its rows of the same global batch
-    (``batch_size`` in all), so the run computes the same thing on any number of ranks that
-    divides ``batch_size``. ``on_step`` is called after every step with the session (progress
-    hooks, tests).
+        Under torchrun (``distributed:`` in the job's spec) ``strategy`` is ``ddp`` or ``fsdp``
+        (default: the spec's ``distributed.strategy``):
+        every rank builds the same model, wraps it, and trains on its rows of the same global batch
+        (``batch_size`` in all), so the run computes the same thing on any number of ranks that
+        divides ``batch_size``. ``step_seconds`` paces each step (a demo a person can follow, a
+    preemption that lands mid-run); it changes no number. ``on_step`` is called after every step with the session (progress
+        hooks, tests).
     """
     torch.use_deterministic_algorithms(True)
     group = current_group()
@@ -138,6 +141,8 @@ def train(
             sess.report(loss, tokens=x.numel(), lr=float(schedule.get_last_lr()[0]))
             if on_step is not None:
                 on_step(sess)
+            if step_seconds > 0:
+                time.sleep(step_seconds)
         result = {
             split: evaluate(
                 model, corpus, split, batches=eval_batches, batch_size=batch_size, context=context, seed=seed

@@ -108,8 +108,10 @@ def test_two_ranks_complete_and_a_preempted_pair_resumes_bit_identical(backend: 
     assert [r["rank"] for r in start.data["ranks"]] == [0, 1]
     assert not placement_exists(straight), "the job's placement group outlived it"
 
-    cut = backend.submit(tinylm_ddp("cut"))
-    follow(backend, lambda: store.job(cut).state == "running" and (latest_step(store, cut) or 0) >= 10)
+    # Paced so the preemption lands mid-run on a loaded machine too (the pace changes no number).
+    paced = tinylm_ddp("cut")
+    cut = backend.submit(paced.copy_with(args={**paced.args, "step_seconds": 0.2}))
+    follow(backend, lambda: store.job(cut).state == "running" and (latest_step(store, cut) or 0) >= 5)
     backend.preempt(cut)
     follow(backend, ended(backend, cut))
     job = store.job(cut)

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_cli
 from sharded_worker import mlp, snapshot, unblob
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from gpufleet.cli.app import main
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, CorruptCheckpoint
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointManifest, Expectation
 from gpufleet.runtime.group import Group
@@ -213,12 +213,9 @@ def test_cli_lists_and_verifies_both_formats(
     ck = tmp_path / "ck"
     shutil.copytree(root / "ddp", ck)
     CheckpointDir(ck).save(1, {"model": {"w": torch.zeros(2)}, "trainer": {"step": 1}})
-    monkeypatch.setattr(sys, "argv", ["gpufleet", "ckpt", "verify", str(ck), "--json"])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main()
-    assert exited.value.code in (0, None)
-    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(ck), "--json")
+    assert code == 0
+    rows = json.loads(out)["checkpoints"]
     assert [(r["step"], r["status"], r["format"], r["world_size"], r["strategy"]) for r in rows] == [
         (1, "ok", "torch", 1, None),
         (3, "ok", "dcp", 2, "ddp"),
