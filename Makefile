@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch: installed first so no requirement pulls a CUDA wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install dev lint typecheck services services-down unit soak bench clean
+.PHONY: demo test install dev lint typecheck services services-down unit soak fuzz bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,12 @@ soak: dev
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
 
+# The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number (`make test` runs ~300).
+FUZZ_CASES ?= 10000
+FUZZ_SEED ?= 1
+fuzz: dev
+	$(BIN)/python tests/fuzz/fuzz_runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --jobs 2 --report fuzz-report.json
+
 bench: install
 	$(BIN)/python bench/checkpoint_save.py
 	$(BIN)/python bench/step_overhead.py
@@ -68,6 +74,7 @@ bench: install
 	$(BIN)/python bench/dist_save_throughput.py
 	$(BIN)/python bench/dist_preemption_loss.py
 	$(BIN)/python bench/dist_async_save.py
+	$(BIN)/python bench/goodput.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -38,12 +38,32 @@ def check_name(value: str, what: str = "name") -> str:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) readable by its owner only; tighten it if it is ours and open."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` (and parents) readable by its owner only; tighten it if it is ours and open.
+
+    ``UsageError`` when ``path``, or a folder above it, exists and is not a folder (``GPUFLEET_HOME=/dev/null``).
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(_not_a_folder(path)) from None
+    if not path.is_dir():
+        raise UsageError(_not_a_folder(path))
     info = path.stat()
     if info.st_uid == os.getuid() and info.st_mode & 0o077:
         path.chmod(info.st_mode & 0o700)
     return path
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why ``path`` cannot be a folder: the first of it and the folders above it that exists and is not one."""
+    blocker = next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), path)
+    home = gpufleet_home()
+    if "GPUFLEET_HOME" in os.environ and (path == home or home in path.parents):
+        return (
+            f"GPUFLEET_HOME={str(home)!r} is not a folder: {str(blocker)!r} exists and is not a folder; "
+            "set GPUFLEET_HOME to a folder (or unset it to use ~/.gpufleet)"
+        )
+    return f"{str(path)!r} is not a folder: {str(blocker)!r} exists and is not a folder; choose another path"
 
 
 def dev_services_dir(service: str) -> Path:

@@ -31,6 +31,12 @@ from gpufleet.yamlio import read_yaml, validate
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_STEPS = 10**9
+"""Most steps between two checkpoints (and batches skipped after a bad step): a billion."""
+WEEK_S = 7 * 24 * 3600.0
+"""Most seconds between two checkpoints, or one save, restore or step takes: a week."""
+NAME_MAX = 255
+"""Longest file or folder name, in bytes (ext4, XFS, btrfs); a longer one in ``workdir`` cannot be entered."""
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -87,9 +93,16 @@ class KeepBest(_Frozen):
 class CheckpointPolicy(_Frozen):
     """When to save, how many to keep, and how long a preempted job has to save."""
 
-    every_steps: int | None = Field(default=50, ge=1)
-    every_seconds: float | None = Field(default=None, gt=0)
-    keep: int = Field(default=3, ge=1)
+    every_steps: int | None = Field(default=50, ge=1, le=MAX_STEPS)
+    every_seconds: float | None = Field(default=None, gt=0, le=WEEK_S)
+    every: Literal["auto"] | None = None
+    """``auto``: save at Daly's interval for this run's measured save time and its preemption rate,
+    re-estimated as saves are measured (``gpufleet.runtime.interval``). ``every_steps`` then defaults
+    to none; an ``every_steps`` or ``every_seconds`` given as well still saves when it is due."""
+    preemptions_per_hour: float | None = Field(default=None, ge=0, le=3600)
+    """The preemption rate ``every: auto`` plans for (at most one a second) when the backend exports
+    none in ``$GPUFLEET_PREEMPTIONS_PER_HOUR`` (e.g. the catalogue rate of the pool it runs on)."""
+    keep: int = Field(default=3, ge=1, le=1000)
     """Newest checkpoints kept; the newest healthy one is always kept as well."""
     grace_seconds: float = Field(default=30.0, gt=0, le=3600)
     """Time between SIGTERM and SIGKILL when the job is preempted or cancelled."""
@@ -106,10 +119,20 @@ class CheckpointPolicy(_Frozen):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_replaces_steps(cls, data: Any) -> Any:
+        """``every: auto`` without an ``every_steps`` of its own does not also save every 50 steps."""
+        if isinstance(data, dict) and data.get("every") == "auto" and "every_steps" not in data:
+            return {**data, "every_steps": None}
+        return data
+
     @model_validator(mode="after")
     def _some_trigger(self) -> CheckpointPolicy:
-        if self.every_steps is None and self.every_seconds is None:
-            raise ValueError("set checkpoint.every_steps or checkpoint.every_seconds (or both)")
+        if self.every_steps is None and self.every_seconds is None and self.every is None:
+            raise ValueError("set checkpoint.every_steps, checkpoint.every_seconds or checkpoint.every: auto")
+        if self.preemptions_per_hour is not None and self.every is None:
+            raise ValueError("checkpoint.preemptions_per_hour is the rate every: auto plans for: set every: auto too")
         return self
 
 
@@ -119,14 +142,14 @@ class HealthPolicy(_Frozen):
     spike_zscore: float | None = Field(default=8.0, gt=0)
     """Robust z-score (median / MAD over ``window`` healthy losses) above which a loss is a spike;
     ``null`` disables spike detection (NaN and inf are always unhealthy)."""
-    window: int = Field(default=50, ge=5)
-    min_history: int = Field(default=20, ge=3)
+    window: int = Field(default=50, ge=5, le=100_000)
+    min_history: int = Field(default=20, ge=3, le=100_000)
     """Healthy losses needed before spikes are judged."""
     action: Literal["rollback", "mark"] = "rollback"
     """``rollback``: restore the last healthy checkpoint and skip the offending data window;
     ``mark``: record the event and flag later checkpoints unhealthy until a healthy one follows."""
-    max_rollbacks: int = Field(default=5, ge=0)
-    skip_extra_batches: int = Field(default=0, ge=0)
+    max_rollbacks: int = Field(default=5, ge=0, le=1000)
+    skip_extra_batches: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Batches skipped beyond the offending one (PaLM skipped 200-500 around a spike)."""
 
     @model_validator(mode="after")
@@ -188,7 +211,7 @@ class Placement(_Frozen):
     """Workload class: a GPU type's relative throughput is looked up per class."""
     gpu_hours: float | None = Field(default=None, gt=0)
     """Expected work in GPU-hours on a GPU of relative throughput 1.0 for this workload."""
-    deadline_hours: float | None = Field(default=None, gt=0)
+    deadline_hours: float | None = Field(default=None, gt=0, le=1e6)
     """The job must finish within this many hours of being placed."""
     any_of: list[OfferChoice] = Field(default_factory=list)
     """Acceptable choices, unordered (the cheapest wins), as SkyPilot's ``any_of``."""
@@ -196,13 +219,13 @@ class Placement(_Frozen):
     """Choices in order of preference, as SkyPilot's ``ordered``."""
     checkpoint_gb: float = Field(default=0.0, ge=0)
     """Checkpoint size, for the egress cost when the job moves between providers."""
-    save_seconds: float | None = Field(default=None, gt=0)
+    save_seconds: float | None = Field(default=None, ge=1e-6, le=WEEK_S)
     """Measured checkpoint save time; the interval advisor needs it."""
-    restore_seconds: float = Field(default=60.0, ge=0)
+    restore_seconds: float = Field(default=60.0, ge=0, le=WEEK_S)
     """Time to restart and restore after a preemption."""
-    step_seconds: float | None = Field(default=None, gt=0)
-    """Measured seconds per step on the reference GPU; turns intervals into steps."""
-    memory_gib: float | None = Field(default=None, gt=0)
+    step_seconds: float | None = Field(default=None, ge=1e-6, le=WEEK_S)
+    """Measured seconds per step on the reference GPU (a microsecond to a week); turns intervals into steps."""
+    memory_gib: float | None = Field(default=None, gt=0, le=10_000)
     """GPU memory one worker needs; GPU types with less are rejected."""
 
     @model_validator(mode="after")
@@ -271,20 +294,53 @@ class JobSpec(_Frozen):
         if isinstance(value, list):
             if not value or not all(isinstance(v, str) and v for v in value):
                 raise ValueError("a command entrypoint must be a non-empty list of non-empty strings")
+            argv = value
+        else:
+            value = value.strip()
+            if not value:
+                raise ValueError("entrypoint is empty: give `package.module:function` or a command")
+            if ":" in value and " " not in value and not CALLABLE_RE.match(value):
+                raise ValueError(f"{value!r} is not `package.module:function`")
+            if CALLABLE_RE.match(value):
+                return value
+            try:
+                argv = shlex.split(value)  # as `command` will, when the job starts
+            except ValueError as err:
+                raise ValueError(
+                    f"entrypoint {_clip(repr(value))} is neither `package.module:function` nor a command a shell could "
+                    f"split ({str(err).lower()}): close its quotes, or write the command as a list"
+                ) from None
+            if not argv or not argv[0]:
+                raise ValueError(
+                    f"entrypoint {_clip(repr(value))} names no program: give `package.module:function` or a command"
+                )
+        if any("\0" in arg for arg in argv):
+            raise ValueError("entrypoint holds a NUL byte, which no command can: remove it")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is None:
             return value
-        value = value.strip()
-        if not value:
-            raise ValueError("entrypoint is empty: give `package.module:function` or a command")
-        if ":" in value and " " not in value and not CALLABLE_RE.match(value):
-            raise ValueError(f"{value!r} is not `package.module:function`")
+        if "\0" in value:
+            raise ValueError(f"workdir {_clip(value)} holds a NUL byte, which no path can: give a folder's path")
+        longest = max(len(part.encode("utf-8", "replace")) for part in value.split("/"))
+        if longest > NAME_MAX:
+            raise ValueError(
+                f"workdir {_clip(value)} has a name of {longest:,} bytes, over the {NAME_MAX} a file system takes: "
+                "shorten it"
+            )
         return value
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
+        for key, item in value.items():
             if not ENV_NAME_RE.match(key) or key.startswith("GPUFLEET_"):
                 raise ValueError(f"env name {key!r} is invalid (letters, digits, '_'; GPUFLEET_* is reserved)")
+            if "\0" in item:
+                raise ValueError(f"env {key}: its value holds a NUL byte, which no environment variable can: remove it")
         return value
 
     @field_validator("args")
@@ -392,6 +448,9 @@ __all__ = [
     "CALLABLE_RE",
     "ENV_NAME_RE",
     "GPU_SOURCE_HINT",
+    "MAX_STEPS",
+    "NAME_MAX",
+    "WEEK_S",
     "CheckpointPolicy",
     "Distributed",
     "HealthPolicy",

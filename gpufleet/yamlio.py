@@ -18,7 +18,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -209,40 +209,75 @@ def parse_yaml(
         loader.dispose()
 
 
-def read_text_bounded(path: Path, *, what: str, error: type[GpufleetError], max_bytes: int = MAX_BYTES) -> str:
-    """A regular file's UTF-8 text, refused (``error``) when it is anything else or over ``max_bytes``."""
-    shown = repr(str(path))
+def shown_path(path: Path | str, limit: int = 160) -> str:
+    """``path`` quoted for a one-line message; a longer one is cut in the middle, with its length."""
+    text = repr(str(path))
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 50]}...{text[-40:]} ({len(str(path)):,} characters)"
+
+
+def _os_problem(err: OSError | ValueError) -> str:
+    """What went wrong, without the path again (``str(err)`` repeats it: twice as long for a long one)."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    return f"{err.__class__.__name__}: {_one_line(reason)}"
+
+
+def open_regular(
+    path: Path, *, what: str, error: type[GpufleetError], max_bytes: int, expect: str = "a YAML file"
+) -> BinaryIO:
+    """``path`` opened for binary reading, refused (``error``) unless it is a regular file of at most ``max_bytes``.
+
+    A device (``/dev/zero`` never ends), a pipe (it may never answer) or a folder is refused before
+    anything is read, as is a name the system cannot open (too long, a NUL byte in it).
+    """
+    shown = shown_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except (OSError, ValueError) as err:
-        raise error(f"cannot read {what} {shown}: {err.__class__.__name__}: {_one_line(str(err))}") from None
+        raise error(f"cannot read {what} {shown}: {_os_problem(err)}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):  # /dev/zero never ends, a pipe may never answer: refuse before reading
-            kind = "folder" if stat.S_ISDIR(mode) else "device, pipe or socket"
-            raise error(f"cannot read {what} {shown}: it is a {kind}, not a regular file: give the path of a YAML file")
-        chunks: list[bytes] = []
-        left = max_bytes + 1  # one byte over the limit is enough to know the file is over it
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as err:
-        raise error(f"cannot read {what} {shown}: {err.__class__.__name__}: {_one_line(str(err))}") from None
-    finally:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "folder" if stat.S_ISDIR(info.st_mode) else "device, pipe or socket"
+            raise error(f"cannot read {what} {shown}: it is a {kind}, not a regular file: give the path of {expect}")
+        if info.st_size > max_bytes:
+            raise error(_too_large(what, shown, max_bytes, expect))
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-    data = b"".join(chunks)
+        raise
+
+
+def _too_large(what: str, shown: str, max_bytes: int, expect: str) -> str:
+    return (
+        f"cannot read {what} {shown}: it is larger than {max_bytes:,} bytes, the limit for {expect}: trim or split it"
+    )
+
+
+def read_bytes_bounded(
+    path: Path, *, what: str, error: type[GpufleetError], max_bytes: int = MAX_BYTES, expect: str = "a YAML file"
+) -> bytes:
+    """A regular file's bytes, refused (``error``) when it is anything else or over ``max_bytes``."""
+    with open_regular(path, what=what, error=error, max_bytes=max_bytes, expect=expect) as fh:
+        try:
+            data = fh.read(max_bytes + 1)  # one byte over the limit is enough to know the file grew past it
+        except OSError as err:
+            raise error(f"cannot read {what} {shown_path(path)}: {_os_problem(err)}") from None
     if len(data) > max_bytes:
-        raise error(
-            f"cannot read {what} {shown}: it is larger than {max_bytes:,} bytes, the limit for a YAML file: "
-            "trim or split it"
-        )
+        raise error(_too_large(what, shown_path(path), max_bytes, expect))
+    return data
+
+
+def read_text_bounded(
+    path: Path, *, what: str, error: type[GpufleetError], max_bytes: int = MAX_BYTES, expect: str = "a YAML file"
+) -> str:
+    """A regular file's UTF-8 text, refused (``error``) when it is anything else or over ``max_bytes``."""
+    data = read_bytes_bounded(path, what=what, error=error, max_bytes=max_bytes, expect=expect)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise error(f"cannot read {what} {shown}: not UTF-8 text ({_one_line(str(err))})") from None
+        raise error(f"cannot read {what} {shown_path(path)}: not UTF-8 text ({_one_line(str(err))})") from None
 
 
 def _loc_part(part: Any) -> str:
@@ -290,8 +325,11 @@ __all__ = [
     "M",
     "YamlLimitError",
     "describe_validation",
+    "open_regular",
     "parse_yaml",
+    "read_bytes_bounded",
     "read_text_bounded",
     "read_yaml",
+    "shown_path",
     "validate",
 ]

@@ -110,7 +110,18 @@ class Backend(ABC):
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.store = Store(state_db(home))
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        """The state store, opened (and created) on first use: a submit refused before then writes nothing."""
+        if self._store is None:
+            self._store = Store(state_db(self.home))
+        return self._store
+
+    @store.setter
+    def store(self, store: Store) -> None:
+        self._store = store
 
     # ---- the contract -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
@@ -120,14 +131,30 @@ class Backend(ABC):
         if spec.resources.nodes > 1:
             self.require(Feature.MULTI_NODE)
         spec = self._admit(spec, env)
+        fresh = [p for p in (self.home, self.home / "jobs", state_db(self.home)) if not os.path.lexists(p)]
         job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
         try:
             self._start(job_id, folder, spec)
         except GpufleetError:
             self.store.delete_job(job_id)
             shutil.rmtree(folder, ignore_errors=True)
+            self._undo_fresh(fresh)
             raise
         return job_id
+
+    def _undo_fresh(self, fresh: list[Path]) -> None:
+        """Remove what a refused submit created in a home that lacked it (a store holding no job, empty folders)."""
+        db = state_db(self.home)
+        if db in fresh and self._store is not None and not self._store.jobs():
+            self._store.close()
+            self._store = None
+            for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        for path in fresh[::-1]:
+            if path != db:
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty
 
     def preempt(self, job_id: int, grace: float | None = None) -> None:
         """SIGTERM the running attempt, SIGKILL after ``grace``, then requeue the job."""

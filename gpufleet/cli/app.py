@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import re
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import typer
 from rich.markup import escape
 from typer import TyperException
+from typer.core import TyperGroup, TyperOption
 
 from gpufleet.cli import jobs
 from gpufleet.cli.ckpt import ckpt_app
@@ -16,6 +20,7 @@ from gpufleet.cli.debug import debug_app
 from gpufleet.cli.demo import demo_command
 from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.export import export_app
+from gpufleet.cli.goodput import goodput
 from gpufleet.cli.observe import diagnose_job_command, observe_app
 from gpufleet.cli.place import place_command
 from gpufleet.cli.profile import profile_command
@@ -25,7 +30,7 @@ from gpufleet.cli.render import err_console
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.trace import trace_command
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, UsageError
 
 app = typer.Typer(
     name="gpufleet",
@@ -48,6 +53,7 @@ app.add_typer(debug_app, name="debug")
 # Planning and estimating
 app.command("place")(place_command)
 app.command("simulate")(simulate_command)
+app.command("goodput")(goodput)
 app.add_typer(estimate_app, name="estimate")
 app.add_typer(export_app, name="export")
 app.add_typer(slurm_app, name="slurm")
@@ -59,15 +65,68 @@ app.add_typer(quality_app, name="quality")
 app.add_typer(registry_app, name="registry")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _PLAIN = re.compile(r"[\w.,:/@+-]+")  # a value shown as typed; anything else, quoted
 _HINT_FITS = 160  # an error line longer than this gets no "(see ... --help)" hint
 
 
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _one_line(text: str) -> str:
-    """``text`` with every control character (a newline too) shown escaped, so it prints as one line."""
-    return _CONTROL.sub(lambda m: _ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}"), text.strip())
+    """``text`` with every character that does not print as itself shown escaped, so it prints as one line.
+
+    Control characters (a newline too), line and paragraph separators (U+2028, U+2029), other
+    invisible format characters (a bidi override) and the lone surrogates of undecodable bytes.
+    """
+    text = text.strip()
+    return text if text.isprintable() else "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _not_utf8(value: str) -> bytes | None:
+    """The bytes of a command-line value that was not UTF-8 (Python keeps them as lone surrogates), else ``None``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte decodes to: passed from Python, not from a terminal
+            return value.encode("utf-8", "backslashreplace")
+    return None
+
+
+def _text_checked(command: Any) -> None:
+    """Make ``command`` (each command under a group) refuse a text value that is not UTF-8, before it runs.
+
+    Such a value cannot be stored (SQLite, JSON), matched or shown faithfully; paths are left alone
+    (a file name may be any bytes), as are the values of a group's own options.
+    """
+    if isinstance(command, TyperGroup):
+        for sub in command.commands.values():
+            _text_checked(sub)
+        return
+    if command.callback is None:
+        return
+    names = {p.name: p.opts[0] if isinstance(p, TyperOption) else p.metavar or p.name.upper() for p in command.params}
+    run: Callable[..., Any] = command.callback
+
+    @functools.wraps(run)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for name, value in kwargs.items():
+            for item in value if isinstance(value, list | tuple) else (value,):
+                raw = _not_utf8(item) if isinstance(item, str) else None
+                if raw is not None:
+                    raise UsageError(
+                        f"{names.get(name, name)} {repr(raw)[1:]} is not UTF-8 text: give it in UTF-8 "
+                        "(is the terminal's locale UTF-8? e.g. LANG=C.UTF-8)"
+                    )
+        return run(*args, **kwargs)
+
+    command.callback = checked
 
 
 def _fail(message: str, code: int, *, label: str = "error:") -> NoReturn:
@@ -104,9 +163,19 @@ def _usage_line(err: TyperException) -> str:
 def main() -> None:
     """Run the CLI: any error a user can cause ends as one line on stderr and its exit code, never a traceback."""
     try:
-        code = app(standalone_mode=False)
+        command = typer.main.get_command(app)
+        _text_checked(command)
+        code = command(standalone_mode=False)
     except GpufleetError as err:
         _fail(str(err), err.exit_code)
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        # A safety net: each command checks the paths it is given, but a name too long can reach the system
+        # from anywhere, and it is bad input wherever it does.
+        shown = repr(str(err.filename))
+        shown = shown if len(shown) <= 120 else f"{shown[:70]}...{shown[-40:]} ({len(str(err.filename)):,} characters)"
+        _fail(f"cannot use the path {shown}: {err.strerror}: shorten it (at most 255 bytes a name)", 2)
     except typer.Abort:
         _fail("", 130, label="aborted")
     except TyperException as err:  # Click's usage errors (a bad value, an unknown option or command)

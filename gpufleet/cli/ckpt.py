@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
@@ -73,7 +74,8 @@ def ckpt_verify(
         marks = {"ok": "[green]ok[/]", "corrupt": "[red]BAD[/]", "unhealthy": "[yellow]unhealthy[/]"}
         for info in infos:
             mark = marks.get(info.status, "[magenta]foreign[/]")
-            console.print(f"{mark}  {info.path.name}" + (f"  {info.problem}" if info.problem else ""), soft_wrap=True)
+            problem = f"  {escape(info.problem)}" if info.problem else ""
+            console.print(f"{mark}  {escape(info.path.name)}{problem}", soft_wrap=True)
         console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
     if bad:
         raise typer.Exit(1)
@@ -92,6 +94,7 @@ def ckpt_export(
 ) -> None:
     """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
     _ckpt_dir(directory)
+    check_path_name(out, "--out")
     done = CheckpointDir(directory).export(out, step=step, entry=entry)
     result = {
         "directory": str(directory),
@@ -107,11 +110,13 @@ def ckpt_export(
         emit_json(result)
     else:
         console.print(
-            f"wrote {done.entry} of {done.source.name} to {done.out} ({done.bytes} bytes, {done.tensors} tensors)"
+            f"wrote {done.entry} of {done.source.name} to {done.out} ({done.bytes} bytes, {done.tensors} tensors)",
+            markup=False,
         )
 
 
 def _ckpt_dir(directory: Path) -> None:
+    check_path_name(directory, "checkpoint directory")
     if not directory.exists():
         raise UsageError(f"checkpoint directory {str(directory)!r} does not exist")
     if not directory.is_dir():

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, SpecArg, require_positive
+from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, SpecArg, check_path_name, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import GpufleetError, UsageError, parameters_as_flags
+from gpufleet.outfiles import check_plot_file
 from gpufleet.paths import events_file, gpufleet_home, job_dir, spec_file
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
+from gpufleet.yamlio import read_text_bounded
 
 if TYPE_CHECKING:
     from gpufleet.devtools.resumecheck import ResumeReport
@@ -54,6 +56,8 @@ def determinism(
     from gpufleet.devtools.debug import check_determinism, plot_losses
 
     require_positive("--steps", steps)
+    if plot is not None:
+        check_plot_file(check_path_name(plot, "--plot"), "--plot")
     job = load_spec(spec)
     report = check_determinism(job, steps=steps, seeds=_seeds(seeds, job.args))
     if plot is not None:
@@ -72,7 +76,8 @@ def determinism(
         else:
             console.print(
                 f"[red]differ[/]: seed {a} twice: first loss difference at step {report.first_loss_step}; "
-                f"first differing tensor {report.first_tensor} (max |diff| {fmt(report.first_tensor_max_abs_diff)}), "
+                f"first differing tensor {escape(str(report.first_tensor))} "
+                f"(max |diff| {fmt(report.first_tensor_max_abs_diff)}), "
                 f"{report.tensors_differing} of {report.tensors_compared} tensors and "
                 f"{report.other_entries_differing} other entries differ",
                 highlight=False,
@@ -84,7 +89,7 @@ def determinism(
             highlight=False,
         )
         if plot is not None:
-            console.print(f"plot: {plot}", highlight=False)
+            console.print(f"plot: {plot}", highlight=False, markup=False)
     if not report.identical:
         raise typer.Exit(1)
 
@@ -110,13 +115,15 @@ def resume_check(
     """Run the job uninterrupted and preempted-then-resumed, each attempt a process; exit 1 unless bitwise equal."""
     from gpufleet.devtools.resumecheck import check_resume
 
+    if keep is not None:
+        check_path_name(keep, "--keep")
     report = check_resume(
         load_spec(spec),
         at=at,
         rollback_at=rollback_at,
         steps=steps,
         keep=keep,
-        progress=lambda line: err_console.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True),
+        progress=lambda line: err_console.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True),
     )
     if json_out:
         emit_json(report.to_dict())
@@ -132,7 +139,7 @@ def _print_resume_report(report: ResumeReport) -> None:
     if failure is not None:
         say(
             f"[red]failed[/]: the {failure.run} run's attempt {failure.attempt} exited {failure.exit_code}; "
-            f"expected {failure.expected}. Last lines of {failure.log}:"
+            f"expected {escape(str(failure.expected))}. Last lines of {escape(str(failure.log))}:"
         )
         for line in failure.tail:
             say(f"  {escape(line)}")
@@ -142,12 +149,12 @@ def _print_resume_report(report: ResumeReport) -> None:
     ignored = ", ".join(report.ignored)
     if report.exact:
         say(
-            f"[green]exact[/]: {report.job} {what}: all {report.steps_compared} step losses and all "
+            f"[green]exact[/]: {escape(report.job)} {what}: all {report.steps_compared} step losses and all "
             f"{report.tensors_compared} checkpoint tensors are bitwise equal to the uninterrupted run's "
-            f"(ignored: {ignored})"
+            f"(ignored: {escape(ignored)})"
         )
     else:
-        say(f"[red]differs[/]: {report.job} {what}:")
+        say(f"[red]differs[/]: {escape(report.job)} {what}:")
         if report.first_loss_step is not None:
             old, new = report.first_loss or (None, None)
             say(
@@ -157,19 +164,20 @@ def _print_resume_report(report: ResumeReport) -> None:
         if report.first_tensor is not None:
             worst = fmt(report.first_tensor_max_abs_diff)
             say(
-                f"  first differing tensor: {report.first_tensor} (max |diff| {worst}); "
+                f"  first differing tensor: {escape(str(report.first_tensor))} (max |diff| {worst}); "
                 f"{report.tensors_differing} of {report.tensors_compared} tensors differ"
             )
         if report.other_entries:
             more = f" and {len(report.other_entries) - 3} more" if len(report.other_entries) > 3 else ""
-            say(f"  other entries that differ: {', '.join(report.other_entries[:3])}{more}")
+            say(f"  other entries that differ: {escape(', '.join(report.other_entries[:3]))}{more}")
         if report.first_loss_step is None and report.first_tensor is None and not report.other_entries:
             say("  the two runs logged different steps")
-        say(f"  (ignored: {ignored})")
+        say(f"  (ignored: {escape(ignored)})")
         for hint in report.hints:
             say(f"[yellow]hint:[/] {escape(hint)}")
     if report.folder:
-        say(f"job folders: {report.folder}/jobs/1 (uninterrupted), {report.folder}/jobs/2 (preempted)")
+        folder = escape(str(report.folder))
+        say(f"job folders: {folder}/jobs/1 (uninterrupted), {folder}/jobs/2 (preempted)")
 
 
 def _loss(value: float | None) -> str:
@@ -187,7 +195,7 @@ def _resolve_run(run: str) -> tuple[Path, Path | None]:
         if not events_file(home, job_id).is_file():
             raise UsageError(f"job {run} has no events under {folder}: check the id with `gpufleet jobs`")
         return events_file(home, job_id), spec_file(home, job_id)
-    path = Path(run)
+    path = check_path_name(Path(run), "RUN")
     if not path.exists():
         raise UsageError(f"{run!r} is neither a job id nor an existing job folder, events.jsonl or CSV")
     spec = (path if path.is_dir() else path.parent) / "spec.json"
@@ -198,15 +206,21 @@ def _policy(spec_path: Path | None, zscore: float | None, window: int | None) ->
     base = HealthPolicy()
     if spec_path is not None and spec_path.is_file():
         with contextlib.suppress(ValueError, GpufleetError):  # an unreadable spec next to the log: use defaults
-            base = parse_spec(json.loads(spec_path.read_text(encoding="utf-8")), source=str(spec_path)).health
+            text = read_text_bounded(spec_path, what="spec", error=UsageError)
+            base = parse_spec(json.loads(text), source=str(spec_path)).health
     if zscore is not None and not (zscore > 0 and math.isfinite(zscore)):
         raise UsageError(f"--zscore {zscore} must be a positive number (the runtime's default is 8)")
-    if window is not None and window < 5:
-        raise UsageError(f"--window {window} must be at least 5 losses")
+    most = HealthPolicy.model_fields["window"].metadata
+    top = next((int(m.le) for m in most if getattr(m, "le", None) is not None), 100_000)
+    if window is not None and not 5 <= window <= top:
+        raise UsageError(f"--window {window} must be from 5 to {top:,} losses")
     window = window or base.window
-    return HealthPolicy(
-        spike_zscore=zscore or base.spike_zscore or 8.0, window=window, min_history=min(base.min_history, window)
-    )
+    try:
+        return HealthPolicy(
+            spike_zscore=zscore or base.spike_zscore or 8.0, window=window, min_history=min(base.min_history, window)
+        )
+    except ValueError as err:  # pydantic's ValidationError: a bound this check does not know of
+        raise UsageError(f"--zscore {zscore} / --window {window}: {str(err).splitlines()[-1].strip()}") from None
 
 
 @debug_app.command("spikes")
@@ -246,7 +260,7 @@ def spikes(
     console.print(
         f"{len(found)} unhealthy ({by_runtime} logged by the runtime) of {logged} logged losses "
         f"(z > {policy.spike_zscore:g} against up to {policy.window} healthy losses, judged after "
-        f"{policy.min_history}) in {source}",
+        f"{policy.min_history}) in {escape(str(source))}",
         highlight=False,
         soft_wrap=True,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.cli.options import JsonOpt
@@ -104,7 +105,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
         if not quiet:
             console.print(text)
 
-    say(f"[bold]gpufleet demo[/]  state: {home}  (1 virtual GPU slot, local backend)")
+    say(f"[bold]gpufleet demo[/]  state: {escape(str(home))}  (1 virtual GPU slot, local backend)")
     progress = make_progress(quiet)
     progress.start()
     try:
@@ -150,20 +151,94 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     console.print(overhead, soft_wrap=True)
     console.print(f"{redone} Demo took {time.monotonic() - started:.0f}s.", soft_wrap=True)
     prog = "gpufleet" if shutil.which("gpufleet") else sys.argv[0]
-    console.print(f"explore it:  export GPUFLEET_HOME={home}; {prog} jobs; {prog} show {low}; {prog} cost")
+    console.print(
+        f"explore it:  export GPUFLEET_HOME={home}; {prog} jobs; {prog} show {low}; {prog} cost", markup=False
+    )
     if not ok:
         console.print("[red]the demo did not end as expected: see `gpufleet show` for each job[/]")
     return ok
 
 
+def run_fleet(*, json_out: bool = False, home: Path | None = None) -> bool:
+    """``demo --fleet``: quota borrow and reclaim, a spot storm, a failover with the checkpoint moved; priced."""
+    from gpufleet.demos.fleet_demo import run_fleet_demo
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    home = home or gpufleet_home() / "demo-fleet" / stamp
+    started = time.monotonic()
+    story: list[dict[str, object]] = []
+
+    def say(text: str) -> None:
+        story.append({"seconds": round(time.monotonic() - started, 1), "text": text})
+        if not json_out:
+            console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {escape(text)}", highlight=False)
+
+    if not json_out:
+        console.print(
+            f"[bold]gpufleet demo --fleet[/]  state: {escape(str(home))}  (2 teams; H100 at aws and gcp, L40S at gcp)",
+            highlight=False,
+        )
+    demo = run_fleet_demo(home, say=say)
+    store = LocalBackend(home, spawn=False).store
+    report = cost_report(store, out=notes_dir(home) / stamp, title="gpufleet demo --fleet: cost note")
+    jobs = [store.job(i) for i in demo.jobs.values()]
+    kinds = {k: sum(len(store.events(j.id, kinds=(k,))) for j in jobs) for k in demo_kinds()}
+    ok = all(j.state == "completed" for j in jobs) and all(kinds.values())
+    if json_out:
+        priced = report.to_dict()
+        states = {j.id: {"team": j.team, "state": j.state} for j in jobs}
+        priced["jobs"] = [{**row, **states.get(row["id"], {})} for row in priced["jobs"]]
+        emit_json(
+            {
+                "ok": ok,
+                "home": str(home),
+                "seconds": round(time.monotonic() - started, 1),
+                "story": story,
+                "events": kinds,
+                **priced,
+            }
+        )
+        return ok
+    print_cost(report)
+    total = report.ledger.total
+    console.print(
+        f"moves: {kinds['checkpoint_moved']} checkpoint(s), {total.egress_bytes:,} bytes, egress "
+        f"{money(total.egress_money, report.ledger.currency)}; reclaims: {kinds['reclaimed_by']}; spot preemptions: "
+        f"{kinds['spot_preempted']}. Demo took {time.monotonic() - started:.0f}s.",
+        soft_wrap=True,
+        highlight=False,
+    )
+    prog = "gpufleet" if shutil.which("gpufleet") else sys.argv[0]
+    console.print(
+        f"explore it:  export GPUFLEET_HOME={home}; {prog} fleet show; {prog} jobs; {prog} show 1; {prog} cost",
+        markup=False,
+    )
+    if not ok:
+        console.print("[red]the fleet demo did not end as expected: see `gpufleet show` for each job[/]")
+    return ok
+
+
+def demo_kinds() -> tuple[str, ...]:
+    """What the fleet demo must show at least once."""
+    return ("reclaimed_by", "spot_preempted", "failover", "checkpoint_moved")
+
+
 def demo_command(
     fault: Annotated[str | None, typer.Option(help="Inject a fault in the preempted job, e.g. nan@150.")] = None,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet", help="The fleet demo: quotas borrowed and reclaimed, a spot storm, a failover, egress priced."
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """The headline job: a preempted training run resumes at its last healthy step and is priced."""
-    ok = run_demo(fault=fault, json_out=json_out)
+    if fleet and fault:
+        raise UsageError("--fault is for the headline demo, not --fleet: give one or the other")
+    ok = run_fleet(json_out=json_out) if fleet else run_demo(fault=fault, json_out=json_out)
     if not ok:
         raise typer.Exit(1)
 
 
-__all__ = ["closing_lines", "demo_command", "demo_specs", "run_demo"]
+__all__ = ["closing_lines", "demo_command", "demo_kinds", "demo_specs", "run_demo", "run_fleet"]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli.options import JsonOpt
-from gpufleet.cli.render import console, emit_json, table
+from gpufleet.cli.render import console, emit_json, styled, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.estimate.flops import MAX_COUNT, TransformerShape, require_recompute
 from gpufleet.estimate.layout import GIB, LayoutOption, advise_layout, usable_bytes
@@ -245,7 +245,7 @@ def _print_memory(est: MemoryEstimate, usable: int | None) -> None:
         f"offload={est.offload}, {est.precision}"
     )
     rows: list[list[object]] = [[i.name, i.device, _gib(i.bytes), i.formula] for i in est.breakdown]
-    rows.append(["[bold]total on GPU[/]", "gpu", f"[bold]{_gib(est.total_bytes)}[/]", ""])
+    rows.append([styled("[bold]total on GPU[/]"), "gpu", styled(f"[bold]{_gib(est.total_bytes)}[/]"), ""])
     if est.cpu_bytes:
         rows.append(["offloaded to host", "cpu", _gib(est.cpu_bytes), "per GPU"])
     console.print(table(title, ["component", "where", "GiB", "formula"], rows))

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
+from gpufleet.cli.options import check_path_name
 from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.spec import load_spec
@@ -27,14 +29,19 @@ SpecArg = Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write the YAML to this file instead of stdout.")]
 
 
-def _write(text: str, out: Path | None) -> None:
-    if out is None:
-        sys.stdout.write(text)
-        return
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` no file can be written at, before anything (a warning included) is printed."""
+    check_path_name(out, "--out")
     if out.exists() and out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a directory: give a file path")
     if not out.parent.is_dir():
         raise UsageError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")
+
+
+def _write(text: str, out: Path | None) -> None:
+    if out is None:
+        sys.stdout.write(text)
+        return
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as err:
@@ -42,9 +49,11 @@ def _write(text: str, out: Path | None) -> None:
 
 
 def _finish(text: str, payload: dict[str, Any], warnings: list[str], out: Path | None, json_out: bool) -> None:
+    if out is not None:
+        _check_out(out)
     if not json_out:
         for warning in warnings:
-            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if json_out:
         if out is not None:
             _write(text, out)
@@ -52,7 +61,7 @@ def _finish(text: str, payload: dict[str, Any], warnings: list[str], out: Path |
         return
     _write(text, out)
     if out is not None:
-        console.print(f"wrote {out}", highlight=False)
+        console.print(f"wrote {out}", highlight=False, markup=False)
 
 
 @export_app.command("skypilot")
@@ -85,7 +94,7 @@ def skypilot(
     )
 
     spec = load_spec(spec_path)
-    if workdir is not None and not workdir.is_dir():
+    if workdir is not None and not check_path_name(workdir, "--workdir").is_dir():
         raise UsageError(f"--workdir {str(workdir)!r} is not a folder")
     task = skypilot_task(
         spec,

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, table
 from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
+from gpufleet.outfiles import check_plot_file
 
 if TYPE_CHECKING:
     from gpufleet.estimate.goodput import Engine, Goodput, Policy, PolicyKnobs, Scenario
@@ -163,6 +164,9 @@ def goodput(
 
     if engine not in model.ENGINES:
         raise UsageError(f"--engine {engine!r}: use analytic or montecarlo")
+    for flag, plot in (("--plot-interval", plot_interval), ("--plot-fleet", plot_fleet)):
+        if plot is not None:
+            check_plot_file(check_path_name(plot, flag), flag)
     chosen: Engine = "analytic" if engine == "analytic" else "montecarlo"
     if chosen == "analytic" and weibull_shape != 1.0:
         raise UsageError(f"--weibull-shape {weibull_shape:g} needs --engine montecarlo: the closed form is exponential")

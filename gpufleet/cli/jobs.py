@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from gpufleet.backends import Backend, get_backend, sync_remote
+from gpufleet.backends import Backend, Feature, get_backend, registered, sync_remote
+from gpufleet.backends.base import MAX_RESOURCE
 from gpufleet.backends.local import ensure_scheduler
-from gpufleet.cli.options import JobArg, JsonOpt, open_store
-from gpufleet.cli.render import console, duration, emit_json, fmt, print_cost, table
+from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_store, job_store, open_store
+from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.cost.usage import attempt_gpus
-from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
 from gpufleet.jobs.events import NOTABLE, EventKind
+from gpufleet.jobs.protocol import check_environment
 from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.paths import attempt_log, checkpoints_dir, gpufleet_home, state_db
+from gpufleet.outfiles import check_output_dir, read_tail
+from gpufleet.paths import attempt_log, checkpoints_dir, gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.spec import JobSpec, load_spec
 
@@ -49,8 +55,22 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
 
 
 def _backend_of(job_id: int) -> Backend:
-    home = gpufleet_home()
-    return get_backend(Store(state_db(home)).job(job_id).backend, home)
+    return get_backend(job_store(job_id, sync=False).job(job_id).backend, gpufleet_home())
+
+
+def _admissible(backend: str, spec: JobSpec) -> None:
+    """Refuse, before the store is opened, what ``backend`` declares it cannot run and a bad ``GPUFLEET_*``
+    variable: a submit refused for them leaves a new home as it was. (The backend checks both again, with
+    the checks only it can make, such as its free capacity, once its store is open.)"""
+    declared = registered().get(backend)
+    if declared is not None:  # an unknown name: get_backend says which ones there are
+        for feature, needed in (
+            (Feature.MULTI_RANK, spec.world_size > 1),
+            (Feature.MULTI_NODE, spec.resources.nodes > 1),
+        ):
+            if needed and feature not in declared.features:
+                raise UsageError(f"the {backend} backend does not support {feature.value}")
+    check_environment(os.environ)
 
 
 def submit(
@@ -70,6 +90,7 @@ def submit(
     spec = load_spec(spec_path)
     if gpu_source is not None:
         spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
+    _admissible(backend, spec)
     home = gpufleet_home()
     job_id = get_backend(backend, home).submit(spec)
     store = open_store()
@@ -77,7 +98,9 @@ def submit(
         if json_out:
             emit_json(job_summary(store, store.job(job_id)))
         else:
-            console.print(f"submitted job [bold]{job_id}[/] ({spec.name}, team {spec.team}) to {backend}")
+            console.print(
+                f"submitted job [bold]{job_id}[/] ({escape(spec.name)}, team {escape(spec.team)}) to {escape(backend)}"
+            )
         return
     from gpufleet.cli.watch import watch_jobs
 
@@ -88,7 +111,7 @@ def submit(
     if json_out:
         emit_json(job_summary(store, job))
     else:
-        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""))
+        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""), markup=False)
     if job.state != "completed":
         raise typer.Exit(1)
 
@@ -99,16 +122,18 @@ def jobs(
     json_out: JsonOpt = False,
 ) -> None:
     """List jobs."""
-    store = open_store()
-    found = store.jobs(team=team, states=(state,) if state else None)
-    rows = [job_summary(store, j) for j in found]
+    store = existing_store()  # a home without a store has no jobs: listing them creates none
+    found = [] if store is None else store.jobs(team=team, states=(state,) if state else None)
+    rows = [job_summary(store, j) for j in found if store is not None]
     if json_out:
         emit_json({"jobs": rows})
         return
+    # Why a job waits (its quota, the capacity, a reclaim) or failed is worth a column when any has a reason.
+    why = [r["reason"] if r["state"] in ("queued", "failed") and r["reason"] else "" for r in rows]
     console.print(
         table(
             None,
-            ["id", "name", "team", "prio", "state", "attempts", "step", "gpu", "age"],
+            ["id", "name", "team", "prio", "state", "attempts", "step", "gpu", "age"] + (["why"] if any(why) else []),
             [
                 [
                     r["id"],
@@ -121,7 +146,8 @@ def jobs(
                     f"{r['gpus']}x {r['gpu_type']}",
                     duration(time.time() - r["submitted_at"]),
                 ]
-                for r in rows
+                + ([reason] if any(why) else [])
+                for r, reason in zip(rows, why, strict=True)
             ],
         )
     )
@@ -129,7 +155,7 @@ def jobs(
 
 def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """One job: its attempts, notable events and checkpoints."""
-    store = open_store()
+    store = job_store(job_id)
     job = store.job(job_id)
     summary = job_summary(store, job)
     starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
@@ -163,16 +189,18 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         )
         return
     console.print(
-        f"[bold]job {job.id}[/] {job.name}  team={job.team}  priority={job.priority}  "
-        f"state=[bold]{job.state}[/]" + (f"  ({job.reason})" if job.reason else "")
+        f"[bold]job {job.id}[/] {escape(job.name)}  team={escape(job.team)}  priority={job.priority}  "
+        f"state=[bold]{job.state}[/]" + (f"  ({escape(job.reason)})" if job.reason else "")
     )
     console.print(
-        ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
-        + f"  {summary['gpus']}x {summary['gpu_type']}"
-        + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
-        + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
-        + f" on {summary['provider']}"
-        f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
+        escape(
+            ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
+            + f"  {summary['gpus']}x {summary['gpu_type']}"
+            + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
+            + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
+            + f" on {summary['provider']}"
+            f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
+        )
     )
     t0 = job.submitted_at
     console.print(
@@ -216,13 +244,17 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     )
 
 
+LOG_MAX_BYTES = 16 << 20
+"""``gpufleet logs`` prints at most the last 16 MiB of an attempt's log."""
+
+
 def logs(
     job_id: JobArg,
     attempt: Annotated[int | None, typer.Option(help="Attempt number (default: the latest).", min=1)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Print an attempt's stdout and stderr."""
-    store = open_store()
+    store = job_store(job_id)
     attempts = store.attempts(store.job(job_id).id)
     if not attempts:
         raise UsageError(f"job {job_id} has not started yet: no logs")
@@ -230,11 +262,20 @@ def logs(
     if n > len(attempts):
         raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
     path = attempt_log(gpufleet_home(), job_id, n)
-    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    text, size = "", 0
+    if os.path.lexists(path):
+        tail = read_tail(path, LOG_MAX_BYTES)  # a regular file only, its end: never a device or a FIFO
+        if tail is None:
+            raise UsageError(f"cannot read {path}: not a regular file; remove it or point it at the attempt's log")
+        text, size = tail[0].decode("utf-8", errors="replace"), tail[1]
+    if size > LOG_MAX_BYTES and not json_out:
+        err_console.print(f"(the last {LOG_MAX_BYTES >> 20} MiB of {size:,} bytes)", highlight=False, markup=False)
     if json_out:
         emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
     elif not text:
-        console.print(f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False)
+        console.print(
+            f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False, markup=False
+        )
     else:
         sys.stdout.write(text)
 
@@ -248,6 +289,8 @@ def preempt(
     json_out: JsonOpt = False,
 ) -> None:
     """Preempt a running job: it saves, exits and goes back to the queue."""
+    if grace is not None and not (math.isfinite(grace) and grace > 0):  # as the backend would, before the store
+        raise ParameterError("{grace} is invalid: give a positive number of seconds", grace=grace)
     _backend_of(job_id).preempt(job_id, grace)
     if json_out:
         emit_json({"id": job_id, "requested": "preempt", "grace": grace})
@@ -277,6 +320,15 @@ def resize(
     json_out: JsonOpt = False,
 ) -> None:
     """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size."""
+    # The bounds resized_spec applies, checked before the store is opened: a refused resize writes nothing.
+    if not 0 <= gpus <= MAX_RESOURCE:
+        raise ParameterError(
+            "{gpus} is invalid: give the GPUs per node, from 0 to {most!s}", gpus=gpus, most=MAX_RESOURCE
+        )
+    if nodes is not None and not 1 <= nodes <= MAX_RESOURCE:
+        raise ParameterError(
+            "{nodes} is invalid: give the number of nodes, from 1 to {most!s}", nodes=nodes, most=MAX_RESOURCE
+        )
     backend = _backend_of(job_id)
     done = backend.resize(job_id, gpus, nodes)
     preempted, missed = False, None
@@ -314,7 +366,9 @@ def resize(
     if preempted:
         console.print(f"preemption of job {job_id} requested: it saves, and resumes on the new size", highlight=False)
     elif missed is not None:
-        console.print(f"not preempted ({missed}): its next attempt, if any, starts on the new size", highlight=False)
+        console.print(
+            f"not preempted ({escape(missed)}): its next attempt, if any, starts on the new size", highlight=False
+        )
     elif done.state == "running":
         console.print(
             f"job {job_id} keeps running on its current GPUs until its attempt ends; "
@@ -354,6 +408,10 @@ def cost(
     from gpufleet.cost.rates import load_rates
 
     load_rates(rates)  # a refused rate card leaves the home as it was: read it before opening the store
+    if out is not None:
+        check_output_dir(check_path_name(out, "--out"), "--out")
+    if job and existing_store(sync=False) is None:
+        raise UsageError(f"no job {job[0]} (list them with `gpufleet jobs`)")
     report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
     if json_out:
         emit_json(report.to_dict())

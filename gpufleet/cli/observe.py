@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from gpufleet.errors import parameters_as_flags
 from gpufleet.telemetry.rules import dashboard_json, rules_yaml
@@ -31,14 +32,23 @@ observe_app = typer.Typer(
     no_args_is_help=True,
 )
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")]
+MAX_SCRAPE_BYTES = 64 << 20
+"""Largest scrape read (64 MiB): a node's dcgm-exporter answers with tens of kB."""
 
 
 def _write(text: str, out: Path | None) -> None:
+    from gpufleet.cli.options import check_path_name
+    from gpufleet.errors import UsageError
+    from gpufleet.outfiles import check_output_file
+
     if out is None:
         typer.echo(text, nl=False)
-    else:
-        out.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {out}", err=True)
+        return
+    try:
+        check_output_file(check_path_name(out, "--out"), "--out").write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror or err}; pick a writable file") from None
+    typer.echo(f"wrote {out}", err=True)
 
 
 @observe_app.command()
@@ -79,6 +89,7 @@ def diagnose_command(
         series_from_samples,
     )
     from gpufleet.telemetry.synthetic import MAX_DURATION_S, MAX_GPUS, MAX_SAMPLE_POINTS
+    from gpufleet.yamlio import read_bytes_bounded
 
     warnings: list[str] = []
     if pattern is not None:
@@ -100,11 +111,10 @@ def diagnose_command(
     elif scrapes:
         samples, seen = [], set[str]()
         for path in scrapes:
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError as err:
-                raise UsageError(f"cannot read scrape {str(path)!r}: {err.strerror}") from None
-            result = parse_exposition(text)
+            data = read_bytes_bounded(
+                path, what="scrape", error=UsageError, max_bytes=MAX_SCRAPE_BYTES, expect="a dcgm-exporter scrape"
+            )
+            result = parse_exposition(data.decode("utf-8", errors="replace"))
             samples.extend(result.samples)
             for w in result.warnings:
                 if w.message not in seen:
@@ -127,9 +137,9 @@ def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[
         emit_json({"source": source, "findings": [f.to_dict() for f in findings], "warnings": list(warnings)})
         return
     for line in warnings[:20]:
-        console.print(f"[yellow]warning:[/] {line}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if not findings:
-        console.print(f"{source}: no finding")
+        console.print(f"{source}: no finding", markup=False)
         return
     rows = [
         [
@@ -144,7 +154,9 @@ def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[
     ]
     console.print(table(f"{source}: findings", ["rule", "finding", "metric", "evidence", "for", "gpus"], rows))
     for f in findings:
-        console.print(f"- {f.rule_id}: {f.suggestion} [dim](source: {f.source})[/]", highlight=False)
+        console.print(
+            f"- {escape(f.rule_id)}: {escape(f.suggestion)} [dim](source: {escape(f.source)})[/]", highlight=False
+        )
 
 
 def diagnose_job_command(
@@ -159,10 +171,10 @@ def diagnose_job_command(
 ) -> None:
     """Find what holds a job back: GPU bottlenecks in its own GPU series (recorded by every attempt) and,
     for a distributed job, a rank that hung or holds the others up; each finding with its evidence."""
+    from gpufleet.cli.options import job_store
     from gpufleet.errors import UsageError
     from gpufleet.jobs.events import iter_events
-    from gpufleet.jobs.store import Store
-    from gpufleet.paths import events_file, gpufleet_home, job_dir, state_db
+    from gpufleet.paths import events_file, gpufleet_home, job_dir
     from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
     from gpufleet.telemetry.gpu import job_gpu_samples
     from gpufleet.telemetry.ranks import rank_findings
@@ -170,7 +182,7 @@ def diagnose_job_command(
     with parameters_as_flags({"window_s": "--window", "min_duration_s": "--min-duration"}):
         config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
     home = gpufleet_home()
-    store = Store(state_db(home))
+    store = job_store(job_id, sync=False)
     try:
         job = store.job(job_id)
     finally:
@@ -206,6 +218,12 @@ def diagnose_job_command(
     print_findings(source, findings, notes, json_out)
 
 
+EXPORTER_MIN_STEP_S, EXPORTER_MAX_STEP_S = 0.01, 3600.0
+"""The synthetic exporter's sample interval: from 10 ms (a real dcgm-exporter samples every 1 s or more) to 1 h."""
+EXPORTER_MAX_GPUS = 8192
+"""The most GPUs (nodes x GPUs per node) one synthetic exporter serves: each holds 600 s of samples in memory."""
+
+
 def exporter_command(
     pattern: Annotated[str, typer.Option(help="GPU pattern to serve (see `observe diagnose --help`).")] = "healthy",
     gpus: Annotated[int, typer.Option(help="GPUs per node.", min=1)] = 8,
@@ -221,12 +239,30 @@ def exporter_command(
     from gpufleet.errors import UsageError
     from gpufleet.telemetry.exporter import DcgmRenderer, ExpositionServer
     from gpufleet.telemetry.gpu import SyntheticSource, derive_seed
-    from gpufleet.telemetry.synthetic import PATTERNS, SyntheticJobConfig
+    from gpufleet.telemetry.synthetic import MAX_POINTS, PATTERNS, SyntheticJobConfig
 
     if pattern not in PATTERNS:
         raise UsageError(f"unknown --pattern {pattern!r}; choose one of: {', '.join(PATTERNS)}")
-    if not step_seconds > 0:
-        raise UsageError(f"--step-seconds {step_seconds} must be positive")
+    if not EXPORTER_MIN_STEP_S <= step_seconds <= EXPORTER_MAX_STEP_S:  # also NaN
+        raise UsageError(
+            f"--step-seconds {step_seconds:g} is out of range: give {EXPORTER_MIN_STEP_S:g} to "
+            f"{EXPORTER_MAX_STEP_S:g} seconds"
+        )
+    if nodes * gpus > EXPORTER_MAX_GPUS:
+        raise UsageError(
+            f"--nodes {nodes} x --gpus {gpus} is more than {EXPORTER_MAX_GPUS:,} GPUs to serve: "
+            "give fewer nodes or GPUs"
+        )
+    held = nodes * gpus * round(max(step_seconds, 600.0) / step_seconds)
+    if held > MAX_POINTS:
+        raise UsageError(
+            f"--nodes {nodes} x --gpus {gpus} at --step-seconds {step_seconds:g} hold {held:,} GPU-samples, "
+            f"over {MAX_POINTS:,}: lengthen the step or serve fewer GPUs"
+        )
+    if port_file is not None:
+        from gpufleet.cli.options import check_path_name
+
+        check_path_name(port_file, "--port-file")
     sources = [
         SyntheticSource(
             SyntheticJobConfig(
@@ -286,15 +322,19 @@ def report_command(
     ] = False,
 ) -> None:
     """Fleet report: SLOs with their error budgets, GPU-hours and money per team, waste per job."""
+    from gpufleet.cli.options import check_path_name
     from gpufleet.cost.fleet import build_fleet_report, parse_since
     from gpufleet.cost.fleet_page import write_report
     from gpufleet.cost.rates import load_rates
+    from gpufleet.outfiles import check_output_dir
     from gpufleet.paths import gpufleet_home
     from gpufleet.telemetry.slo import load_slo
 
     now = time.time()
     start = parse_since(since, now) if since is not None else None
     card, objectives = load_rates(rates), load_slo(slo)
+    if out is not None:
+        check_output_dir(check_path_name(out, "--out"), "--out")
     home = gpufleet_home()
     store = _open_store(home)
     try:
@@ -333,7 +373,9 @@ def _open_store(home: Path) -> Any:
     try:
         sync_remote(home, store)
     except GpufleetError as err:
-        err_console.print(f"[yellow]warning:[/] states may be stale: {err}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True
+        )
     return store
 
 
@@ -354,18 +396,18 @@ def _gpu_samples(home: Path) -> Callable[[int], Sequence[Sample]]:
 
 def print_report(report: FleetReport, written: Sequence[Path] = ()) -> None:
     """The SLO table (met or breached in colour), the team table and the worst jobs by waste."""
-    from gpufleet.cli.render import console, gpu_time, money, table
+    from gpufleet.cli.render import console, gpu_time, money, styled, table
     from gpufleet.cost.fleet import WASTE_PARTS
 
     window = "all history" if report.since is None else f"since {_minute_utc(report.since)}"
     states = ", ".join(f"{n} {s}" for s, n in report.jobs_by_state.items()) or "no jobs"
     who = f"team {report.team}" if report.team else "all teams"
-    console.print(f"[bold]fleet report[/], {window}, {who}: {states}", highlight=False)
+    console.print(f"[bold]fleet report[/], {window}, {escape(who)}: {escape(states)}", highlight=False)
     rows = []
     for s in report.slos:
-        status = "[dim]no data[/]" if s.measured is None else "[dim]no target[/]"
+        status = styled("[dim]no data[/]" if s.measured is None else "[dim]no target[/]")
         if s.met is not None:
-            status = "[green]met[/]" if s.met else "[bold red]BREACHED[/]"
+            status = styled("[green]met[/]" if s.met else "[bold red]BREACHED[/]")
         budget = "" if s.error_budget_remaining is None else f"{s.error_budget_remaining:.0%}"
         target = "" if s.target is None else f"{s.comparison} {_value(s.target, s.unit)}"
         rows.append([s.name, _value(s.measured, s.unit), target, status, budget, s.count])
@@ -385,22 +427,22 @@ def print_report(report: FleetReport, written: Sequence[Path] = ()) -> None:
         for t in report.teams
     ]
     total = report.total
-    rows.append(["[bold]total[/]", sum(t.jobs for t in report.teams), total.attempts, "", total.preemptions,
+    rows.append([styled("[bold]total[/]"), sum(t.jobs for t in report.teams), total.attempts, "", total.preemptions,
                  gpu_time(total.total_gpu_hours), "", money(total.money, cur)])  # fmt: skip
     head = ["team", "jobs", "attempts", "failure rate", "preempted", "GPU time", "lost", "cost"]
     console.print(table("teams", head, rows))
-    job_rows = [
+    job_rows: list[list[object]] = [
         [f"#{j.job_id} {j.name}", j.team, j.state, gpu_time(j.gpu_hours), gpu_time(j.waste_gpu_hours)]
         + [_share(j.breakdown[p], j.gpu_hours) for p in WASTE_PARTS]
-        + ["yes" if j.gpu_series else "[dim]none[/]"]
+        + ["yes" if j.gpu_series else styled("[dim]none[/]")]
         for j in report.jobs[:WORST_JOBS]
     ]
     head = ["job", "team", "state", "GPU time", "waste", *(p.replace("_", " ") for p in WASTE_PARTS), "gpu series"]
     console.print(table(f"worst {min(WORST_JOBS, len(report.jobs))} jobs by waste", head, job_rows))
     if report.unpriced:
-        console.print(f"[yellow]no rate for {', '.join(report.unpriced)}: counted in hours, not money[/]")
+        console.print(f"[yellow]no rate for {escape(', '.join(report.unpriced))}: counted in hours, not money[/]")
     if written:
-        console.print(f"report: {written[0]}")
+        console.print(f"report: {escape(str(written[0]))}")
 
 
 def _value(value: float | None, unit: str) -> str:
@@ -428,6 +470,7 @@ observe_app.command("report")(report_command)
 
 
 __all__ = [
+    "MAX_SCRAPE_BYTES",
     "WORST_JOBS",
     "OutOpt",
     "dashboard",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, duration, emit_json, money, table
@@ -61,9 +62,10 @@ def _explain(d: Decision, currency: str) -> None:
         parts = [f"compute {money(b.compute, currency)}", f"preemption loss {money(b.preemption_loss, currency)}"]
         parts.append(f"egress {money(b.egress, currency)}")
         interval = f", checkpoint every {duration(c.interval_seconds)} ({c.interval_source})" if c.spot else ""
-        head = f"[bold]{d.job}[/] -> {c.offer} {'spot' if c.spot else 'on-demand'}: {' + '.join(parts)}{interval}"
+        detail = f"{c.offer} {'spot' if c.spot else 'on-demand'}: {' + '.join(parts)}{interval}"
+        head = f"[bold]{escape(d.job)}[/] -> {escape(detail)}"
     else:
-        head = f"[bold]{d.job}[/] -> infeasible"
+        head = f"[bold]{escape(d.job)}[/] -> infeasible"
     if d.work_assumed:
         head += " [yellow](no placement.gpu_hours: one hour per GPU assumed)[/]"
     console.print(head, soft_wrap=True)
@@ -89,7 +91,9 @@ def render_plan(p: Plan, explain: bool) -> None:
     rows = [_placed_row(d, cur) for d in p.placed]
     title = f"placement (catalogue of {p.as_of}" + (f", blocked: {', '.join(p.blocked)})" if p.blocked else ")")
     console.print(table(title, head, rows))
-    console.print(f"expected total: {money(p.total_cost, cur)} for {len(p.placed)} of {len(p.decisions)} jobs")
+    console.print(
+        f"expected total: {money(p.total_cost, cur)} for {len(p.placed)} of {len(p.decisions)} jobs", markup=False
+    )
     if p.infeasible:
         bad = [[d.job, d.team, "; ".join(d.reasons)] for d in p.infeasible]
         console.print(table("infeasible", ["job", "team", "reasons"], bad))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt, SpecArg, require_positive
 from gpufleet.cli.render import console, emit_json, table
@@ -21,18 +22,19 @@ def profile_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Profile a few steps of a job in-process: time shares, top operators, and what to try next."""
-    from gpufleet.devtools.profile import profile_job
+    from gpufleet.devtools.profile import check_counts, profile_job
 
     require_positive("--steps", steps)
     require_positive("--top", top)
     if warmup < 0:
         raise UsageError(f"--warmup {warmup} must be 0 or more")
+    check_counts(steps, warmup)  # before the spec is read: the bounds, then the file
     summary = profile_job(load_spec(spec), steps=steps, warmup=warmup, top=top)
     if json_out:
         emit_json(summary.to_dict())
         return
     console.print(
-        f"[bold]{summary.job}[/]: {summary.steps} steps on {summary.device} ({summary.scope}), "
+        f"[bold]{escape(summary.job)}[/]: {summary.steps} steps on {summary.device} ({summary.scope}), "
         f"{summary.wall_s * 1e3:.1f} ms wall",
         highlight=False,
     )
@@ -47,10 +49,10 @@ def profile_command(
         )
     )
     for note in summary.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print("[bold]Next steps[/]")
     for i, item in enumerate(summary.checklist, 1):
-        console.print(f"  {i}. {item}", highlight=False, soft_wrap=True)
+        console.print(f"  {i}. {item}", highlight=False, soft_wrap=True, markup=False)
 
 
 __all__ = ["profile_command"]

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
+from rich.text import Text
 
-from gpufleet.cli.options import JsonOpt
-from gpufleet.cli.registry import print_alias_history
-from gpufleet.cli.render import console, emit_json, err_console, table
+from gpufleet.cli.options import JsonOpt, check_path_name
+from gpufleet.cli.registry import print_alias_history, require_registered
+from gpufleet.cli.render import console, emit_json, err_console, styled, table
 from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.outfiles import check_output_file, check_plot_file
 from gpufleet.paths import gpufleet_home
 
 if TYPE_CHECKING:
@@ -56,7 +59,7 @@ def demo_command(
         if not json_out:
             console.print(text, highlight=False)
 
-    say(f"[bold]gpufleet quality demo[/]  state: {home}")
+    say(f"[bold]gpufleet quality demo[/]  state: {escape(str(home))}")
     cfg = ChainConfig(mode="shadow" if mode == "shadow" else "canary", preempt=preempt, worse=worse)
     with mlflow_errors(tracking_uri(home)):
         result = run_quality_demo(home, cfg, say, describe)
@@ -75,6 +78,7 @@ def demo_command(
             f"gpufleet quality doc {result['model']}; mlflow ui --backend-store-uri {result['tracking_uri']}",
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
         if not result["ok"]:
             console.print("[red]the chain did not end as expected: see the steps above[/]")
@@ -101,6 +105,9 @@ def doc_command(
     from gpufleet.quality.aidoc import collect, render
     from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
 
+    if out is not None:
+        check_output_file(check_path_name(out, "--out"), "--out")
+    require_registered(model)
     with mlflow_errors(tracking_uri()):
         text = render(collect(Registry(), model, purpose))
     if out is not None:
@@ -114,7 +121,7 @@ def doc_command(
     if json_out:
         emit_json({"model": model, "path": str(out) if out else None, "markdown": text})
     elif out is not None:
-        console.print(f"wrote {out} ({len(text.splitlines())} lines)")
+        console.print(f"wrote {out} ({len(text.splitlines())} lines)", markup=False)
     else:
         typer.echo(text, nl=False)
 
@@ -204,7 +211,7 @@ def _per_column(default: Any, per_column: dict[str, Any], names: list[str], flag
     return {n: per_column.get(n, default) for n in names if per_column.get(n, default) is not None}
 
 
-def _non_finite_cell(c: ColumnDrift) -> str:
+def _non_finite_cell(c: ColumnDrift) -> str | Text:
     """``"0% / 50%"`` (reference / current; ``-`` for a side without the column), red when it alerts."""
 
     def share(side: str) -> str:
@@ -214,7 +221,7 @@ def _non_finite_cell(c: ColumnDrift) -> str:
         return "0%" if tally.share == 0 else f"{tally.share:.1%}"
 
     text = f"{share('reference')} / {share('current')}"
-    return f"[red]{text}[/]" if c.alert else text
+    return styled(f"[red]{text}[/]") if c.alert else text
 
 
 def _print_report(report: DriftReport) -> None:
@@ -228,7 +235,7 @@ def _print_report(report: DriftReport) -> None:
             c.statistic,
             c.p_value,
             c.threshold if c.status == "ok" else None,
-            drift_cell[c.drift] if c.drift is not None else status_cell.get(c.status, c.status),
+            styled(drift_cell[c.drift] if c.drift is not None else status_cell.get(c.status, escape(c.status))),
             _non_finite_cell(c),
         ]
         for c in report.columns
@@ -237,12 +244,12 @@ def _print_report(report: DriftReport) -> None:
     console.print(table("drift per column", head, rows))
     for c in report.columns:
         if c.reason:
-            label = status_cell.get(c.status, c.status)
-            console.print(f"{label} {c.column}: {c.reason}", highlight=False, soft_wrap=True)
+            label = status_cell.get(c.status, escape(c.status))
+            console.print(f"{label} {escape(c.column)}: {escape(c.reason)}", highlight=False, soft_wrap=True)
         if c.alert:
-            console.print(f"[red]alert[/] {c.column}: {c.alert}", highlight=False, soft_wrap=True)
+            console.print(f"[red]alert[/] {escape(c.column)}: {escape(c.alert)}", highlight=False, soft_wrap=True)
     colour = {"drift": "red", "no_drift": "green"}.get(report.status, "yellow")
-    console.print(f"[{colour}]{report.verdict}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[{colour}]{escape(report.verdict)}[/]", highlight=False, soft_wrap=True)
 
 
 @parameters_as_flags(
@@ -277,6 +284,8 @@ def drift_command(
 
     if correction not in ("none", "bh"):
         raise UsageError(f"--correction {correction!r}: use none or bh")
+    if html is not None:
+        check_output_file(check_path_name(html, "--html"), "--html")
     ref, cur = read_table(reference), read_table(current)
     names = split_columns(columns) or [*map(str, ref.columns), *(str(c) for c in cur.columns if c not in ref.columns)]
     m_default, m_cols = split_assignments(method, "--method")
@@ -307,7 +316,7 @@ def drift_command(
     else:
         _print_report(report)
         if html is not None:
-            console.print(f"HTML report: {html}", highlight=False, soft_wrap=True)
+            console.print(f"HTML report: {html}", highlight=False, soft_wrap=True, markup=False)
     if fail_on_drift and report.status != "no_drift":
         if report.status == "untestable":
             err_console.print("no column could be tested: failing as --fail-on-drift asks", highlight=False)
@@ -332,6 +341,8 @@ def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: Se
     """Lab: a weekly cycle fools a yesterday-vs-today monitor; season-matched references and a placebo band do not."""
     from gpufleet.demos.quality_labs import plot_seasonal_lab, seasonal_lab
 
+    if out is not None:
+        check_plot_file(check_path_name(out, "--out"), "--out")
     lab = seasonal_lab(seed)
     if out is not None:
         try:
@@ -342,9 +353,9 @@ def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: Se
         emit_json({**lab.to_dict(), "seed": seed, "png": _path(out)})
         return
 
-    def cell(verdict: dict[str, Any]) -> str:
+    def cell(verdict: dict[str, Any]) -> Text:
         mark = "[red]ALARM[/]" if verdict["alarm"] else "."
-        return f"{mark} {verdict['score']:.2f}"
+        return styled(f"{mark} {verdict['score']:.2f}")
 
     rows = [
         [
@@ -369,7 +380,7 @@ def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: Se
         soft_wrap=True,
     )
     if out is not None:
-        console.print(f"plot: {out}", highlight=False, soft_wrap=True)
+        console.print(f"plot: {out}", highlight=False, soft_wrap=True, markup=False)
 
 
 def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
@@ -384,7 +395,7 @@ def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
     rows = []
     for name, res in (("same distribution", lab.same), ("topic shift", lab.shift)):
         retrieval = f"{res.retrieval_reference:.3f} -> {res.retrieval_current:.3f}" if res.retrieval_current else ""
-        verdict = "[red]drift[/]" if res.drift else "no drift"
+        verdict = styled("[red]drift[/]" if res.drift else "no drift")
         rows.append([name, res.mmd2, res.p_value, res.mean_shift, retrieval, verdict])
     head = ["comparison", "MMD^2", "p-value", "mean shift", "retrieval", "verdict"]
     title = f"{lab.queries_per_side} queries a side, {lab.documents} documents, {lab.shift.estimator} MMD"

@@ -5,6 +5,7 @@ MLflow is imported inside the commands so ``gpufleet --help`` stays fast.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,6 +23,21 @@ registry_app = typer.Typer(
 )
 ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Registered model name.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why: recorded in the alias history.")]
+
+
+def require_registered(model: str) -> None:
+    """Refuse ``model`` where the local registry does not exist yet, without creating it (nothing is registered).
+
+    A sqlite registry (the default, ``$GPUFLEET_HOME/mlflow.db``) is created by the first MLflow call
+    that opens it: a command refused for a model it does not know would leave one behind.
+    """
+    from gpufleet.quality.registry import check_model_name, sqlite_path, tracking_uri
+
+    check_model_name(model)
+    uri = tracking_uri()
+    db = sqlite_path(uri)
+    if db is not None and not os.path.exists(db):
+        raise UsageError(f"model {model!r} is not registered in {uri} (registered: none)")
 
 
 def _events_rows(events: list[AliasEvent]) -> list[list[Any]]:
@@ -52,6 +68,7 @@ def history_command(model: ModelArg, json_out: JsonOpt = False) -> None:
     """Every alias move of MODEL: who, when, why, from which version to which."""
     from gpufleet.quality.registry import Registry, mlflow_errors, tracking_uri
 
+    require_registered(model)
     with mlflow_errors(tracking_uri()):
         registry = Registry()
         events, source = registry.history(model)
@@ -60,7 +77,9 @@ def history_command(model: ModelArg, json_out: JsonOpt = False) -> None:
         emit_json({"model": model, "aliases": aliases, "source": source, "events": [e.to_dict() for e in events]})
         return
     print_alias_history(events, f"alias history of {model} (from {source})")
-    console.print("aliases now: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(aliases.items())) or "none"))
+    console.print(
+        "aliases now: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(aliases.items())) or "none"), markup=False
+    )
 
 
 def _moves(model: str, events: list[AliasEvent], json_out: bool, verb: str) -> None:
@@ -68,7 +87,7 @@ def _moves(model: str, events: list[AliasEvent], json_out: bool, verb: str) -> N
         emit_json({"model": model, "action": verb, "events": [e.to_dict() for e in events]})
         return
     for e in events:
-        console.print(f"{verb}: @{e.alias} {e.from_version or '-'} -> {e.to_version or '-'}")
+        console.print(f"{verb}: @{e.alias} {e.from_version or '-'} -> {e.to_version or '-'}", markup=False)
 
 
 @registry_app.command("promote")
@@ -83,6 +102,7 @@ def promote_command(
 
     if not reason.strip():
         raise UsageError("--reason is empty: say why, it goes into the alias history")
+    require_registered(model)
     with mlflow_errors(tracking_uri()):
         events = Registry().promote(model, version, why=reason.strip())
     _moves(model, events, json_out, "promote")
@@ -95,6 +115,7 @@ def rollback_command(model: ModelArg, reason: ReasonOpt, json_out: JsonOpt = Fal
 
     if not reason.strip():
         raise UsageError("--reason is empty: say why, it goes into the alias history")
+    require_registered(model)
     with mlflow_errors(tracking_uri()):
         events = Registry().rollback(model, why=reason.strip())
     _moves(model, events, json_out, "rollback")
@@ -107,5 +128,6 @@ __all__ = [
     "print_alias_history",
     "promote_command",
     "registry_app",
+    "require_registered",
     "rollback_command",
 ]

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gpufleet.cost.gather import CostReport
 from gpufleet.cost.ledger import Cost
@@ -36,12 +38,28 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def styled(markup: str) -> Text:
+    """A table cell in Rich markup (``styled("[red]drift[/]")``): :func:`table` shows every other cell as written.
+
+    Interpolate only what gpufleet itself writes; a user's value goes in through ``rich.markup.escape``.
+    """
+    return Text.from_markup(markup)
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold underline", box=None, padding=(0, 1))
+    """A borderless table; cells, title and headers are shown as written (a ``[bold]`` in a value is text),
+    except :func:`styled` cells."""
+    t = Table(
+        title=None if title is None else escape(title),
+        title_justify="left",
+        header_style="bold underline",
+        box=None,
+        padding=(0, 1),
+    )
     for col in columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(escape(col), overflow="fold")
     for row in rows:
-        t.add_row(*(fmt(v) for v in row))
+        t.add_row(*(v if isinstance(v, Text) else escape(fmt(v)) for v in row))
     return t
 
 
@@ -95,14 +113,26 @@ def print_cost(report: CostReport) -> None:
         "on-demand",
     ]
     rows = [[team, *_cost_cells(c, cur)] for team, c in report.ledger.teams.items()]
-    rows.append(["[bold]total[/]", *_cost_cells(report.ledger.total, cur)])
+    rows.append([styled("[bold]total[/]"), *_cost_cells(report.ledger.total, cur)])
     console.print(table("cost per team", ["team", *head], rows))
     jobs = [[f"#{j} {report.names.get(j, '?')}", *_cost_cells(c, cur)] for j, c in report.ledger.jobs.items()]
     console.print(table("cost per job", ["job", *head], jobs))
     if report.ledger.total.unpriced:
-        console.print(f"[yellow]no rate for {', '.join(report.ledger.total.unpriced)}: counted in hours, not money[/]")
+        unpriced = escape(", ".join(report.ledger.total.unpriced))
+        console.print(f"[yellow]no rate for {unpriced}: counted in hours, not money[/]")
     if report.note is not None:
-        console.print(f"cost note: {report.note.markdown}")
+        console.print(f"cost note: {escape(str(report.note.markdown))}")
 
 
-__all__ = ["console", "duration", "emit_json", "err_console", "fmt", "gpu_time", "money", "print_cost", "table"]
+__all__ = [
+    "console",
+    "duration",
+    "emit_json",
+    "err_console",
+    "fmt",
+    "gpu_time",
+    "money",
+    "print_cost",
+    "styled",
+    "table",
+]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpufleet.cli.options import check_path_name
 from gpufleet.cli.render import console, emit_json, err_console, money, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.fmt import finite_json, markdown_table
@@ -225,6 +226,8 @@ def simulate_command(
 
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: simulate at least 1 job")
+    if out is not None:
+        check_path_name(out, "--out")
     if not days > 0:
         raise UsageError(f"--days {days:g}: the arrival window must be more than 0 days")
     names = list(dict.fromkeys(policies or POLICIES))
@@ -259,7 +262,7 @@ def simulate_command(
     console.print(table("waits, deadlines, interruptions", *_time_rows(results)))
     console.print(table("cost per team", *_team_rows(results)))
     for path in files.values():
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", markup=False)
 
 
 __all__ = ["CHARTS", "LONG_RUN_JOBS", "simulate_command"]

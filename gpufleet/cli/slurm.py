@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gpufleet.backends.slurm.backend import SlurmBackend, run_slurm, slurm_usage
-from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, job_store
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError
-from gpufleet.jobs.store import Store
-from gpufleet.paths import check_name, gpufleet_home, state_db
+from gpufleet.paths import check_name, gpufleet_home
 
 slurm_app = typer.Typer(
     help="Operate a Slurm cluster: accounts, holds, drains, requeues, topology.", no_args_is_help=True
@@ -23,7 +23,7 @@ slurm_app.add_typer(account_app, name="account")
 
 def _native(argv: list[str], json_out: bool) -> None:
     if not json_out:
-        console.print(f"[dim]$ {' '.join(argv)}[/]", highlight=False)
+        console.print(f"[dim]$ {escape(' '.join(argv))}[/]", highlight=False)
     try:
         out = run_slurm(argv)
     except UsageError as err:
@@ -38,16 +38,31 @@ def _native(argv: list[str], json_out: bool) -> None:
     if json_out:
         emit_json({"command": argv, "stdout": out.stdout.strip()})
     elif out.stdout.strip():
-        console.print(out.stdout.strip(), highlight=False)
+        console.print(out.stdout.strip(), highlight=False, markup=False)
+
+
+SLURM_MAX_JOB_ID = 2**32 - 1
+"""Slurm's job ids are 32-bit unsigned numbers."""
 
 
 def _slurm_ref(job: str) -> str:
     """A gpufleet job id of a Slurm job becomes its Slurm id; ``slurm:ID`` passes through."""
-    if job.startswith("slurm:") and job[6:].isdigit():
-        return job[6:]
-    if not job.isdigit():
-        raise UsageError(f"invalid job {job!r}: give a gpufleet job id or slurm:<slurm job id>")
-    record = Store(state_db(gpufleet_home())).job(int(job))
+
+    def _number(text: str, most: int) -> int | None:
+        # ASCII digits only, and few of them: int() of thousands of digits is refused (or slow)
+        if not (text.isascii() and text.isdigit()) or len(text) > len(str(most)) or not 0 < int(text) <= most:
+            return None
+        return int(text)
+
+    shown = job if len(job) <= 40 else f"{job[:30]}... ({len(job):,} characters)"
+    if job.startswith("slurm:"):
+        if _number(job[6:], SLURM_MAX_JOB_ID) is None:
+            raise UsageError(f"invalid Slurm job id {shown!r}: give slurm:<a number from 1 to {SLURM_MAX_JOB_ID}>")
+        return str(int(job[6:]))
+    job_id = _number(job, MAX_JOB_ID)
+    if job_id is None:
+        raise UsageError(f"invalid job {shown!r}: give a gpufleet job id (1 to {MAX_JOB_ID}) or slurm:<slurm job id>")
+    record = job_store(job_id, sync=False).job(job_id)
     if record.backend != "slurm" or not record.backend_ref:
         raise UsageError(f"job {job} runs on {record.backend}, not Slurm")
     return record.backend_ref

@@ -6,13 +6,13 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gpufleet.backends import sync_remote
-from gpufleet.cli.options import MAX_JOB_ID
+from gpufleet.cli.options import MAX_JOB_ID, job_store
 from gpufleet.cli.render import console, emit_json, err_console
 from gpufleet.errors import GpufleetError, parameters_as_flags
-from gpufleet.jobs.store import Store
-from gpufleet.paths import gpufleet_home, state_db
+from gpufleet.paths import gpufleet_home
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
 
 TraceJobArg = Annotated[int, typer.Argument(help="Job id (see `gpufleet jobs`).", min=1, max=MAX_JOB_ID)]
@@ -29,18 +29,20 @@ TraceJsonOpt = Annotated[bool, typer.Option("--json", help="Print the OTLP/JSON 
 @parameters_as_flags({"url": "--endpoint"})
 def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: TraceJsonOpt = False) -> None:
     """Export a job's attempts and phases as an OpenTelemetry trace (jobs/<id>/trace.otlp.json)."""
+    url = traces_url(endpoint)  # a malformed endpoint is refused before anything is read or written
     home = gpufleet_home()
-    store = Store(state_db(home))
+    store = job_store(job_id, sync=False)
     try:
         try:
             sync_remote(home, store)
-        except GpufleetError as err:  # a stale trace beats none; say so, as `_store()` does
-            err_console.print(f"[yellow]warning:[/] states may be stale: {err}", highlight=False, soft_wrap=True)
+        except GpufleetError as err:  # a stale trace beats none; say so, as `open_store()` does
+            err_console.print(
+                f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True
+            )
         spans, payload = job_trace(store, home, job_id, now=time.time())
     finally:
         store.close()
     path = save_trace(home, job_id, payload)
-    url = traces_url(endpoint)
     if url is not None:
         send_otlp(payload, url, full_url=True)
     if json_out:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpufleet.cli.render import console
@@ -14,8 +15,12 @@ from gpufleet.jobs.store import TERMINAL, Event, Store, latest_step
 
 
 def describe(event: Event) -> str | None:
-    """One line for a notable event, or ``None`` for those not worth a line."""
-    d = event.data
+    """One line for a notable event (Rich markup), or ``None`` for those not worth a line.
+
+    Every value of the event is escaped: the runtime's events come from the job's own process, so a
+    reason or a loss may hold anything, ``[/]`` included.
+    """
+    d = {k: escape(str(v)) for k, v in event.data.items()}
     a = f"attempt {event.attempt}" if event.attempt else ""
     match event.kind:
         case EventKind.ATTEMPT_START:
@@ -27,11 +32,11 @@ def describe(event: Event) -> str | None:
         case EventKind.PREEMPT_SIGNAL:
             return f"{a} saw {d.get('signal')} at step {d.get('step')}: saving"
         case EventKind.RESTORE:
-            if d.get("cause") == "rollback":
+            if event.data.get("cause") == "rollback":
                 return None  # the rollback line says it
-            if d.get("step") is None:
+            if event.data.get("step") is None:
                 return f"{a} found no checkpoint: starting from scratch"
-            return f"[green]{a} restored step {d.get('step')} in {float(d.get('seconds', 0)):.2f}s[/]"
+            return f"[green]{a} restored step {d.get('step')} in {_seconds(event.data.get('seconds', 0))}s[/]"
         case EventKind.CHECKPOINT_SKIPPED:
             return f"[yellow]{a} skipped checkpoint step {d.get('step')}: {d.get('reason')}[/]"
         case EventKind.UNHEALTHY:
@@ -39,7 +44,7 @@ def describe(event: Event) -> str | None:
         case EventKind.ROLLBACK:
             return (
                 f"[yellow]{a} rolled back from step {d.get('from_step')} to healthy step {d.get('to_step')}, "
-                f"skipping batches {d.get('skip_from')}..{int(d.get('skip_to', 0)) - 1}[/]"
+                f"skipping batches {d.get('skip_from')}..{_before(event.data.get('skip_to', 0))}[/]"
             )
         case EventKind.ATTEMPT_END:
             return f"{a} ended: {d.get('outcome')} (exit {d.get('exit_code')})"
@@ -48,8 +53,24 @@ def describe(event: Event) -> str | None:
         case EventKind.COMPLETED:
             return "[green]completed[/]"
         case EventKind.FAILED | EventKind.CANCELLED:
-            return f"[red]{event.kind}[/]"
+            return f"[red]{escape(str(event.kind))}[/]"
     return None
+
+
+def _seconds(value: object) -> str:
+    """``value`` as seconds with two decimals; as written when it is not a number (an event is user data)."""
+    try:
+        return f"{float(value):.2f}"  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return escape(str(value))
+
+
+def _before(value: object) -> str:
+    """The batch before ``value`` (``skip_to`` is exclusive); ``value`` as written when it is not an integer."""
+    try:
+        return str(int(value) - 1)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return escape(str(value))
 
 
 PLAIN_EVERY = 10
@@ -79,12 +100,12 @@ class JobWatcher:
         """Update one job's bar, collect its new notable events; true once the job has ended."""
         job = self.store.job(job_id)
         if job_id not in self.tasks:
-            self.tasks[job_id] = self.progress.add_task(f"#{job_id} {job.name}", total=None, state=job.state)
+            self.tasks[job_id] = self.progress.add_task(escape(f"#{job_id} {job.name}"), total=None, state=job.state)
         events = self.store.events(job_id, kinds=(*NOTABLE, EventKind.SESSION_START))
         for ev in events[self.seen.get(job_id, 0) :]:
             line = describe(ev)
             if line:
-                lines.append((ev.ts, f"  #{job_id} {job.name}: {line}"))
+                lines.append((ev.ts, f"  #{job_id} {escape(job.name)}: {line}"))
             if ev.kind == EventKind.SESSION_START and isinstance(ev.data.get("total_steps"), int):
                 self.totals[job_id] = ev.data["total_steps"]
                 self.progress.update(self.tasks[job_id], total=ev.data["total_steps"])
@@ -105,7 +126,9 @@ class JobWatcher:
         if tenth <= self.printed.get(job_id, 0):
             return
         self.printed[job_id] = tenth
-        lines.append((time.time(), f"  #{job_id} {name}: step {step}/{total} ({100 * step // total}%), {state}"))
+        lines.append(
+            (time.time(), escape(f"  #{job_id} {name}: step {step}/{total} ({100 * step // total}%), {state}"))
+        )
 
     def follow(
         self,

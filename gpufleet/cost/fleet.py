@@ -41,6 +41,7 @@ from gpufleet.cost.usage import attempt_usage
 from gpufleet.errors import ParameterError
 from gpufleet.fmt import finite_json
 from gpufleet.jobs.store import TERMINAL, Attempt, Event, Job, Store
+from gpufleet.outfiles import read_tail
 from gpufleet.paths import job_dir
 from gpufleet.telemetry.dcgm import Sample
 from gpufleet.telemetry.diagnose import (
@@ -393,13 +394,8 @@ def _job_end(job: Job, attempts: Sequence[Attempt], events: Sequence[Event]) -> 
 
 
 def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - LOG_TAIL_BYTES))
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+    tail = read_tail(path, LOG_TAIL_BYTES)  # a regular file only, bounded: never a device or a FIFO
+    return "" if tail is None else tail[0].decode("utf-8", errors="replace")
 
 
 def _job_waste(f: _JobFacts, cost: Cost, samples: Sequence[Sample]) -> JobWaste:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,36 @@ from gpufleet.cost.usage import store_usages
 from gpufleet.errors import ParameterError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store
+
+FLEET_KINDS = (
+    EventKind.PLACED,
+    EventKind.CHECKPOINT_MOVED,
+    EventKind.SPOT_PREEMPTED,
+    EventKind.FAILOVER,
+    EventKind.FLEET_DOWN,
+    EventKind.RECLAIMED_BY,
+)
+"""What a fleet did to a job: where it was placed, moved, preempted, failed over, reclaimed."""
+
+
+def fleet_event_text(kind: str, d: Mapping[str, Any], attempt: int | None) -> str:
+    """One line for a fleet event, as the cost note's timeline and ``gpufleet show`` say it."""
+    if kind == EventKind.PLACED:
+        market = "spot" if d.get("spot") else "on-demand"
+        borrowed = f", {d.get('borrowed_gpus')} GPU borrowed from the cohort" if d.get("borrowed_gpus") else ""
+        return f"placed on {d.get('offer')} {market} at {d.get('price_per_gpu_hour')}/GPU-h{borrowed}"
+    if kind == EventKind.CHECKPOINT_MOVED:
+        return (
+            f"checkpoint step {d.get('step')} moved {d.get('source')} -> {d.get('target')}: {d.get('bytes')} bytes, "
+            f"verified; egress {d.get('egress_money')}"
+        )
+    if kind == EventKind.SPOT_PREEMPTED:
+        return f"attempt {attempt}: spot preemption on {d.get('offer')}"
+    if kind == EventKind.FAILOVER:
+        return f"attempt {attempt}: failover, {d.get('target')} blocked ({d.get('why')})"
+    if kind == EventKind.FLEET_DOWN:
+        return f"attempt {attempt}: {d.get('target')} down{' (abrupt)' if d.get('abrupt') else ''}"
+    return f"attempt {attempt}: its borrowed quota reclaimed for job {d.get('job')}"
 
 
 def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
@@ -29,10 +59,13 @@ def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
                 EventKind.RESTORE,
                 EventKind.ROLLBACK,
                 EventKind.CHECKPOINT_SKIPPED,
+                *FLEET_KINDS,
             ),
         ):
             d = e.data
-            if e.kind == EventKind.SIGTERM:
+            if e.kind in FLEET_KINDS:
+                text = fleet_event_text(e.kind, d, e.attempt)
+            elif e.kind == EventKind.SIGTERM:
                 text = f"attempt {e.attempt}: SIGTERM ({d.get('reason')}), grace {d.get('grace')}s"
             elif e.kind == EventKind.SIGKILL:
                 text = f"attempt {e.attempt}: SIGKILL after the grace time"
@@ -112,4 +145,4 @@ def cost_report(
     return CostReport(ledger, usages, names, note)
 
 
-__all__ = ["CostReport", "cost_report", "note_events", "trace_timelines"]
+__all__ = ["FLEET_KINDS", "CostReport", "cost_report", "fleet_event_text", "note_events", "trace_timelines"]

@@ -33,10 +33,12 @@ costs them whether or not the job is ever preempted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.cost.rates import RateCard
+from gpufleet.jobs.events import MAX_TS
 from gpufleet.jobs.states import Outcome
 
 BUCKETS = ("useful", "lost", "checkpoint", "restore", "startup")
@@ -44,6 +46,15 @@ PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "startup")
 """The buckets a preemption's overhead is drawn from (``useful`` never is)."""
 PREEMPTED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
 """Outcomes of an attempt that ended because the job was taken away from its GPUs."""
+
+
+def _seconds(value: float) -> float:
+    """Seconds as the ledger counts them: from 0 to ``MAX_TS``, NaN as 0.
+
+    Times come from a job's own event log and from schedulers' clocks: an infinity or a NaN there
+    must not become a bill (nor NaN in a report), and a sum of bounded parts stays finite.
+    """
+    return 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_TS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,26 +100,36 @@ class AttemptUsage:
     """Of ``lost_s``, the steps discarded by rollbacks (the rest is lost to the attempt's end)."""
     rollback_restore_s: float = 0.0
     """Of ``restore_s``, reloading a healthy checkpoint after a rollback."""
+    offer: str | None = None
+    """``provider/region/gpu_type`` of the fleet pool the attempt ran on (``None``: no fleet)."""
+    price_per_gpu_hour: float | None = None
+    """The offer's price the planner placed it at; ``None``: the rate card's."""
+    on_demand_per_gpu_hour: float | None = None
+    egress_bytes: int = 0
+    """Checkpoint bytes copied to this attempt's region before it started (a failover's move)."""
+    egress_money: float = 0.0
 
     @property
     def wall_s(self) -> float:
-        return max(0.0, self.end - self.start)
+        return _seconds(self.end - self.start)
+
+    def _overheads(self) -> dict[str, float]:
+        return {
+            "lost": _seconds(self.lost_s),
+            "checkpoint": _seconds(self.checkpoint_s),
+            "restore": _seconds(self.restore_s),
+            "startup": _seconds(self.startup_s),
+        }
 
     def _scale(self) -> float:
         """Measured overheads can exceed the wall (clock skew, sacct's whole seconds): shrink them to fit."""
-        spent = self.lost_s + self.checkpoint_s + self.restore_s + self.startup_s
+        spent = sum(self._overheads().values())
         return self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
 
     def seconds(self) -> dict[str, float]:
         """Wall seconds by bucket; ``useful`` absorbs the rest and is never negative."""
         scale = self._scale()
-        overhead = {
-            "lost": self.lost_s,
-            "checkpoint": self.checkpoint_s,
-            "restore": self.restore_s,
-            "startup": self.startup_s,
-        }
-        out = {k: v * scale for k, v in overhead.items()}
+        out = {k: v * scale for k, v in self._overheads().items()}
         out["useful"] = max(0.0, self.wall_s - sum(out.values()))
         return out
 
@@ -119,17 +140,13 @@ class AttemptUsage:
         exceeds the wall time, nor any bucket's share of it.
         """
         preempted = self.outcome in PREEMPTED_OUTCOMES
-        lost = self.lost_s - self.rollback_lost_s if preempted else 0.0
-        startup = self.startup_s if self.after_preemption else self.shutdown_s if preempted else 0.0
-        restore = self.restore_s - self.rollback_restore_s if self.after_preemption else 0.0
-        parts = {
-            "lost": (lost, self.lost_s),
-            "checkpoint": (self.preempt_save_s, self.checkpoint_s),
-            "restore": (restore, self.restore_s),
-            "startup": (startup, self.startup_s),
-        }
+        buckets = self._overheads()
+        lost = buckets["lost"] - _seconds(self.rollback_lost_s) if preempted else 0.0
+        startup = buckets["startup"] if self.after_preemption else _seconds(self.shutdown_s) if preempted else 0.0
+        restore = buckets["restore"] - _seconds(self.rollback_restore_s) if self.after_preemption else 0.0
+        parts = {"lost": lost, "checkpoint": _seconds(self.preempt_save_s), "restore": restore, "startup": startup}
         scale = self._scale()
-        return {k: min(max(0.0, part), bucket) * scale for k, (part, bucket) in parts.items()}
+        return {k: min(max(0.0, part), buckets[k]) * scale for k, part in parts.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +164,9 @@ class Cost:
     preemptions: int = 0
     steps_redone: int = 0
     unpriced: tuple[str, ...] = ()
+    egress_money: float = 0.0
+    """Moving checkpoints between providers (in ``money`` too)."""
+    egress_bytes: int = 0
 
     @property
     def total_gpu_hours(self) -> float:
@@ -181,6 +201,8 @@ class Cost:
             preemptions=self.preemptions + other.preemptions,
             steps_redone=self.steps_redone + other.steps_redone,
             unpriced=tuple(sorted(set(self.unpriced) | set(other.unpriced))),
+            egress_money=self.egress_money + other.egress_money,
+            egress_bytes=self.egress_bytes + other.egress_bytes,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -198,6 +220,8 @@ class Cost:
             "preemptions": self.preemptions,
             "steps_redone": self.steps_redone,
             "unpriced": list(self.unpriced),
+            "egress_money": _sig(self.egress_money),
+            "egress_bytes": self.egress_bytes,
             "preemption_overhead_gpu_hours": _sig(self.preemption_overhead_gpu_hours),
             "preemption_overhead_gpu_seconds": _sig(self.preemption_overhead_gpu_hours * 3600.0),
             "preemption_overhead_money": _sig(self.preemption_money),
@@ -218,15 +242,23 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     hours = {k: v * usage.gpus / 3600.0 for k, v in usage.seconds().items()}
     preemption = {k: v * usage.gpus / 3600.0 for k, v in usage.preemption_seconds().items()}
     total = sum(hours.values())
-    price = rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
-    on_demand = rates.price(usage.gpu_type, usage.provider, spot=False)
+    price: float | None
+    on_demand: float | None
+    if usage.price_per_gpu_hour is not None:  # placed on a fleet pool: the offer's own prices
+        price, on_demand = usage.price_per_gpu_hour, usage.on_demand_per_gpu_hour
+    else:
+        price = rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
+        on_demand = rates.price(usage.gpu_type, usage.provider, spot=False)
     key = f"{usage.gpu_type}/{usage.provider}/{'spot' if usage.spot else 'on-demand'}"
+    egress = usage.egress_money if math.isfinite(usage.egress_money) and usage.egress_money > 0 else 0.0
     return Cost(
         gpu_hours=hours,
         preemption_gpu_hours=preemption,
         preemption_money=sum(preemption.values()) * price if price is not None else 0.0,
-        money=total * price if price is not None else 0.0,
-        on_demand_money=total * (on_demand if on_demand is not None else price or 0.0),
+        money=(total * price if price is not None else 0.0) + egress,
+        on_demand_money=total * (on_demand if on_demand is not None else price or 0.0) + egress,
+        egress_money=egress,
+        egress_bytes=max(0, usage.egress_bytes),
         attempts=1,
         preemptions=1 if usage.outcome in PREEMPTED_OUTCOMES else 0,
         steps_redone=usage.steps_redone,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger
+from gpufleet.errors import ParameterError
 from gpufleet.fmt import finite_json, markdown_table, money
+from gpufleet.outfiles import check_output_file, replace_output
 
 _COLORS = {"startup": "#b0b0b0", "restore": "#f2a541", "useful": "#3c9d6b", "lost": "#d62728", "checkpoint": "#1b2f5e"}
 _ENDED = ("preempted", "lost")
@@ -73,8 +74,17 @@ def write_cost_note(
     generated_at: float,
 ) -> NotePaths:
     """Write ``cost-note.md``, ``cost-note.json`` and ``timeline.png`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # it, or a folder above it, is a file; or no permission
+        raise ParameterError(
+            "{out} cannot be made a folder ({why!s}): give a folder for the cost note",
+            out=str(out_dir),
+            why=err.strerror,
+        ) from None
     paths = NotePaths(out_dir / "cost-note.md", out_dir / "cost-note.json", out_dir / "timeline.png")
+    for path in (paths.markdown, paths.json, paths.png):  # never renamed over a folder, a FIFO or a device
+        check_output_file(path, "--out")
     attempts = sorted(usages, key=lambda u: (u.job_id, u.attempt, u.start))
     ordered_events = sorted(events, key=lambda e: (e.ts, e.job_id))
     data = finite_json(_note_json(attempts, ledger, title, ordered_events, generated_at))
@@ -137,6 +147,10 @@ def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
         "seconds": {k: round(v, 6) for k, v in u.seconds().items()},
         "after_preemption": u.after_preemption,
         "preemption_seconds": {k: round(v, 6) for k, v in u.preemption_seconds().items()},
+        "offer": u.offer,
+        "price_per_gpu_hour": u.price_per_gpu_hour,
+        "egress_bytes": u.egress_bytes,
+        "egress_money": u.egress_money,
     }
 
 
@@ -179,6 +193,11 @@ def _note_markdown(
     )
     saved = total.on_demand_money - total.money
     summary += f", so spot saved {money(saved, cur)}." if saved > 0 else "."
+    if total.egress_bytes:
+        summary += (
+            f" Moving checkpoints between regions copied {total.egress_bytes:,} bytes; the egress between providers "
+            f"cost {money(total.egress_money, cur)} (in the money above)."
+        )
     out = [f"# {_one_line(title)}", "", f"_Generated {_iso(generated_at)} · prices in {cur}_", "", summary, ""]
     if total.unpriced:
         out += [f"> **Unpriced:** {', '.join(total.unpriced)}: counted in hours but not in money.", ""]
@@ -207,7 +226,9 @@ def _note_markdown(
     rows = []
     for job_id, c in ledger.jobs.items():
         mine = [u for u in usages if u.job_id == job_id]
-        gpu = _joined(f"{u.gpus}x {u.gpu_type} {'spot' if u.spot else 'on-demand'} ({u.provider})" for u in mine)
+        gpu = _joined(
+            f"{u.gpus}x {u.gpu_type} {'spot' if u.spot else 'on-demand'} ({u.offer or u.provider})" for u in mine
+        )
         team = _joined(u.team for u in mine)
         job = f"#{job_id} {names.get(job_id, '?')}"
         rows.append([_cell(job), _cell(team), _cell(gpu), str(c.attempts), str(c.preemptions), *cost_cells(c)])
@@ -340,7 +361,10 @@ def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> No
                 x += width
             ax.barh(y, u.wall_s, left=u.start - t0, height=0.5, fill=False, edgecolor="#333333", linewidth=0.6)
             if u.wall_s / span > 0.05:
-                ax.text(u.start - t0 + span * 0.004, y, f"a{u.attempt}", va="center", fontsize=7, color="#1a1a1a")
+                where = f" {u.offer.rsplit('/', 1)[0]}" if u.offer else ""  # the region a fleet placed it in
+                ax.text(
+                    u.start - t0 + span * 0.004, y, f"a{u.attempt}{where}", va="center", fontsize=7, color="#1a1a1a"
+                )
             for t in u.checkpoints:
                 ax.vlines(t - t0, y - 0.25, y + 0.25, color=_COLORS["checkpoint"], linewidth=1.2)
             for t in u.rollbacks:
@@ -377,7 +401,7 @@ def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> No
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
         tmp = path.with_name(path.name + ".tmp")
         fig.savefig(tmp, dpi=120, format="png")
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     finally:
         plt.close(fig)
 
@@ -385,7 +409,7 @@ def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> No
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_output(tmp, path)
 
 
 __all__ = ["NoteEvent", "NotePaths", "write_cost_note"]

@@ -6,22 +6,44 @@ between attempts (``gpufleet resize``), and its spec only says what the next att
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
-from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.store import Attempt, Event, Job, Store
+
+MAX_GPUS = 1024 * 1024
+"""The most GPUs an attempt can hold (1024 nodes of 1024, the bounds of a spec): a larger figure is not one."""
 
 
 def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:
+    """A finite number from an event's data, else ``default``: the runtime's event log is written by user code."""
     value = data.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return default
+    return number if math.isfinite(number) else default
+
+
+def _seconds(data: dict[str, Any], key: str) -> float:
+    """A duration from an event's data: finite, not negative, and at most ``MAX_TS`` (so sums stay finite)."""
+    return min(max(0.0, _num(data, key)), MAX_TS)
+
+
+def _step(data: dict[str, Any], key: str) -> int:
+    """A step count from an event's data (0 when it has none that is a finite number)."""
+    return int(_num(data, key))
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPUS
+    return value if ok else None
 
 
 def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
@@ -51,6 +73,40 @@ def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
     return job.spec.total_gpus
 
 
+def _price(data: dict[str, Any], key: str) -> float | None:
+    """A price or an amount of money from an event's data: finite and not negative, else ``None``."""
+    value = _num(data, key, -1.0)
+    return value if value >= 0 else None
+
+
+def attempt_placement(attempt: Attempt, events: Sequence[Event]) -> dict[str, Any]:
+    """Where a fleet placed the attempt (its backend ``attempt_start``), and the checkpoint move before it.
+
+    Empty without a fleet. A ``checkpoint_moved`` event belongs to the attempt that starts next:
+    the move is made just before that attempt is launched, in the region it runs in.
+    """
+    starts = sorted(
+        (e for e in events if e.kind == EventKind.ATTEMPT_START and e.source == "backend"), key=lambda e: e.ts
+    )
+    mine = next((e for e in starts if e.attempt == attempt.n), None)
+    if mine is None or not isinstance(mine.data.get("offer"), str):
+        return {}
+    data = mine.data
+    out: dict[str, Any] = {"offer": data["offer"]}
+    for key in ("gpu_type", "provider"):
+        if isinstance(data.get(key), str):
+            out[key] = data[key]
+    if isinstance(data.get("spot"), bool):
+        out["spot"] = data["spot"]
+    out["price_per_gpu_hour"] = _price(data, "price_per_gpu_hour")
+    out["on_demand_per_gpu_hour"] = _price(data, "on_demand_per_gpu_hour")
+    before = max((e.ts for e in starts if e.ts < mine.ts), default=-math.inf)
+    moves = [e for e in events if e.kind == EventKind.CHECKPOINT_MOVED and before < e.ts <= mine.ts]
+    out["egress_money"] = sum(_price(e.data, "egress_money") or 0.0 for e in moves)
+    out["egress_bytes"] = sum(_count(e.data.get("bytes")) or 0 for e in moves)
+    return out
+
+
 def attempt_usage(
     job: Job, attempt: Attempt, events: Sequence[Event], now: float, *, after_preemption: bool = False
 ) -> AttemptUsage:
@@ -69,28 +125,26 @@ def attempt_usage(
     train_start = next((e for e in mine if e.kind == EventKind.TRAIN_START), None)
     checkpoints = [e for e in mine if e.kind == EventKind.CHECKPOINT]
     rollbacks = [e for e in mine if e.kind == EventKind.ROLLBACK]
-    rollback_restore_s = sum(_num(e.data, "restore_seconds") for e in rollbacks)
-    restore_s = (_num(restore.data, "seconds") if restore else 0.0) + rollback_restore_s
+    rollback_restore_s = sum(_seconds(e.data, "restore_seconds") for e in rollbacks)
+    restore_s = (_seconds(restore.data, "seconds") if restore else 0.0) + rollback_restore_s
     if train_start is None:
         startup_s = max(0.0, end - start)  # never reached the first step: all of it was start-up
         first_step = None
     else:
         first = min(max(train_start.ts, start), end)
-        startup_s = max(0.0, first - start - (_num(restore.data, "seconds") if restore else 0.0))
-        first_step = int(_num(train_start.data, "step"))
-    checkpoint_s = sum(_num(e.data, "seconds") for e in checkpoints)
-    preempt_save_s = sum(_num(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
-    rollback_lost_s = lost_s = sum(_num(e.data, "redone_seconds") for e in rollbacks)
+        startup_s = max(0.0, first - start - (_seconds(restore.data, "seconds") if restore else 0.0))
+        first_step = _step(train_start.data, "step")
+    checkpoint_s = sum(_seconds(e.data, "seconds") for e in checkpoints)
+    preempt_save_s = sum(_seconds(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
+    rollback_lost_s = lost_s = sum(_seconds(e.data, "redone_seconds") for e in rollbacks)
     shutdown_s = 0.0
     steps = [
-        int(_num(e.data, "step"))
-        for e in mine
-        if e.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.SESSION_END)
+        _step(e.data, "step") for e in mine if e.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.SESSION_END)
     ]
     last_step = max(steps) if steps else first_step
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
     for e in rollbacks:
-        from_step, to_step = int(_num(e.data, "from_step")), int(_num(e.data, "to_step"))
+        from_step, to_step = _step(e.data, "from_step"), _step(e.data, "to_step")
         steps_done += from_step - segment_start
         steps_redone += from_step - to_step
         segment_start = to_step
@@ -105,17 +159,23 @@ def attempt_usage(
         lost_s += max(0.0, stop - durable)
         shutdown_s = max(0.0, end - stop)
         startup_s += shutdown_s
-        durable_step = int(_num(checkpoints[-1].data, "step")) if checkpoints else segment_start
+        durable_step = _step(checkpoints[-1].data, "step") if checkpoints else segment_start
         steps_redone += max(0, (last_step or 0) - durable_step)
     spec = job.spec
+    placed = attempt_placement(attempt, events)
     return AttemptUsage(
         job_id=job.id,
         job_name=job.name,
         team=job.team,
         attempt=attempt.n,
-        gpu_type=spec.resources.gpu_type,
-        provider=spec.provider,
-        spot=spec.spot,
+        gpu_type=placed.get("gpu_type") or spec.resources.gpu_type,
+        provider=placed.get("provider") or spec.provider,
+        spot=placed["spot"] if isinstance(placed.get("spot"), bool) else spec.spot,
+        offer=placed.get("offer"),
+        price_per_gpu_hour=placed.get("price_per_gpu_hour"),
+        on_demand_per_gpu_hour=placed.get("on_demand_per_gpu_hour"),
+        egress_bytes=placed.get("egress_bytes", 0),
+        egress_money=placed.get("egress_money", 0.0),
         gpus=attempt_gpus(job, attempt, events),
         start=start,
         end=end,

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.devtools.profile import entrypoint_function, isolated_job
+from gpufleet.devtools.profile import check_args, entrypoint_function, isolated_job
 from gpufleet.errors import CheckpointError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.runtime.health import HealthMonitor
@@ -84,12 +84,14 @@ def check_determinism(spec: JobSpec, steps: int = 10, seeds: tuple[int, int] = (
             seeds=seeds,
             pair=f"{seeds[0]},{seeds[1]}",
         )
-    _, params = entrypoint_function(spec)
+    func, params = entrypoint_function(spec)
     missing = {"seed", "steps"} - params
     if missing:
         raise UsageError(
             f"{spec.callable_entrypoint} takes no {', '.join(sorted(missing))} argument; add it to compare runs"
         )
+    supplied = {"seed", "steps", "ckpt_dir"} & params  # what each run passes itself, as `profile` checks
+    check_args(func, str(spec.callable_entrypoint), {k: v for k, v in spec.args.items() if k not in supplied}, supplied)
     with tempfile.TemporaryDirectory(prefix="gpufleet-determinism-") as tmp:
         loss1, state1 = _run(spec, Path(tmp) / "run1", seeds[0], steps)
         loss2, state2 = _run(spec, Path(tmp) / "run2", seeds[0], steps)
@@ -215,10 +217,27 @@ class LoggedLoss:
 
 
 def _as_float(value: Any) -> float:
-    """A loss from an untrusted log: numbers, or strings such as ``"nan"`` (the event log's NaN)."""
+    """A loss from an untrusted log: numbers, or strings such as ``"nan"`` (the event log's NaN).
+
+    NaN and infinities are kept (a NaN loss is what an unhealthy step reports); an integer beyond
+    any float is not a loss.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"loss {value!r} is not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("loss is an integer beyond any float") from None
+
+
+def _as_step(value: Any) -> int:
+    """A step number from an untrusted log: a finite number (``ValueError`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"step {value!r} is not a number")
+    try:
+        return int(value)
+    except OverflowError:  # int(inf)
+        raise ValueError("step is not a finite number") from None
 
 
 def _runtime_verdict(event: dict[str, Any], step: int) -> Spike | None:
@@ -257,8 +276,8 @@ def read_losses(source: Path) -> list[LoggedLoss]:
         if e["kind"] not in (EventKind.STEP, EventKind.UNHEALTHY):
             continue
         try:
-            step = int(e["step"])
-        except (KeyError, TypeError, ValueError):
+            step = _as_step(e["step"])
+        except (KeyError, ValueError):
             continue
         if e["kind"] == EventKind.UNHEALTHY:
             verdict = _runtime_verdict(e, step)

@@ -21,10 +21,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import json
 import os
 import re
 import tempfile
 import time
+import types
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -51,6 +54,11 @@ JOB_ENV = (
 )
 
 
+MAX_STEPS = 10_000
+"""Most steps ``profile_job`` runs, warm-up and recorded each: a few show where the time goes, and the
+profiler keeps every event of every recorded step in memory."""
+
+
 class _EnoughSteps(Exception):
     """Raised from ``on_step`` to stop a job that takes no ``steps`` argument."""
 
@@ -72,6 +80,69 @@ def entrypoint_function(spec: JobSpec) -> tuple[Callable[..., Any], set[str]]:
     if not callable(func):
         raise SpecError(f"entrypoint {target!r} is not callable; point it at a function")
     return func, set(inspect.signature(func).parameters)
+
+
+def check_counts(steps: int, warmup: int) -> None:
+    """Refuse step counts ``profile_job`` cannot run: at least one recorded step, at most :data:`MAX_STEPS` each."""
+    if not (1 <= steps <= MAX_STEPS and 0 <= warmup <= MAX_STEPS):
+        raise ParameterError(
+            "{steps}, {warmup}: profile from 1 to {most!s} steps after 0 to {most!s} warm-up steps "
+            "({steps:name} and {warmup:name}; a few steps show where the time goes)",
+            steps=steps,
+            warmup=warmup,
+            most=MAX_STEPS,
+        )
+
+
+_SIMPLE = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
+
+
+def _fits(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` (from YAML) is of the simple type ``hint`` (``X | None`` too); ``None`` when it cannot tell."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        verdicts = [_fits(value, h) for h in typing.get_args(hint)]
+        return True if True in verdicts else None if None in verdicts else False
+    if hint is type(None):
+        return value is None
+    if hint not in _SIMPLE:
+        return None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def check_args(func: Callable[..., Any], target: str, args: dict[str, Any], supplied: set[str]) -> None:
+    """Refuse (``SpecError``, naming the arg) spec args the function cannot take, before anything runs.
+
+    ``supplied`` are the parameters gpufleet passes itself (``steps``, ``on_step``, ``ckpt_dir``). An
+    arg the function has no parameter for, a required parameter no arg gives, and a value whose type
+    differs from a simple annotation (``int``, ``float``, ``str``, ``bool``, or one of them ``| None``)
+    are refused; other annotations are not judged.
+    """
+    signature = inspect.signature(func)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in args:
+        if name not in params and not takes_any:
+            raise SpecError(f"args.{name}: {target} has no parameter {name!r}; it takes: {', '.join(named) or 'none'}")
+    for name in named:
+        if params[name].default is inspect.Parameter.empty and name not in args and name not in supplied:
+            raise SpecError(f"args.{name} is missing: {target} requires it")
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - an annotation this process cannot evaluate: no type is judged
+        hints = {}
+    for name, value in args.items():
+        hint = hints.get(name)
+        if name in supplied or hint is None or _fits(value, hint) is not False:
+            continue
+        expected = " or ".join(_SIMPLE.get(h, "null") for h in typing.get_args(hint)) or _SIMPLE[hint]
+        shown = json.dumps(value, default=str)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise SpecError(f"args.{name} is {shown}, but {target} takes {expected} for {name!r}: fix its type")
 
 
 @contextlib.contextmanager
@@ -145,17 +216,13 @@ def profile_job(spec: JobSpec, steps: int = 5, warmup: int = 2, top: int = 10) -
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    if steps <= 0 or warmup < 0:
-        raise ParameterError(
-            "{steps}, {warmup}: profile at least one step ({steps:name} at least 1, {warmup:name} at least 0)",
-            steps=steps,
-            warmup=warmup,
-        )
+    check_counts(steps, warmup)
     func, params = entrypoint_function(spec)
+    target = str(spec.callable_entrypoint)
     if "on_step" not in params and "steps" not in params:
-        raise UsageError(
-            f"{spec.callable_entrypoint} takes neither `steps` nor `on_step`; add one so a run can be cut short"
-        )
+        raise UsageError(f"{target} takes neither `steps` nor `on_step`; add one so a run can be cut short")
+    supplied = {"steps", "on_step", "ckpt_dir"} & params
+    check_args(func, target, {k: v for k, v in spec.args.items() if k not in supplied}, supplied)
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     total = warmup + steps
@@ -184,8 +251,15 @@ def profile_job(spec: JobSpec, steps: int = 5, warmup: int = 2, top: int = 10) -
 
                 args["on_step"] = on_step
             after.append((time.perf_counter(), time.thread_time()))
-            with contextlib.suppress(_EnoughSteps):
-                func(**args)
+            try:
+                with contextlib.suppress(_EnoughSteps):
+                    func(**args)
+            except TypeError as err:  # the args passed check_args, but a value is still not what the code needs
+                given = ", ".join(f"{k}={v!r}" for k, v in spec.args.items())
+                raise SpecError(
+                    f"{target} failed with TypeError ({err}) when called with the spec's args ({given or 'none'}): "
+                    "check the arg it names"
+                ) from None
             before.append((time.perf_counter(), time.thread_time()))
         if cuda:
             torch.cuda.synchronize()
@@ -346,9 +420,12 @@ __all__ = [
     "FUSIBLE_RE",
     "JOB_ENV",
     "MATMUL_RE",
+    "MAX_STEPS",
     "NO_DATA_RANGES",
     "OpStat",
     "ProfileSummary",
+    "check_args",
+    "check_counts",
     "checklist",
     "entrypoint_function",
     "isolated_job",

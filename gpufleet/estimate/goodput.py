@@ -93,6 +93,10 @@ MIN_EFFECTIVE = 0.01
 """Below this effective fraction (wall time over 100x the work) the job "cannot make progress": refused."""
 MAX_EVENTS = 200_000_000
 """Most interruptions a Monte Carlo may simulate over all its trials (a few minutes on one core)."""
+STEP_COST_TRIALS = 1000
+"""A Monte Carlo step (one interruption of every unfinished trial) costs about as much Python overhead as
+simulating this many trials' interruptions: a run of few trials is capped at ``MAX_EVENTS / STEP_COST_TRIALS``
+interruptions each."""
 SPARE_AVAILABILITY = 0.99
 """The hot-spares policy sizes its pool so that a failure finds a free spare this often."""
 ASYNC_STALL_SHARE = 0.1
@@ -801,6 +805,12 @@ def monte_carlo(s: Scenario, *, trials: int = 1000, seed: int = 0) -> Goodput:
         raise ParameterError(
             f"{{trials}} runs of about {per_trial:,.0f} interruptions each are more than the Monte Carlo's "
             f"{MAX_EVENTS:,.0f}: use fewer trials or the analytic engine",
+            trials=trials,
+        )
+    if per_trial * STEP_COST_TRIALS > MAX_EVENTS:  # one numpy step per interruption, however few the trials
+        raise ParameterError(
+            f"{{trials}}: each run takes about {per_trial:,.0f} interruptions, one simulation step each, over the "
+            f"Monte Carlo's {MAX_EVENTS / STEP_COST_TRIALS:,.0f} steps: use the analytic engine or a shorter run",
             trials=trials,
         )
     work = s.work_hours * SECONDS_PER_HOUR

@@ -11,6 +11,8 @@ import contextlib
 import enum
 import json
 import math
+import os
+import stat
 import sys
 import threading
 import time
@@ -71,6 +73,8 @@ class EventKind(StrEnum):
     """A checkpoint was committed: step, seconds, bytes, why it was taken."""
     CHECKPOINT_FAILED = "checkpoint_failed"
     """A checkpoint could not be written (no space); the last good one is kept."""
+    CHECKPOINT_INTERVAL = "checkpoint_interval"
+    """``checkpoint: {every: auto}`` set or changed its interval: seconds, steps, the save time and rate, why."""
     PREEMPT_SIGNAL = "preempt_signal"
     """The process saw SIGTERM or SIGUSR1 (or a preemption request) and saves before exiting."""
     METRICS = "metrics"
@@ -109,6 +113,18 @@ class EventKind(StrEnum):
     """The job failed (its final state)."""
     CANCELLED = "cancelled"
     """The job was cancelled (its final state)."""
+    PLACED = "placed"
+    """The fleet's planner chose where the next attempt runs: offer, market, price, and why."""
+    CHECKPOINT_MOVED = "checkpoint_moved"
+    """The job's checkpoint was copied to the region it moves to, verified, and charged as egress."""
+    SPOT_PREEMPTED = "spot_preempted"
+    """The spot pool the attempt ran on took its GPUs back (an injected storm on the local fleet)."""
+    FAILOVER = "failover"
+    """A region preempted too often, or was marked down: its jobs move to the next offer."""
+    FLEET_DOWN = "fleet_down"
+    """The attempt's pool is down (``gpufleet fleet down`` or an outage): it stops, gently or abruptly."""
+    RECLAIMED_BY = "reclaimed_by"
+    """The attempt borrowed quota its owner needs back: it is preempted for the owner's job."""
     EVENTS_REJECTED = "events_rejected"
     """Lines of the job's ``events.jsonl`` that are not events were skipped when it was read."""
 
@@ -119,6 +135,12 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.SIGTERM,
     EventKind.SIGKILL,
     EventKind.PREEMPTED_BY,
+    EventKind.PLACED,
+    EventKind.CHECKPOINT_MOVED,
+    EventKind.SPOT_PREEMPTED,
+    EventKind.FAILOVER,
+    EventKind.FLEET_DOWN,
+    EventKind.RECLAIMED_BY,
     EventKind.RESIZED,
     EventKind.RESTORE,
     EventKind.CHECKPOINT_SKIPPED,
@@ -199,10 +221,74 @@ class EventLog:
 MAX_TS = 1e11
 """Event times are Unix seconds; anything past the year 5000 is a hostile or broken line."""
 MAX_ATTEMPT = 1_000_000
+MAX_INT = 2**63 - 1
+"""The largest integer an event may hold anywhere: what SQLite stores, and a float can hold without overflowing."""
+
+_FINITE_KEYS = frozenset(
+    {
+        *("seconds", "step", "from_step", "to_step", "total_steps", "data_position"),
+        *("gpus", "old_gpus", "world_size", "rank", "pid", "bytes", "tokens"),
+    }
+)
+_FINITE_SUFFIXES = ("_s", "_seconds", "_at", "_ms", "_step", "_steps")
+
+
+def _must_be_finite(key: str) -> bool:
+    """A time, a duration, a step or a count: NaN or an infinity there is a broken line, not a measurement.
+
+    A loss (or any other measured value) may be NaN or infinite on purpose: the runtime reports
+    such steps as ``unhealthy``, and readers show them as ``null``.
+    """
+    return key in _FINITE_KEYS or key.endswith(_FINITE_SUFFIXES)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode (no lone surrogate, which JSON's ``\\ud800`` escape can produce)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _value_problem(event: dict[str, Any]) -> str | None:
+    """Why a value anywhere inside ``event`` cannot be stored or computed with (``None`` when none).
+
+    Walked without recursion: a line may nest as deep as the JSON parser allowed.
+    """
+    stack: list[tuple[str, Any]] = [(str(k), v) for k, v in event.items()]
+    if not all(_is_text(k) for k, _ in stack):
+        return "a key is not valid Unicode (a lone surrogate)"
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, str):
+            if not _is_text(value):
+                return f"{key[:40]!r} is not valid Unicode (a lone surrogate)"
+        elif isinstance(value, float):
+            if not math.isfinite(value) and _must_be_finite(key):
+                return f"{key[:40]!r} is not a finite number"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -MAX_INT - 1 <= value <= MAX_INT:
+                return f"{key[:40]!r} is an integer beyond 64 bits"
+        elif isinstance(value, list):
+            stack.extend((key, item) for item in value)
+        elif isinstance(value, dict):
+            items = [(str(k), v) for k, v in value.items()]
+            if not all(_is_text(k) for k, _ in items):
+                return "a key is not valid Unicode (a lone surrogate)"
+            stack.extend(items)
+    return None
 
 
 def event_problem(event: Any) -> str | None:
-    """Why a decoded line cannot be an event (``None`` when it can): the file is written by user code."""
+    """Why a decoded line cannot be an event (``None`` when it can): the file is written by user code.
+
+    Beyond its ``kind``, ``ts`` and ``attempt``: no text that is not valid Unicode (it cannot be
+    stored), no integer beyond 64 bits, and no NaN or infinity in a time, duration, step or count
+    (``seconds``, ``step``, ``*_s``...). A NaN loss is kept: it is what an unhealthy step reports.
+    """
     if not isinstance(event, dict):
         return "not a JSON object"
     kind, ts, attempt = event.get("kind"), event.get("ts"), event.get("attempt")
@@ -218,7 +304,7 @@ def event_problem(event: Any) -> str | None:
         return "attempt is not an integer"
     if isinstance(attempt, int) and not 0 <= attempt <= MAX_ATTEMPT:
         return "attempt is out of range"
-    return None
+    return _value_problem(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,18 +316,35 @@ class RejectedLine:
     preview: str
 
 
+def _read_from(path: Path, offset: int) -> bytes:
+    """A regular file's bytes from ``offset``; none for a missing or unreadable file, a folder, a FIFO or a device.
+
+    Opened without blocking, so a FIFO put where the log should be does not hang the reader, and a
+    link to ``/dev/zero`` is not read forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            fh.seek(offset)
+            return fh.read()
+        except OSError:
+            return b""
+
+
 def read_events_checked(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], list[RejectedLine], int]:
     """Read complete lines from ``offset``: the events, the lines rejected, and the offset after the last.
 
     A torn last line (the writer was killed mid-write) is left for a later read. Every other line
     is either a valid event (:func:`event_problem`) or rejected with its reason, never fatal.
     """
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], [], offset
+    offset = max(0, offset)
+    data = _read_from(path, offset)
     end = data.rfind(b"\n") + 1
     events: list[dict[str, Any]] = []
     rejected: list[RejectedLine] = []
@@ -286,6 +389,7 @@ def exit_from_events(events_path: Path, attempt: int) -> int | None:
 
 __all__ = [
     "MAX_ATTEMPT",
+    "MAX_INT",
     "MAX_TS",
     "NOTABLE",
     "SESSION_EXIT",

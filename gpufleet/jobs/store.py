@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufleet.errors import SpecError, StoreError, UsageError
-from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.states import JobState as JobState  # re-exported: where jobs are defined
 from gpufleet.jobs.states import Outcome as Outcome
 from gpufleet.paths import private_dir
@@ -130,21 +130,90 @@ MAX_ROW_ID = 2**63 - 1
 """The largest id SQLite can store (a larger one overflows its integer)."""
 
 
-class _Connection(sqlite3.Connection):
-    """A connection that turns SQLite's "disk is full" into one clear ``StoreError``."""
+def _damaged(path: Path, problem: object) -> StoreError:
+    """The one error a state database that is not one, or no longer one, gives (nothing rebuilds it)."""
+    detail = " ".join(str(problem).split())[:200]  # quick_check's report spans lines
+    return StoreError(
+        f"state database {path} is damaged or not a database ({detail}): gpufleet cannot rebuild it; "
+        f"move the folder {path.parent} aside (its jobs/ folders keep their logs and checkpoints) "
+        "or set GPUFLEET_HOME to another folder"
+    )
 
-    where: Path = Path(".")
+
+def _store_error(err: sqlite3.DatabaseError, path: Path) -> StoreError | None:
+    """The ``StoreError`` SQLite's ``err`` stands for (a full disk, a damaged file); ``None``: a bug, re-raise it."""
+    if isinstance(err, sqlite3.OperationalError) and "full" in str(err):
+        return StoreError(
+            f"no space left on {path.parent}: the state database cannot be written ({err}); "
+            "free some space there and gpufleet carries on"
+        )
+    if type(err) is sqlite3.DatabaseError:  # SQLITE_CORRUPT or SQLITE_NOTADB: the file, not the statement
+        return _damaged(path, err)
+    return None
+
+
+CHECKED_TABLES = ("meta", "jobs", "attempts", "requests")
+"""Tables whose pages every open checks (``PRAGMA quick_check``): small, and what every command reads
+first. Not ``events``, which grows with every step reported: a damaged page of it is reported when
+a query reaches it (``_Cursor``)."""
+
+
+def _check_pages(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a database whose first page opens but whose small tables are damaged (``StoreError``)."""
+    for table in CHECKED_TABLES:
+        rows = db.execute(f"PRAGMA quick_check({table})").fetchall()
+        if [tuple(r) for r in rows] != [("ok",)]:
+            raise _damaged(path, rows[0][0] if rows else f"no answer checking {table}")
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor that reports a damaged database as a ``StoreError`` while rows are read, too.
+
+    SQLite reads pages as a query reaches them: a file whose first page is sound opens, and its
+    damage only shows when a query steps onto a broken page.
+    """
+
+    def _raise(self, err: sqlite3.DatabaseError) -> None:
+        connection = self.connection
+        problem = _store_error(err, connection.path if isinstance(connection, _Connection) else Path("state.db"))
+        if problem is not None:
+            raise problem from None
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except sqlite3.DatabaseError as err:
+            self._raise(err)
+            raise
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except sqlite3.DatabaseError as err:
+            self._raise(err)
+            raise
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except sqlite3.DatabaseError as err:
+            self._raise(err)
+            raise
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that turns SQLite's "disk is full" and "malformed" into one clear ``StoreError``."""
+
+    path: Path = Path("state.db")
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as err:
-            if "full" in str(err):
-                raise StoreError(
-                    f"no space left on {self.where}: the state database cannot be written ({err}); "
-                    "free some space there and gpufleet carries on"
-                ) from None
-            raise
+            return self.cursor(_Cursor).execute(sql, parameters)
+        except sqlite3.DatabaseError as err:
+            problem = _store_error(err, self.path)
+            if problem is None:
+                raise
+            raise problem from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,18 +303,17 @@ class Store:
         db: _Connection | None = None
         try:
             db = sqlite3.connect(path, timeout=30.0, isolation_level=None, factory=_Connection)
-            db.where = path.parent
+            db.path = path
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             _migrate(db, path)
+            _check_pages(db, path)
         except BaseException as err:
             if db is not None:
                 db.close()
             if isinstance(err, sqlite3.DatabaseError):
-                raise StoreError(
-                    f"cannot open state database {path}: {err}; move it aside or set GPUFLEET_HOME"
-                ) from None
+                raise _damaged(path, err) from None
             raise
         self._db = db
 
@@ -307,35 +375,47 @@ class Store:
             )
 
     def _job(self, row: sqlite3.Row) -> Job:
-        state, reason = JobState(row["state"]), row["reason"]
+        """The job a row holds; one whose state or spec is unreadable is ``broken`` (and failed, if it had not ended).
+
+        One unreadable job must not stop the others from being listed, priced or scheduled: values a
+        hand edit or an older writer left of the wrong type read as harmless ones.
+        """
+        reason = row["reason"] if isinstance(row["reason"], str) else None
+        problem, state = None, _enum(JobState, row["state"])
+        if state is None:
+            problem = f"its stored state {str(row['state'])[:40]!r} is not a job state"
         try:
             spec = parse_spec(json.loads(row["spec"]), source=f"job {row['id']}")
-        except (ValueError, SpecError) as err:
-            # One unreadable job must not stop the others from being listed, priced or scheduled.
+        except (TypeError, ValueError, RecursionError, SpecError) as err:
             spec = _placeholder_spec(row["name"], row["team"])
-            reason = f"broken: its stored spec does not validate ({str(err).splitlines()[0][:200]})"
+            problem = f"its stored spec does not validate ({str(err).splitlines()[0][:200]})"
+        if problem is not None:
+            reason = f"broken: {problem}"
             if state not in TERMINAL:
                 state = JobState.FAILED
                 self.set_job_state(row["id"], state, reason=reason)
         try:
             env = json.loads(row["env"])
-        except ValueError:
+        except (TypeError, ValueError, RecursionError):
             env = {}
+        submitted_at = _time(row["submitted_at"])
+        updated_at = _time(row["updated_at"])
+        ref = row["backend_ref"]
         return Job(
             id=row["id"],
-            name=row["name"],
-            team=row["team"],
-            priority=row["priority"],
-            backend=row["backend"],
-            state=state,
+            name=str(row["name"]),
+            team=str(row["team"]),
+            priority=_integer(row["priority"]),
+            backend=str(row["backend"]),
+            state=state or JobState.FAILED,
             spec=spec,
-            submitted_at=row["submitted_at"],
-            updated_at=row["updated_at"],
-            restarts=row["restarts"],
+            submitted_at=submitted_at if submitted_at is not None else updated_at or 0.0,
+            updated_at=updated_at if updated_at is not None else submitted_at or 0.0,
+            restarts=max(0, _integer(row["restarts"])),
             reason=reason,
-            env=env if isinstance(env, dict) else {},
-            events_offset=row["events_offset"],
-            backend_ref=row["backend_ref"],
+            env={str(k): v for k, v in env.items() if isinstance(v, str)} if isinstance(env, dict) else {},
+            events_offset=max(0, _integer(row["events_offset"])),
+            backend_ref=None if ref is None else str(ref),
         )
 
     def job(self, job_id: int) -> Job:
@@ -370,6 +450,11 @@ class Store:
                 (state, reason, restarts, time.time(), job_id),
             )
 
+    def set_reason(self, job_id: int, reason: str | None) -> None:
+        """Why the job is in its state (a queued job's wait), or ``None`` to clear it; the state is kept."""
+        with self.transaction() as db:
+            db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, time.time(), job_id))
+
     def delete_job(self, job_id: int) -> None:
         """Forget a job that never reached its scheduler (it was refused at submission)."""
         with self.transaction() as db:
@@ -389,10 +474,31 @@ class Store:
 
     # ---- attempts ------------------------------------------------------------------------
     def _attempt(self, row: sqlite3.Row) -> Attempt:
-        fields = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row
-        if fields["outcome"] is not None:
-            fields["outcome"] = Outcome(fields["outcome"])
-        return Attempt(**fields)
+        """The attempt a row holds; values of the wrong type (a hand edit) read as harmless ones.
+
+        An outcome gpufleet does not know reads as ``lost`` (nobody can tell how it ended); a start
+        that is not a time as the attempt's end, and an end that is not one as its start: no wall
+        time to bill, rather than one from 1970 or one that never ends.
+        """
+        started_at, ended_at = _time(row["started_at"]), _time(row["ended_at"])
+        if started_at is None:
+            started_at = ended_at or 0.0
+        if ended_at is None and row["ended_at"] is not None:
+            ended_at = started_at
+        outcome = None if row["outcome"] is None else _enum(Outcome, row["outcome"]) or Outcome.LOST
+        pid, exit_code = row["pid"], row["exit_code"]
+        return Attempt(
+            job_id=row["job_id"],
+            n=row["n"],
+            state=str(row["state"]),
+            pid=pid if isinstance(pid, int) else None,
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            outcome=outcome,
+            sigterm_at=_time(row["sigterm_at"]),
+            kill_at=_time(row["kill_at"]),
+        )
 
     def begin_attempt(self, job_id: int, n: int, started_at: float) -> None:
         """Record the intent to launch attempt ``n`` (no PID yet) and the job running, in one transaction.
@@ -517,17 +623,13 @@ class Store:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             args_any += list(kinds)
         rows = self._db.execute(sql + " ORDER BY ts, id", args_any)
-        return [Event(r["job_id"], r["attempt"], r["ts"], r["kind"], r["source"], json.loads(r["data"])) for r in rows]
+        return [e for e in map(_event, rows) if e is not None]
 
     def last_event(self, job_id: int, kind: str) -> Event | None:
-        r = self._db.execute(
-            "SELECT * FROM events WHERE job_id=? AND kind=? ORDER BY ts DESC, id DESC LIMIT 1", (job_id, kind)
-        ).fetchone()
-        return (
-            None
-            if r is None
-            else Event(r["job_id"], r["attempt"], r["ts"], r["kind"], r["source"], json.loads(r["data"]))
+        rows = self._db.execute(
+            "SELECT * FROM events WHERE job_id=? AND kind=? ORDER BY ts DESC, id DESC", (job_id, kind)
         )
+        return next((e for e in map(_event, rows) if e is not None), None)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, job_id: int, kind: str, grace: float | None = None) -> None:
@@ -546,6 +648,47 @@ class Store:
             ).fetchall()
             db.execute("UPDATE requests SET handled_at=? WHERE handled_at IS NULL", (time.time(),))
         return [(r["job_id"], r["kind"], r["grace"]) for r in rows]
+
+
+E = TypeVar("E", JobState, Outcome)
+
+
+def _enum(kind: type[E], value: Any) -> E | None:
+    """``value`` as a member of ``kind``, or ``None`` when it names none."""
+    try:
+        return kind(value)
+    except ValueError:
+        return None
+
+
+def _time(value: Any) -> float | None:
+    """A stored Unix time: a finite number from 0 to ``MAX_TS``; ``None`` for anything else (NULL, text)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_TS
+    return float(value) if ok else None
+
+
+def _integer(value: Any) -> int:
+    """A stored integer, 0 for anything else (text where a number belongs)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _event(row: sqlite3.Row) -> Event | None:
+    """A stored event, or ``None`` for a row that cannot be one (a hand edit, an older writer): readers skip it.
+
+    Its values are as stored: a NaN loss stays NaN, for the reader to show as it sees fit.
+    """
+    ts, attempt, kind = _time(row["ts"]), row["attempt"], row["kind"]
+    if ts is None or not isinstance(kind, str):
+        return None
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+        return None
+    try:
+        data = json.loads(row["data"])
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return Event(row["job_id"], attempt, ts, kind, str(row["source"]), data)
 
 
 def _stored_spec(spec: JobSpec) -> str:

@@ -22,11 +22,14 @@ Throughput is *relative* per workload class: ``1.0`` is the reference GPU, so a 
 Kueue's ClusterQueue model (nominal, borrowingLimit, lendingLimit, cohort), counted in GPUs; one
 team is one ClusterQueue, so all of a team's quotas share one cohort.
 
-Validation rejects what would make a plan silently wrong, naming the item: a negative price, a
-spot price above on-demand (an error, not a warning: it almost always means swapped columns, and
-a spot market dearer than on-demand is never worth choosing, so write ``spot_per_gpu_hour: null``),
-an unknown GPU type, a duplicate offer, a quota larger than the capacity it draws on, and a
-lending limit above the nominal quota.
+Validation rejects what would make a plan silently wrong, naming the item: a number outside its
+physical range (:data:`MAX_GPUS` GPUs, relative throughput from :data:`MIN_THROUGHPUT` to
+:data:`MAX_THROUGHPUT`, at most :data:`MAX_MEMORY_GIB` of GPU memory: a denormal throughput or
+a 20-digit capacity would end as infinite costs or an overflow; an absurd price is the planner's
+``cost_not_finite``), a negative price, a spot price above on-demand (an error, not a warning: it almost
+always means swapped columns, and a spot market dearer than on-demand is never worth choosing, so
+write ``spot_per_gpu_hour: null``), an unknown GPU type, a duplicate offer, a quota larger than
+the capacity it draws on, and a lending limit above the nominal quota.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gpufleet.errors import UsageError
 from gpufleet.paths import NAME_HINT, NAME_RE
@@ -47,6 +50,13 @@ WILDCARD = "*"
 GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 GPU_TYPE_HINT = "use 1-63 letters, digits, '.', '_' or '-' (e.g. H100, L40S, a100-80gb)"
 REFERENCE = "the catalogue format in docs/placement.md"
+CURRENCY_RE = re.compile(r"^[A-Z]{3}$")
+MAX_GPUS = 1_000_000
+"""Most GPUs an offer's capacity or a quota counts: more than any fleet holds."""
+MIN_THROUGHPUT, MAX_THROUGHPUT = 1e-3, 1e3
+"""Relative throughput, against the reference GPU (1.0): a thousand times slower to a thousand times faster."""
+MIN_MEMORY_GIB, MAX_MEMORY_GIB = 1e-3, 10_000.0
+"""Memory of a GPU type, in GiB: from a MiB to 10 TiB (today's largest have under 300 GiB)."""
 
 
 class _Frozen(BaseModel):
@@ -56,6 +66,18 @@ class _Frozen(BaseModel):
 def _name(value: str, what: str) -> str:
     if not NAME_RE.match(value):
         raise ValueError(f"{what} {value!r} is not a valid name: {NAME_HINT}")
+    return value
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def _within(value: float, low: float, high: float, what: str, unit: str) -> float:
+    """``value`` when ``low <= value <= high``; else a ``ValueError`` naming the field and its range."""
+    if not low <= value <= high:
+        shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+        raise ValueError(f"{what} {shown} is out of range: give {unit} from {_number(low)} to {_number(high)}")
     return value
 
 
@@ -71,6 +93,7 @@ class GpuType(_Frozen):
     name: str
     """Filled from the key under ``gpu_types`` when omitted."""
     memory_gib: float = Field(gt=0)
+    """GiB of memory of one GPU, at most :data:`MAX_MEMORY_GIB`."""
     throughput: dict[str, float]
     """Workload class -> relative throughput (> 0); ``1.0`` is the reference GPU for that class."""
 
@@ -87,7 +110,13 @@ class GpuType(_Frozen):
         for workload, rate in value.items():
             if not rate > 0:
                 raise ValueError(f"throughput.{workload} must be > 0, got {rate}")
+            _within(rate, MIN_THROUGHPUT, MAX_THROUGHPUT, f"throughput.{workload}", "a throughput relative to 1.0")
         return value
+
+    @field_validator("memory_gib")
+    @classmethod
+    def _memory(cls, value: float) -> float:
+        return _within(value, MIN_MEMORY_GIB, MAX_MEMORY_GIB, "memory_gib", "GiB per GPU")
 
 
 class Offer(_Frozen):
@@ -101,7 +130,7 @@ class Offer(_Frozen):
     spot_per_gpu_hour: float | None = None
     """``None``: this region has no spot market for the type."""
     capacity_gpus: int = Field(ge=0)
-    """GPUs the fleet can obtain here (reservation, account limit or observed availability)."""
+    """GPUs the fleet can obtain here (reservation, account limit or observed availability), up to :data:`MAX_GPUS`."""
     spot_preemptions_per_hour: float = Field(default=0.0, ge=0)
     """Mean preemptions per hour of a spot node (its inverse is the MTBF of the Young/Daly rule)."""
     egress_per_gb: float = Field(default=0.0, ge=0)
@@ -130,6 +159,11 @@ class Offer(_Frozen):
         if value is not None and value < 0:
             raise ValueError(f"a price cannot be negative, got {value}")
         return value
+
+    @field_validator("capacity_gpus")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        return int(_within(value, 0, MAX_GPUS, "capacity_gpus", "a number of GPUs"))
 
     @model_validator(mode="after")
     def _spot_not_dearer(self) -> Offer:
@@ -185,6 +219,11 @@ class Quota(_Frozen):
     def _cohort(cls, value: str | None) -> str | None:
         return None if value is None else _name(value, "cohort")
 
+    @field_validator("nominal", "borrowing_limit", "lending_limit")
+    @classmethod
+    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else int(_within(value, 0, MAX_GPUS, str(info.field_name), "a number of GPUs"))
+
     @model_validator(mode="after")
     def _lend_what_it_has(self) -> Quota:
         if self.lending_limit is not None and self.lending_limit > self.nominal:
@@ -205,6 +244,13 @@ class Catalog(_Frozen):
     gpu_types: dict[str, GpuType]
     offers: list[Offer] = Field(min_length=1)
     quotas: list[Quota] = Field(default_factory=list)
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, value: str) -> str:
+        if not CURRENCY_RE.match(value):
+            raise ValueError(f"currency {value!r} is not a currency code: write three capital letters, e.g. USD or EUR")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -336,8 +382,14 @@ def load_batch(path: str | Path) -> list[JobSpec]:
 
 
 __all__ = [
+    "CURRENCY_RE",
     "GPU_TYPE_HINT",
     "GPU_TYPE_RE",
+    "MAX_GPUS",
+    "MAX_MEMORY_GIB",
+    "MAX_THROUGHPUT",
+    "MIN_MEMORY_GIB",
+    "MIN_THROUGHPUT",
     "REFERENCE",
     "WILDCARD",
     "Catalog",

@@ -33,6 +33,7 @@ import os
 import re
 import socket
 import time
+import urllib.parse
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -98,7 +99,12 @@ UNREACHABLE_MARKS = ("Max retries exceeded", "Connection refused", "Failed to es
 
 @contextlib.contextmanager
 def mlflow_errors(uri: str) -> Iterator[None]:
-    """Turn MLflow's own failures (store unreachable, bad URI) into one-line gpufleet errors."""
+    """Turn MLflow's own failures (store unreachable, bad URI) into one-line gpufleet errors.
+
+    An ``http(s)://`` server that does not accept a connection within :data:`PROBE_TIMEOUT_S` is refused
+    at once: MLflow's own client retries for minutes before it gives up.
+    """
+    _probe(uri)
     try:
         yield
     except Exception as err:
@@ -106,11 +112,34 @@ def mlflow_errors(uri: str) -> Iterator[None]:
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if any(mark in str(err) for mark in UNREACHABLE_MARKS):
-            raise ServiceUnavailable(
-                f"no MLflow server answers at {uri}: start it (mlflow server --host 127.0.0.1 --port PORT), "
-                "or point $MLFLOW_TRACKING_URI at a running one"
-            ) from None
+            raise _unreachable(uri) from None
         raise UsageError(f"MLflow at {uri} failed: {first} (check $MLFLOW_TRACKING_URI)") from None
+
+
+PROBE_TIMEOUT_S = 3.0
+"""How long :func:`mlflow_errors` waits for an HTTP tracking server to accept a connection."""
+
+
+def _unreachable(uri: str) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"no MLflow server answers at {uri}: start it (mlflow server --host 127.0.0.1 --port PORT), "
+        "or point $MLFLOW_TRACKING_URI at a running one"
+    )
+
+
+def _probe(uri: str) -> None:
+    """Raise ``ServiceUnavailable`` when ``uri`` is an HTTP(S) server that accepts no connection (quickly)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a bad port: MLflow says so
+        return
+    try:
+        socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        raise _unreachable(uri) from None
 
 
 def tracking_uri(home: Path | None = None) -> str:

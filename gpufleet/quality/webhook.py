@@ -249,14 +249,25 @@ class AlertReceiver:
         if self.journal is None or not self.journal.exists():
             return
         now = self.clock()
-        for line in self.journal.read_text(encoding="utf-8").splitlines():
+        try:
+            raw = self.journal.read_bytes()
+        except OSError as err:
+            raise UsageError(f"{self.journal}: cannot read the webhook journal: {_one_line(err)}") from None
+        corrupt = 0
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
             try:
-                item = json.loads(line)
+                item = json.loads(line.decode("utf-8"))
                 if float(item["expires"]) > now:
                     self._keys[str(item["key"])] = float(item["expires"])
                     self._signatures[str(item["signature"])] = float(item["expires"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line after a crash: the rest still counts
+            except (ValueError, KeyError, TypeError, RecursionError):
+                # a torn last line after a crash, bytes that are not UTF-8, nesting too deep to
+                # parse: the line is corrupt, the rest still counts
+                corrupt += 1
+        if corrupt:
+            _log.warning("webhook: skipped %d corrupt line(s) in the journal %s", corrupt, self.journal)
 
     def _reserve(self, key: str, sig: str, expires: float) -> None:
         """Hold ``key`` while its handler runs (in memory only: a crash or a refusal frees it)."""
@@ -324,6 +335,8 @@ class AlertReceiver:
         except ValueError as err:
             message = describe_validation(err, "alert", "the alert schema") if isinstance(err, ValidationError) else err
             return self.respond(400, f"invalid alert: {message}", key)
+        except RecursionError:
+            return self.respond(400, "invalid alert: JSON nested too deeply", key)
         expires = ts + self.tolerance_s + 1
         with self._lock:
             for table in (self._keys, self._signatures):

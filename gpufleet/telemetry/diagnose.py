@@ -83,22 +83,69 @@ class JobSeries:
         return max((a.shape[1] for a in self.metrics.values()), default=0) * self.step_s
 
 
+MAX_SAMPLE_VALUE = 2.0**63
+"""Above any DCGM field (byte counters, bit masks), and what a clock-event mask must stay below to fit an int64."""
+MAX_TIMESTAMP_MS = 10**14
+"""Sample times are Unix milliseconds: anything past the year 5000 is a broken sample."""
+
+
+def _usable(sample: Sample) -> bool:
+    """Whether a sample's value and time can enter the rules' arithmetic.
+
+    NaN is an unknown value, as a missing sample is; an infinity or a negative value is no DCGM
+    reading (every field is a count, a ratio, a size or a mask): such samples are left out.
+    """
+    t = sample.timestamp_ms
+    return 0 <= sample.value < MAX_SAMPLE_VALUE and (t is None or 0 <= t <= MAX_TIMESTAMP_MS)
+
+
+MAX_GPU_SERIES = 4096
+"""Most distinct ``gpu`` labels one diagnosis takes (a large fleet's job, many times over)."""
+MAX_TIMESTAMPS = 1 << 20
+"""Most distinct sample times one diagnosis takes: 12 days at one sample a second."""
+MAX_SERIES_CELLS = 1 << 23
+"""Most GPU x time cells over all metrics (64 MiB of float64): the rules work on dense arrays."""
+
+
+def _check_bounds(n_gpus: int, n_times: int, n_metrics: int) -> None:
+    """A :class:`UsageError` before allocating, when the series would not fit the dense arrays."""
+    if n_gpus > MAX_GPU_SERIES:
+        raise UsageError(
+            f"more than {MAX_GPU_SERIES} GPU series ({n_gpus} distinct gpu labels) in the samples: "
+            "diagnose one job or a few nodes at a time (filter by hpc_job)"
+        )
+    if n_times > MAX_TIMESTAMPS:
+        raise UsageError(
+            f"more than {MAX_TIMESTAMPS} distinct sample times ({n_times}) in the samples: "
+            "diagnose a shorter stretch, or downsample the scrapes"
+        )
+    cells = n_gpus * n_times * n_metrics
+    if cells > MAX_SERIES_CELLS:
+        raise UsageError(
+            f"{n_metrics} metric(s) x {n_gpus} GPU series x {n_times} sample times is {cells} values, "
+            f"more than the {MAX_SERIES_CELLS} one diagnosis takes: diagnose fewer GPUs or a shorter stretch "
+            "(GPUs scraped at different times do not share a time axis; align the scrapes)"
+        )
+
+
 def series_from_samples(samples: Iterable[Sample], *, job: str | None = None, step_s: float | None = None) -> JobSeries:
     """Samples (e.g. parsed scrapes) as a ``JobSeries``, keeping those of ``job`` (label ``hpc_job``).
 
-    Samples without a ``gpu`` label cannot be placed and are dropped (the parser already warned).
+    Samples without a ``gpu`` label cannot be placed and are dropped (the parser already warned), as
+    are values no GPU reports (NaN, infinities, negative numbers) and times out of range.
     Without ``step_s`` the step is the median gap between timestamps, or 1 s.
     """
     rows: dict[str, dict[str, dict[int, float]]] = {}
     times: set[int] = set()
     for i, s in enumerate(samples):
         gpu = s.labels.get("gpu")
-        if gpu is None or (job is not None and s.labels.get("hpc_job") != job):
+        if gpu is None or (job is not None and s.labels.get("hpc_job") != job) or not _usable(s):
             continue
         t = s.timestamp_ms if s.timestamp_ms is not None else i
         rows.setdefault(s.name, {}).setdefault(gpu, {})[t] = s.value
         times.add(t)
     gpus = tuple(sorted({g for per in rows.values() for g in per}, key=lambda g: (len(g), g)))
+    _check_bounds(len(gpus), len(times), len(rows))
     order = sorted(times)
     index = {t: k for k, t in enumerate(order)}
     if step_s is None:
@@ -300,11 +347,11 @@ def _rolling_mean(x: FloatArray, window: int) -> FloatArray:
 
 def _longest_runs(mask: BoolArray) -> npt.NDArray[np.int64]:
     """Length of the longest run of True in each row."""
-    best = np.zeros(mask.shape[0], dtype=np.int64)
-    run = np.zeros(mask.shape[0], dtype=np.int64)
-    for col in mask.T:
-        run = np.where(col, run + 1, 0)
-        best = np.maximum(best, run)
+    if mask.shape[1] == 0:
+        return np.zeros(mask.shape[0], dtype=np.int64)
+    idx = np.arange(mask.shape[1], dtype=np.int64)
+    last_false = np.maximum.accumulate(np.where(mask, -1, idx[np.newaxis, :]), axis=1)
+    best: npt.NDArray[np.int64] = (idx[np.newaxis, :] - last_false).max(axis=1)
     return best
 
 
@@ -554,6 +601,11 @@ __all__ = [
     "GPU_UTIL",
     "LINK_METRICS",
     "LOW_PRECISION",
+    "MAX_GPU_SERIES",
+    "MAX_SAMPLE_VALUE",
+    "MAX_SERIES_CELLS",
+    "MAX_TIMESTAMPS",
+    "MAX_TIMESTAMP_MS",
     "MAX_WINDOW_S",
     "RULES",
     "SM_ACTIVE",

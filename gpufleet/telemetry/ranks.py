@@ -18,8 +18,10 @@ names a rank that stops altogether, wherever it stops.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.jobs.events import EventKind
@@ -43,14 +45,81 @@ RANK_RULES: Mapping[str, Rule] = {
 }
 
 
+MAX_RANKS = 1 << 20
+"""More ranks than any job has: a rank number or a per-rank list beyond it is a broken event."""
+
+
+def _number(value: Any) -> float | None:
+    """A finite number, else ``None``: events come from a file user code writes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _seconds(value: Any, default: float | None = None) -> float | None:
+    """A duration: a finite number, not negative; ``default`` when there is none, ``None`` when it is not one."""
+    if value is None:
+        return default
+    number = _number(value)
+    return number if number is not None and number >= 0 else None
+
+
+def _rank(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_RANKS
+    return value if ok else None
+
+
+def _attempt(event: Mapping[str, Any]) -> int:
+    """The event's attempt number (0 when it has none)."""
+    value = event.get("attempt")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _ts(event: Mapping[str, Any]) -> float:
+    return _number(event.get("ts")) or 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    """A ``rank_stalled`` event of the expected shape (the watchdog's, :mod:`gpufleet.runtime.watchdog`)."""
+
+    attempt: int
+    ts: float
+    seconds: float
+    ranks: list[int]
+    timeout_s: float
+    step: int | None
+    where: dict[str, str] | None
+
+
+def _stall(event: Mapping[str, Any]) -> _Stall | None:
+    """The stall a ``rank_stalled`` event reports, or ``None`` when a field has the wrong shape (it is skipped):
+    ``seconds`` and ``timeout_s`` durations, ``ranks`` a list of rank numbers, ``step`` an integer."""
+    seconds, timeout_s = _seconds(event.get("seconds"), 0.0), _seconds(event.get("timeout_s"), 0.0)
+    raw_ranks, step, where = event.get("ranks", []), event.get("step"), event.get("where")
+    if seconds is None or timeout_s is None or not isinstance(raw_ranks, list) or len(raw_ranks) > MAX_RANKS:
+        return None
+    ranks = [_rank(r) for r in raw_ranks]
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        return None
+    places = where if isinstance(where, dict) and all(isinstance(v, str) for v in where.values()) else None
+    return _Stall(_attempt(event), _ts(event), seconds, [r for r in ranks if r is not None], timeout_s, step, places)
+
+
 def _hosts(events: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], str]:
     """(attempt, rank) -> host, from the ``group`` event each attempt's rank 0 writes."""
     out: dict[tuple[int, int], str] = {}
     for event in events:
         if event.get("kind") == EventKind.GROUP and isinstance(event.get("ranks"), list):
             for item in event["ranks"]:
-                if isinstance(item, Mapping) and isinstance(item.get("rank"), int):
-                    out[(int(event.get("attempt") or 0), item["rank"])] = str(item.get("host", "?"))
+                rank = _rank(item.get("rank")) if isinstance(item, Mapping) else None
+                if rank is not None:
+                    host = item.get("host")
+                    out[(_attempt(event), rank)] = host if isinstance(host, str) else "?"
     return out
 
 
@@ -67,11 +136,11 @@ def _finding(rule_id: str, **fields: Any) -> Finding:
 
 
 def _numbers(value: Any) -> list[float] | None:
-    if not isinstance(value, list) or not value:
+    """Per-rank seconds: a list of finite durations, one a rank; else ``None``."""
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_RANKS:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return None
-    return [float(v) for v in value]
+    numbers = [_seconds(v) for v in value]
+    return None if any(n is None for n in numbers) else [n or 0.0 for n in numbers]
 
 
 def rank_findings(events: Iterable[Mapping[str, Any]], *, wait_fraction: float = 0.10) -> list[Finding]:
@@ -79,45 +148,45 @@ def rank_findings(events: Iterable[Mapping[str, Any]], *, wait_fraction: float =
     events = list(events)
     hosts = _hosts(events)
     findings: list[Finding] = []
-    open_stalls: dict[int, Mapping[str, Any]] = {}
-    cleared: list[tuple[Mapping[str, Any], float]] = []
+    open_stalls: dict[int, _Stall] = {}
+    cleared: list[tuple[_Stall, float]] = []
     for event in events:
-        kind, attempt = event.get("kind"), int(event.get("attempt") or 0)
+        kind, attempt = event.get("kind"), _attempt(event)
         if kind == EventKind.RANK_STALLED:
-            open_stalls[attempt] = event
+            stall = _stall(event)
+            if stall is not None:
+                open_stalls[attempt] = stall
         elif kind == EventKind.RANK_STALL_CLEARED and attempt in open_stalls:
             stall = open_stalls.pop(attempt)
-            cleared.append((stall, float(event.get("ts", 0)) - float(stall.get("ts", 0)) + float(stall["seconds"])))
+            cleared.append((stall, max(0.0, _ts(event) - stall.ts) + stall.seconds))
     for attempt, stall in sorted(open_stalls.items()):
-        ranks = [int(r) for r in stall.get("ranks") or [] if isinstance(r, int)]
-        names = tuple(f"rank{r}@{hosts.get((attempt, r), '?')}" for r in ranks)
+        names = tuple(f"rank{r}@{hosts.get((attempt, r), '?')}" for r in stall.ranks)
         findings.append(
             _finding(
                 "hung_rank",
                 metric="rank_stalled",
-                observed=float(stall.get("seconds", 0.0)),
-                statistic=f"seconds without a step at step {stall.get('step')} (attempt {attempt})",
+                observed=stall.seconds,
+                statistic=f"seconds without a step at step {stall.step} (attempt {attempt})",
                 comparison=">=",
-                threshold=float(stall.get("timeout_s", 0.0)) / 4,
-                duration_s=float(stall.get("seconds", 0.0)),
+                threshold=stall.timeout_s / 4,
+                duration_s=stall.seconds,
                 gpus=names,
-                extra={"attempt": attempt, "step": stall.get("step"), "where": stall.get("where"), "ranks": ranks},
+                extra={"attempt": attempt, "step": stall.step, "where": stall.where, "ranks": stall.ranks},
             )
         )
     for stall, seconds in cleared:
-        attempt = int(stall.get("attempt") or 0)
-        ranks = [int(r) for r in stall.get("ranks") or [] if isinstance(r, int)]
+        attempt = stall.attempt
         findings.append(
             _finding(
                 "straggler",
                 metric="rank_stalled",
                 observed=seconds,
-                statistic=f"seconds the others waited for it at step {stall.get('step')} (attempt {attempt})",
+                statistic=f"seconds the others waited for it at step {stall.step} (attempt {attempt})",
                 comparison=">=",
-                threshold=float(stall.get("timeout_s", 0.0)) / 4,
+                threshold=stall.timeout_s / 4,
                 duration_s=seconds,
-                gpus=tuple(f"rank{r}@{hosts.get((attempt, r), '?')}" for r in ranks),
-                extra={"attempt": attempt, "step": stall.get("step"), "ranks": ranks},
+                gpus=tuple(f"rank{r}@{hosts.get((attempt, r), '?')}" for r in stall.ranks),
+                extra={"attempt": attempt, "step": stall.step, "ranks": stall.ranks},
             )
         )
     findings.extend(_stragglers(events, hosts, wait_fraction))
@@ -134,11 +203,11 @@ def _stragglers(
         step_s, wait_s = _numbers(event.get("rank_step_s")), _numbers(event.get("rank_wait_s"))
         if step_s is None or wait_s is None or len(step_s) != len(wait_s) or len(step_s) < 2:
             continue
-        attempt = int(event.get("attempt") or 0)
-        steps, waits, first, _ = per_attempt.get(attempt, ([], [], float(event.get("ts", 0)), 0.0))
+        attempt = _attempt(event)
+        steps, waits, first, _ = per_attempt.get(attempt, ([], [], _ts(event), 0.0))
         steps.append(step_s)
         waits.append(wait_s)
-        per_attempt[attempt] = (steps, waits, first, float(event.get("ts", 0)))
+        per_attempt[attempt] = (steps, waits, first, _ts(event))
     out = []
     for attempt, (steps, waits, first, last) in sorted(per_attempt.items()):
         world = len(steps[0])
@@ -172,4 +241,4 @@ def _stragglers(
     return out
 
 
-__all__ = ["RANK_RULES", "rank_findings"]
+__all__ = ["MAX_RANKS", "RANK_RULES", "rank_findings"]

@@ -94,7 +94,8 @@ class SyntheticJobConfig:
 
 
 def _require_points(config: SyntheticJobConfig, limit: int) -> None:
-    if config.gpus * round(config.duration_s / config.step_s) > limit:
+    steps = config.duration_s / config.step_s  # inf for a step near 0: compared, never rounded
+    if not math.isfinite(steps) or config.gpus * round(steps) > limit:
         raise ParameterError(
             f"{{gpus}} for {{duration_s}} at {{step_s}} is more than {limit:,} GPU-steps: "
             "shorten the job, lengthen the step or use fewer GPUs",

@@ -93,13 +93,13 @@ def train(
 ) -> dict[str, Any]:
     """Train, surviving preemption; return the final validation and test losses.
 
-        Under torchrun (``distributed:`` in the job's spec) ``strategy`` is ``ddp`` or ``fsdp``
-        (default: the spec's ``distributed.strategy``):
-        every rank builds the same model, wraps it, and trains on its rows of the same global batch
-        (``batch_size`` in all), so the run computes the same thing on any number of ranks that
-        divides ``batch_size``. ``step_seconds`` paces each step (a demo a person can follow, a
-    preemption that lands mid-run); it changes no number. ``on_step`` is called after every step with the session (progress
-        hooks, tests).
+    Under torchrun (``distributed:`` in the job's spec) ``strategy`` is ``ddp`` or ``fsdp``
+    (default: the spec's ``distributed.strategy``):
+    every rank builds the same model, wraps it, and trains on its rows of the same global batch
+    (``batch_size`` in all), so the run computes the same thing on any number of ranks that
+    divides ``batch_size``. ``step_seconds`` paces each step (a demo a person can follow, a
+    preemption that lands mid-run); it changes no number. ``on_step`` is called after every step
+    with the session (progress hooks, tests).
     """
     torch.use_deterministic_algorithms(True)
     group = current_group()

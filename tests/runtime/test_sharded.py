@@ -221,9 +221,9 @@ def test_cli_lists_and_verifies_both_formats(
         (3, "ok", "dcp", 2, "ddp"),
         (5, "ok", "dcp", 2, "ddp"),
     ]
-    out = tmp_path / "model.pt"
-    exported = CheckpointDir(ck).export(out, step=5)
-    model = torch.load(out, weights_only=True)
+    exported_to = tmp_path / "model.pt"
+    exported = CheckpointDir(ck).export(exported_to, step=5)
+    model = torch.load(exported_to, weights_only=True)
     assert exported.tensors == 4 and model.keys() == dump["ddp"][5]["model"].keys()
     assert all(torch.equal(model[k], v) for k, v in dump["ddp"][5]["model"].items())
     mlp(3).load_state_dict(model)  # a plain state dict for any script

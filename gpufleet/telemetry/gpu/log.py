@@ -13,14 +13,22 @@ A round is one ``write`` plus ``flush``, so a crash loses at most the line being
 reader skips a line that does not parse (the truncated last one). Values that JSON cannot hold
 are written as the strings ``"NaN"``, ``"+Inf"`` and ``"-Inf"``; a value whose own timestamp
 differs from the round's is ``[id, value, timestamp_ms]``.
+
+The log is written by the job's own process, so the reader trusts none of it: a line longer than
+``MAX_LINE_BYTES``, one that does not parse (a number beyond Python's digit limit, nesting deeper
+than its recursion limit), a time out of range, a bare non-finite number (which the writer never
+writes) or text that is not valid Unicode is skipped like a torn line, and a log that is not a
+regular file (a FIFO, a link to a device) reads as empty.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,6 +37,10 @@ from gpufleet.telemetry.dcgm import Sample, ScrapeResult
 from gpufleet.telemetry.gpu.sources import now_ms
 
 _NON_FINITE = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
+MAX_LINE_BYTES = 1 << 20
+"""The longest line the reader parses: a round of every field of a thousand GPUs fits many times over."""
+MAX_TIMESTAMP_MS = 10**14
+"""Times are Unix milliseconds: anything past the year 5000 is a broken line."""
 
 
 def _json_value(v: float) -> float | str:
@@ -97,42 +109,82 @@ class GpuRecorder:
 
 
 def _value(raw: Any) -> float:
+    """A value as the writer spells it: a finite number, or ``"NaN"``, ``"+Inf"``, ``"-Inf"``."""
     if isinstance(raw, str):
         return _NON_FINITE[raw]
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
+        value = float(raw)  # OverflowError: an integer beyond any float
+        if math.isfinite(value):
+            return value
     raise ValueError(f"{raw!r} is not a value")
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TIMESTAMP_MS
+
+
+def _is_text(value: str) -> bool:
+    """Valid Unicode: JSON's ``\\ud800`` escape decodes to a lone surrogate, which no output can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _series_entry(entry: Any) -> tuple[int, str, dict[str, str]]:
     sid, name, labels = entry
     if not (isinstance(sid, int) and isinstance(name, str) and isinstance(labels, dict)):
         raise ValueError("bad series entry")
-    return sid, name, {str(k): str(v) for k, v in labels.items()}
+    labels = {str(k): str(v) for k, v in labels.items()}
+    if not all(_is_text(text) for text in (name, *labels, *labels.values())):
+        raise ValueError("series entry with text that is not valid Unicode")
+    return sid, name, labels
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a regular file up to ``MAX_LINE_BYTES`` each (longer ones are skipped whole).
+
+    Opened without blocking, and nothing read unless it is a regular file: a FIFO in its place
+    must not hang the reader, nor a link to ``/dev/zero`` feed it forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return
+    with os.fdopen(fd, "rb") as f:
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            if len(line) <= MAX_LINE_BYTES:
+                yield line.decode("utf-8", "replace")
+                continue
+            while line and not line.endswith(b"\n"):  # the rest of the long line
+                line = f.readline(MAX_LINE_BYTES + 1)
 
 
 def read_gpu_log(path: Path) -> list[Sample]:
     """Every sample in a GPU log, in order; lines that do not parse (a torn last line) are skipped."""
     samples: list[Sample] = []
     series: dict[int, tuple[str, dict[str, str]]] = {}
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
+    for line in _lines(path):
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):  # also a number past the digit limit, nesting past the recursion one
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "gpufleet_gpu_log" in obj:
+            series = {}  # a new writer numbers its series afresh
+        for entry in obj.get("series", ()) if isinstance(obj.get("series"), list) else ():
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
+                sid, name, labels = _series_entry(entry)
+            except (TypeError, ValueError):
                 continue
-            if not isinstance(obj, dict):
-                continue
-            if "gpufleet_gpu_log" in obj:
-                series = {}  # a new writer numbers its series afresh
-            for entry in obj.get("series", ()) if isinstance(obj.get("series"), list) else ():
-                try:
-                    sid, name, labels = _series_entry(entry)
-                except (TypeError, ValueError):
-                    continue
-                series[sid] = (name, labels)
-            if isinstance(obj.get("t"), int) and isinstance(obj.get("v"), list):
-                samples.extend(_round_samples(obj["t"], obj["v"], series))
+            series[sid] = (name, labels)
+        if _is_time(obj.get("t")) and isinstance(obj.get("v"), list):
+            samples.extend(_round_samples(obj["t"], obj["v"], series))
     return samples
 
 
@@ -141,10 +193,10 @@ def _round_samples(t: int, values: list[Any], series: Mapping[int, tuple[str, di
     for entry in values:
         try:
             sid, raw = entry[0], entry[1]
-            ts = entry[2] if len(entry) > 2 and isinstance(entry[2], int) else t
+            ts = entry[2] if len(entry) > 2 and _is_time(entry[2]) else t
             name, labels = series[sid]
             out.append(Sample(name, dict(labels), _value(raw), ts))
-        except (TypeError, ValueError, KeyError, IndexError):
+        except (TypeError, ValueError, KeyError, IndexError, OverflowError):
             continue
     return out
 
@@ -163,4 +215,4 @@ def job_gpu_samples(job_folder: Path) -> list[Sample]:
     ]
 
 
-__all__ = ["GpuRecorder", "gpu_log_path", "job_gpu_samples", "read_gpu_log"]
+__all__ = ["MAX_LINE_BYTES", "MAX_TIMESTAMP_MS", "GpuRecorder", "gpu_log_path", "job_gpu_samples", "read_gpu_log"]

@@ -49,15 +49,51 @@ def write_trace(home: Path, job_id: int, store: Store, now: float | None = None)
 def traces_url(endpoint: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """Where to POST traces: ``endpoint`` (a base URL), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
     (a full URL, used as is), else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base URL), per the OTel
-    exporter spec; base URLs get ``/v1/traces``. ``None`` when nothing is configured."""
+    exporter spec; base URLs get ``/v1/traces``. ``None`` when nothing is configured.
+
+    The URL is checked (:func:`otlp_url_problem`) before it is returned, so a caller learns of a
+    malformed one before it reads or writes anything: ``ParameterError`` naming ``url`` for the
+    endpoint given, ``UsageError`` naming the variable for one from the environment.
+    """
     env = os.environ if environ is None else environ
-    if endpoint:
+    if endpoint is not None:
+        problem = otlp_url_problem(endpoint)
+        if problem is not None:
+            raise ParameterError("{url} " + _escape_braces(problem), url=endpoint)
         return _signal_url(endpoint)
-    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return _signal_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    for name, full in (("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", True), ("OTEL_EXPORTER_OTLP_ENDPOINT", False)):
+        value = env.get(name)
+        if value:
+            problem = otlp_url_problem(value)
+            if problem is not None:
+                raise UsageError(f"{name}={value!r} {problem}, or unset it")
+            return value if full else _signal_url(value)
     return None
+
+
+def otlp_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a collector's OTLP/HTTP endpoint (a phrase following the URL), or ``None``."""
+    hint = "give an http(s) URL such as http://localhost:4318"
+    if not url.strip():
+        return f"is empty: {hint}"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return f"holds whitespace or a control character: {hint}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError as err:
+        return f"is not a valid URL ({err}): {hint}"
+    if parts.scheme not in ("http", "https"):
+        return f"is not an http(s) URL: {hint}"
+    if not parts.hostname:
+        return f"names no host: {hint}"
+    if port == 0:
+        return f"has port 0: {hint}"
+    return None
+
+
+def _escape_braces(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _signal_url(base: str) -> str:
@@ -68,9 +104,9 @@ def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, 
     """POST ``payload`` to ``<endpoint>/v1/traces`` (or to ``endpoint`` itself when ``full_url``);
     the HTTP status. Any failure is a ``UsageError`` naming the endpoint and the reason."""
     url = endpoint if full_url else _signal_url(endpoint)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"OTLP endpoint {endpoint!r} is not an http(s) URL; use e.g. http://localhost:4318")
+    problem = otlp_url_problem(url)
+    if problem is not None:
+        raise UsageError(f"OTLP endpoint {endpoint!r} {problem}")
     body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
@@ -95,4 +131,4 @@ def send_otlp(payload: Mapping[str, Any], endpoint: str, timeout: float = 10.0, 
     )
 
 
-__all__ = ["job_trace", "save_trace", "send_otlp", "traces_url", "write_trace"]
+__all__ = ["job_trace", "otlp_url_problem", "save_trace", "send_otlp", "traces_url", "write_trace"]

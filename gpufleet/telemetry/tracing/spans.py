@@ -26,6 +26,7 @@ directly: ``gpufleet trace`` prints ``span_timeline`` and the cost report takes 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -88,8 +89,20 @@ def _attrs(data: Mapping[str, Any], prefix: str = "gpufleet.") -> dict[str, Attr
 
 
 def _num(data: Mapping[str, Any], key: str) -> float:
+    """A finite number from an event's data, else 0: the runtime's event log is written by user code."""
     value = data.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _seconds(data: Mapping[str, Any], key: str) -> float:
+    """A duration from an event's data: finite and not negative (a phase never ends before it starts)."""
+    return max(0.0, _num(data, key))
 
 
 def sample_evenly(items: Sequence[Event], cap: int) -> list[Event]:
@@ -224,7 +237,7 @@ def _attempt_spans(
     runtime = [e for e in mine if e.source == "runtime"]
     first = {k: next((e for e in runtime if e.kind == k), None) for k in ("session_start", "train_start")}
     restore = next((e for e in runtime if e.kind == EventKind.RESTORE and e.data.get("cause") != "rollback"), None)
-    restore_start = restore.ts - _num(restore.data, "seconds") if restore else None
+    restore_start = restore.ts - _seconds(restore.data, "seconds") if restore else None
     session_start, train_start = first["session_start"], first["train_start"]
     ready = session_start.ts if session_start else restore_start if restore_start is not None else None
     if ready is None and train_start is not None:
@@ -264,7 +277,7 @@ def _attempt_spans(
         )
         for i, e in enumerate(x for x in runtime if x.kind == EventKind.CHECKPOINT):
             parent = train if e.ts >= train.start else span
-            seconds = _num(e.data, "seconds")
+            seconds = _seconds(e.data, "seconds")
             b.add(f"attempt-{n}/checkpoint-{i}", "checkpoint save", parent, e.ts - seconds, e.ts, _attrs(e.data))
 
     if outcome == "preempted":

@@ -1,0 +1,119 @@
+"""Files a user names for a command's output (``--out``, ``--html``, ``--plot``): checked before any work.
+
+An existing output that is not a regular file is never replaced by a rename: a character device
+(``/dev/null``) is written in place, anything else (a folder, a FIFO, a socket, a block device) is
+refused with a ``UsageError`` naming the flag.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gpufleet.errors import UsageError
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+"""What a plot can be written as (matplotlib picks the format from the suffix)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
+
+
+def is_char_device(path: Path) -> bool:
+    """Whether ``path`` is a character device (``/dev/null``): written in place, never renamed over."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def check_output_file(path: Path, flag: str) -> Path:
+    """``path``, refused (naming ``flag``) when it exists and is not a regular file nor a character device,
+    or when a folder above it is a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except NotADirectoryError:
+        raise UsageError(f"{flag} {path}: a folder above it is a file; give a path in a folder") from None
+    except OSError as err:
+        raise UsageError(f"{flag} {path}: cannot use it ({err.strerror}); pick another path") from None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        raise UsageError(f"{flag} {path} is {_kind(mode)}, not a file: give the path of a file to write")
+    return path
+
+
+def check_output_dir(path: Path, flag: str) -> Path:
+    """``path``, refused (naming ``flag``) when it, or a folder above it, exists and is not a folder."""
+    for part in (*reversed(path.parents), path):
+        if part.exists() and not part.is_dir():
+            what = "it" if part == path else f"{part}, a folder above it,"
+            raise UsageError(f"{flag} {path}: {what} is a file, not a folder; give a folder for the output")
+    return path
+
+
+def check_plot_file(path: Path, flag: str) -> Path:
+    """:func:`check_output_file`, and a suffix matplotlib writes (``.png``, ``.svg`` or ``.pdf``)."""
+    if path.suffix.lower() not in PLOT_SUFFIXES and not is_char_device(path):
+        raise UsageError(
+            f"{flag} {path}: a plot is written as {', '.join(PLOT_SUFFIXES)}; end the name with one of them"
+        )
+    return check_output_file(path, flag)
+
+
+def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
+    """The last ``max_bytes`` of the regular file ``path`` and its size; ``None`` when it is missing or not a
+    regular file (a device such as ``/dev/zero``, a FIFO: opened without blocking, never read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        start = max(0, info.st_size - max_bytes)
+        chunks, left = [], max_bytes
+        while left > 0 and (chunk := os.pread(fd, min(left, 1 << 20), start + max_bytes - left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def replace_output(tmp: Path, path: Path, flag: str = "output") -> None:
+    """Move the finished ``tmp`` onto ``path``; a character device is written in place (and ``tmp`` removed)."""
+    if is_char_device(path):
+        try:
+            with open(path, "wb") as sink, open(tmp, "rb") as source:
+                while chunk := source.read(1 << 20):
+                    sink.write(chunk)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
+    check_output_file(path, flag)
+    os.replace(tmp, path)
+
+
+__all__ = [
+    "PLOT_SUFFIXES",
+    "check_output_dir",
+    "check_output_file",
+    "check_plot_file",
+    "is_char_device",
+    "read_tail",
+    "replace_output",
+]

@@ -1,0 +1,279 @@
+"""The fuzz suite: a short seeded run over every surface, and checks that the harness catches what it must.
+
+``test_a_short_run_over_every_surface_finds_no_violation`` runs ``fuzz_runner.py`` in a subprocess
+(a fork server of its own, away from pytest's capture and warning filters) on
+``$GPUFLEET_FUZZ_CASES`` cases (default :data:`DEFAULT_CASES`, 20 to 50 s on two cores)
+of seed ``$GPUFLEET_FUZZ_SEED``, and fails with every violation's reproducer. Cases ``0..N-1``
+cycle through :data:`fuzz_cases.SURFACE_ORDER`, so any run of at least ``len(SURFACE_ORDER)``
+cases touches every surface.
+
+The other tests give the runner a fake command (``Runner(target=...)``): a crash, a write into the
+home before exit 2, two lines on stderr, a hang, a spin, a memory blow-up, a write outside the case's
+folders. Each must be reported as its own violation, so a clean fuzz run means something.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fuzz_cases import SURFACE_ORDER, SURFACES, Case, HomeJob, HomeRecipe, Templates, make_case, surface_of
+from fuzz_runner import Limits, Result, Runner, Target, case_indices
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CASES = 6 * len(SURFACE_ORDER)
+"""Six turns of every surface (312 cases): 25 to 50 s of wall time on two busy cores when no case hangs."""
+CASES = int(os.environ.get("GPUFLEET_FUZZ_CASES", str(DEFAULT_CASES)))
+SEED = int(os.environ.get("GPUFLEET_FUZZ_SEED", "20261204"))
+
+
+def _violations(report: dict[str, Any]) -> str:
+    lines = []
+    for result in report["results"]:
+        for v in result["violations"]:
+            argv = " ".join(result["argv"])[:200]
+            lines.append(
+                f"{v['kind']} [{result['surface']}] {result['reproducer']}\n    gpufleet {argv}\n    {v['detail']}"
+            )
+    return "\n".join(lines)
+
+
+def test_a_short_run_over_every_surface_finds_no_violation(tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    argv = [sys.executable, str(HERE / "fuzz_runner.py"), "--cases", str(CASES), "--seed", str(SEED)]
+    argv += ["--jobs", "2", "--quiet", "--report", str(report_path), "--timeout", "60", "--idle", "15"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=280, check=False)
+    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["cases"] == CASES
+    if len(SURFACE_ORDER) <= CASES:
+        assert set(report["per_surface"]) == set(SURFACES)
+    assert report["violations"] == 0, f"{report['violations']} violation(s):\n{_violations(report)}"
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+# ---- the generators -------------------------------------------------------------------------------
+
+
+def test_a_case_is_a_function_of_seed_and_index() -> None:
+    for index in range(2 * len(SURFACE_ORDER)):
+        first, second = make_case(7, index), make_case(7, index)
+        assert (first.surface, first.argv, first.files, first.env, first.notes) == (
+            second.surface,
+            second.argv,
+            second.files,
+            second.env,
+            second.notes,
+        )
+        assert repr(first.home) == repr(second.home)
+    assert make_case(7, 3).argv != make_case(8, 3).argv or make_case(7, 3).files != make_case(8, 3).files
+
+
+def test_the_generators_never_fail() -> None:
+    for seed in (1, 2):
+        for index in range(8 * len(SURFACE_ORDER)):
+            assert make_case(seed, index).argv
+
+
+def test_consecutive_indices_cover_every_surface() -> None:
+    assert {surface_of(i) for i in range(len(SURFACE_ORDER))} == set(SURFACES)
+    picked = case_indices(5, surfaces=["ckpt"])
+    assert len(picked) == 5 and {surface_of(i) for i in picked} == {"ckpt"}
+
+
+def _command_paths() -> set[tuple[str, ...]]:
+    """Every leaf command of the CLI, as its words (``("ckpt", "verify")``)."""
+    import typer
+
+    from gpufleet.cli.app import app
+
+    found: set[tuple[str, ...]] = set()
+
+    def walk(command: object, path: tuple[str, ...]) -> None:
+        subcommands = getattr(command, "commands", None)  # a group (Typer may bundle its own click)
+        if isinstance(subcommands, dict):
+            for name, sub in subcommands.items():
+                walk(sub, (*path, name))
+        else:
+            found.add(path)
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_every_command_is_fuzzed() -> None:
+    """A command added to the CLI fails this until a surface of ``fuzz_cases.py`` generates it."""
+    generated = {tuple(make_case(5, i).argv) for i in range(60 * len(SURFACE_ORDER))}
+    missing = [
+        " ".join(path) for path in sorted(_command_paths()) if not any(argv[: len(path)] == path for argv in generated)
+    ]
+    assert not missing, f"no fuzz case runs: {', '.join(missing)}"
+
+
+def test_outputs_stay_inside_the_working_folder() -> None:
+    """A generated output path never names an absolute place other than a device, nor climbs out."""
+    out_flags = {"--out", "--html", "--plot", "--keep", "--port-file"}
+    for index in range(6 * len(SURFACE_ORDER)):
+        argv = make_case(3, index).argv
+        for flag, value in itertools.pairwise(argv):
+            if flag in out_flags:
+                assert not value.startswith("/") or value in ("/dev/null", "/dev/full"), (index, value)
+                assert not value.startswith(".."), (index, value)
+
+
+# ---- the harness ----------------------------------------------------------------------------------
+
+
+def _case(surface: str = "harness", *, home: HomeRecipe | None = None, service: bool = False) -> Case:
+    return Case(seed=0, index=0, surface=surface, argv=["fake"], home=home, service_exit_ok=service)
+
+
+def _run(tmp_path: Path, target: Target, case: Case | None = None, limits: Limits | None = None) -> Result:
+    (tmp_path / "root").mkdir(exist_ok=True)
+    runner = Runner(tmp_path / "root", limits=limits, target=target)
+    (result,) = runner.run([case or _case()])
+    return result
+
+
+def _kinds(result: Result) -> set[str]:
+    return {v.kind for v in result.violations}
+
+
+def clean(case: Case) -> int:
+    print("all good")
+    return 0
+
+
+def refuses_cleanly(case: Case) -> int:
+    print("error: --x 5 is out of range", file=sys.stderr)
+    return 2
+
+
+def crashes(case: Case) -> int:
+    raise ValueError("boom")
+
+
+def writes_home_then_refuses(case: Case) -> int:
+    home = Path(os.environ["GPUFLEET_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "state.db-wal").write_bytes(b"wal")
+    print("error: bad input", file=sys.stderr)
+    return 2
+
+
+def touches_state_db_then_refuses(case: Case) -> int:
+    db = Path(os.environ["GPUFLEET_HOME"]) / "state.db"
+    db.write_bytes(db.read_bytes() + b"\0")
+    print("error: bad input", file=sys.stderr)
+    return 2
+
+
+def two_lines_then_refuses(case: Case) -> int:
+    print("warning: states may be stale", file=sys.stderr)
+    print("error: bad input", file=sys.stderr)
+    return 2
+
+
+def hangs(case: Case) -> int:
+    time.sleep(600)
+    return 0
+
+
+def spins(case: Case) -> int:
+    while True:
+        pass
+
+
+def eats_memory(case: Case) -> int:
+    hog = bytearray(8 << 30)
+    return len(hog)
+
+
+def writes_outside(case: Case) -> int:
+    Path("../../escaped.txt").write_text("x")
+    return 0
+
+
+def leaves_a_temp_file(case: Case) -> int:
+    import tempfile
+
+    fd, _ = tempfile.mkstemp()
+    os.close(fd)
+    return 0
+
+
+def exits_3(case: Case) -> int:
+    print("error: no server answers", file=sys.stderr)
+    return 3
+
+
+def test_a_clean_command_and_a_clean_refusal_pass(tmp_path: Path) -> None:
+    assert _run(tmp_path, clean).violations == []
+    assert _run(tmp_path, refuses_cleanly).violations == []
+
+
+def test_a_traceback_is_caught(tmp_path: Path) -> None:
+    result = _run(tmp_path, crashes)
+    assert "traceback" in _kinds(result), result.violations
+    assert "ValueError: boom" in result.violations[0].detail
+
+
+def test_a_write_into_the_home_before_exit_2_is_caught(tmp_path: Path) -> None:
+    result = _run(tmp_path, writes_home_then_refuses)
+    assert _kinds(result) == {"home-changed"}, result.violations
+    assert "+state.db-wal" in result.violations[0].detail
+
+
+def test_a_changed_state_db_before_exit_2_is_caught(tmp_path: Path) -> None:
+    home = HomeRecipe(jobs=[HomeJob(spec={"name": "toy", "entrypoint": "gpufleet.workloads.toy:train"})])
+    result = _run(tmp_path, touches_state_db_then_refuses, _case(home=home))
+    assert _kinds(result) == {"home-changed"}, result.violations
+    assert "~state.db" in result.violations[0].detail
+
+
+def test_two_stderr_lines_on_exit_2_are_caught(tmp_path: Path) -> None:
+    result = _run(tmp_path, two_lines_then_refuses)
+    assert _kinds(result) == {"stderr-lines"}, result.violations
+
+
+def test_a_hang_is_caught_within_the_idle_limit(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _run(tmp_path, hangs, limits=Limits(wall_s=120, idle_s=2))
+    assert _kinds(result) == {"hang"}, result.violations
+    assert time.monotonic() - started < 30
+
+
+def test_a_spin_is_caught_within_the_wall_limit(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _run(tmp_path, spins, limits=Limits(wall_s=3, idle_s=60))
+    assert _kinds(result) == {"timeout"}, result.violations
+    assert time.monotonic() - started < 30
+
+
+def test_memory_exhaustion_is_caught(tmp_path: Path) -> None:
+    result = _run(tmp_path, eats_memory, limits=Limits(address_space=3 << 30))
+    assert _kinds(result) == {"memory"}, result.violations
+
+
+def test_writes_outside_the_case_folders_are_caught(tmp_path: Path) -> None:
+    assert _kinds(_run(tmp_path, writes_outside)) == {"wrote-outside"}
+    assert _kinds(_run(tmp_path, leaves_a_temp_file)) == {"wrote-outside"}
+
+
+def test_exit_3_is_a_violation_unless_a_service_is_involved(tmp_path: Path) -> None:
+    assert _kinds(_run(tmp_path, exits_3)) == {"exit-code"}
+    assert _run(tmp_path, exits_3, _case(service=True)).violations == []
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+def test_every_surface_generates(surface: str) -> None:
+    index = SURFACE_ORDER.index(surface)
+    case = make_case(11, index, Templates())
+    assert case.surface == surface and case.argv
