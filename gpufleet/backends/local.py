@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from gpufleet.backends.base import Backend, Feature, ingest_events, register, write_spec_file
 from gpufleet.backends.lifecycle import (
@@ -40,7 +40,11 @@ from gpufleet.jobs.protocol import check_environment, entry_argv, job_environmen
 from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import attempt_log, events_file, job_dir, scheduler_log, spec_file, state_db
 from gpufleet.paths import scheduler_pid as pid_file
+from gpufleet.runtime.interval import ENV_PREEMPTIONS
 from gpufleet.spec import JobSpec
+
+if TYPE_CHECKING:
+    from gpufleet.backends.fleet_sched import FleetScheduling, Placed
 
 DEFAULT_SLOTS = 1
 
@@ -79,6 +83,13 @@ class LocalBackend(Backend):
         self.spawn = spawn
 
     def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        from gpufleet.backends.fleet_sched import check_fits
+        from gpufleet.backends.pools import active_fleet
+
+        fleet = active_fleet(self.home)
+        if fleet is not None:
+            check_fits(spec, fleet)
+            return spec
         slots = configured_slots()
         if slots_of(spec) > slots:
             raise UsageError(
@@ -175,6 +186,9 @@ class _Running:
     stop: str | None = None
     """``preempted`` or ``cancelled`` once the scheduler has signalled it."""
     kill_at: float | None = None
+    placed: Placed | None = None
+    """Where it runs when the home has a fleet (``None``: the one pool of slots)."""
+    started: float = 0.0
 
 
 class LocalScheduler:
@@ -187,6 +201,7 @@ class LocalScheduler:
         self.poll_s = poll_s
         self.idle_exit_s = idle_exit_s
         self.running: dict[int, _Running] = {}
+        self.fleet: FleetScheduling | None = None
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -263,6 +278,17 @@ class LocalScheduler:
                 outcome = "cancelled" if kind == "cancel" else "preempted"
                 self._stop(run, outcome, grace)
 
+    def stop(self, run: _Running, outcome: str, grace: float | None, *, abrupt: bool = False) -> None:
+        """SIGTERM the attempt, SIGKILL after ``grace`` (the job's own by default); ``abrupt``: SIGKILL now."""
+        if abrupt:
+            now = time.time()
+            run.stop, run.kill_at = outcome, None
+            signal_group(run.proc.pid, signal.SIGKILL)
+            self.store.update_attempt(run.job.id, run.n, state="stopping", sigterm_at=now, kill_at=now)
+            self.store.add_event(run.job.id, EventKind.SIGKILL, attempt=run.n, ts=now, reason=f"{outcome}, abruptly")
+            return
+        self._stop(run, outcome, grace)
+
     def _stop(self, run: _Running, outcome: str, grace: float | None) -> None:
         grace_s = grace if grace is not None else run.job.spec.checkpoint.grace_seconds
         now = time.time()
@@ -336,7 +362,11 @@ class LocalScheduler:
             stop = "lost" if code is None else ("preempted" if attempt.state == "stopping" else None)
             self._finish(self.store.job(job.id), attempt.n, -int(signal.SIGKILL) if code is None else code, stop)
 
-    def _launch(self, job: Job) -> None:
+    def launch(self, job: Job, placed: Placed | None = None) -> None:
+        """Start the job's next attempt (on ``placed``, when the home has a fleet)."""
+        self._launch(job, placed)
+
+    def _launch(self, job: Job, placed: Placed | None = None) -> None:
         spec = job.spec
         n = len(self.store.attempts(job.id)) + 1
         folder = job_dir(self.home, job.id)
@@ -348,6 +378,8 @@ class LocalScheduler:
             **job.env,
             "GPUFLEET_ATTEMPT": str(n),
         }
+        if placed is not None:  # what `checkpoint: {every: auto}` plans for on this pool
+            env[ENV_PREEMPTIONS] = f"{placed.preemptions_per_hour:g}"
         argv = entry_argv(spec)
         try:  # the stored spec is the authority; the attempt reads this copy (a resize changes the store only)
             write_spec_file(folder, spec)
@@ -384,8 +416,11 @@ class LocalScheduler:
             return
         # Ours before anything else can fail: if the store does, the next scheduler finds the process
         # by its GPUFLEET_* variables.
-        self.running[job.id] = _Running(job, n, proc, log)
+        self.running[job.id] = _Running(job, n, proc, log, placed=placed, started=started)
         self.store.set_attempt_pid(job.id, n, proc.pid)
+        where = {} if placed is None else placed.to_event()
+        for key in ("why", "gpus"):  # the reasons are in the `placed` event; the GPUs are counted below
+            where.pop(key, None)
         self.store.add_event(
             job.id,
             EventKind.ATTEMPT_START,
@@ -394,10 +429,17 @@ class LocalScheduler:
             pid=proc.pid,
             gpus=spec.total_gpus,
             world_size=spec.world_size,
+            **where,
         )
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
+        from gpufleet.backends.fleet_sched import FleetScheduling
+
+        self.fleet = FleetScheduling.load(self, self.fleet)
+        if self.fleet is not None:
+            self.fleet.tick()
+            return
         used = sum(slots_of(r.job.spec) for r in self.running.values())
         free = self.slots - used
         queue = sorted(self.store.jobs(states=("queued",)), key=lambda j: (-j.priority, j.id))

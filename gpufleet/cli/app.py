@@ -15,11 +15,13 @@ from typer import TyperException
 from typer.core import TyperGroup, TyperOption
 
 from gpufleet.cli import jobs
+from gpufleet.cli.advise import advise_command
 from gpufleet.cli.ckpt import ckpt_app
 from gpufleet.cli.debug import debug_app
 from gpufleet.cli.demo import demo_command
 from gpufleet.cli.estimate import estimate_app
 from gpufleet.cli.export import export_app
+from gpufleet.cli.fleet import fleet_app
 from gpufleet.cli.goodput import goodput
 from gpufleet.cli.observe import diagnose_job_command, observe_app
 from gpufleet.cli.place import place_command
@@ -54,6 +56,8 @@ app.add_typer(debug_app, name="debug")
 app.command("place")(place_command)
 app.command("simulate")(simulate_command)
 app.command("goodput")(goodput)
+app.command("advise")(advise_command)
+app.add_typer(fleet_app, name="fleet")
 app.add_typer(estimate_app, name="estimate")
 app.add_typer(export_app, name="export")
 app.add_typer(slurm_app, name="slurm")

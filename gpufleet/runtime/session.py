@@ -59,6 +59,7 @@ from gpufleet.runtime.group import (
     mark_lost,
 )
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
+from gpufleet.runtime.interval import AutoInterval, PreemptionRate, rate_from
 from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
 from gpufleet.runtime.watchdog import RankInfo, RankWatch, stall_seconds
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
@@ -188,6 +189,7 @@ class TrainSession:
         echo: bool = True,
         group: Group | None = None,
         agree_every: int = 4,
+        preemption_rate: PreemptionRate | None = None,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -196,6 +198,11 @@ class TrainSession:
         self.group = group if group is not None else current_group()
         """The ranks of this attempt (a group of one for a single process): they take every decision together."""
         self.policy = policy or CheckpointPolicy()
+        self.auto_interval = (
+            AutoInterval(preemption_rate or rate_from({}, self.policy)) if self.policy.every == "auto" else None
+        )
+        """``checkpoint: {every: auto}``: the interval re-estimated from this run's saves (``runtime.interval``);
+        ``preemption_rate`` overrides ``checkpoint.preemptions_per_hour`` (``from_env``: the backend's)."""
         best = self.policy.keep_best
         self.ckpts = CheckpointDir(
             Path(ckpt_dir), keep=self.policy.keep, keep_best=(best.metric, best.mode) if best else None
@@ -331,6 +338,7 @@ class TrainSession:
             gpu_type, provider = spec.resources.gpu_type, spec.provider
             telemetry, gpus, spot, spec_resume = spec.telemetry, spec.total_gpus, spec.spot, spec.resume
             agree_every = spec.distributed.agree_every if spec.distributed is not None else 1
+        rate = rate_from(env, policy) if policy.every == "auto" else None  # a bad one is refused before files open
         group = current_group()
         events_path = env.get("GPUFLEET_EVENTS") if group.is_main else None
         # Under a plain sbatch script (not submitted by gpufleet), Slurm numbers the runs.
@@ -363,6 +371,7 @@ class TrainSession:
             job=env.get("GPUFLEET_JOB_ID") or None,
             group=group,
             agree_every=agree_every,
+            preemption_rate=rate,
         )
         session.inject_preempt_at = _env_step(env, "GPUFLEET_DEBUG_PREEMPT_AT")
         session.inject_rollback_at = _env_step(env, "GPUFLEET_DEBUG_ROLLBACK_AT")
@@ -413,6 +422,9 @@ class TrainSession:
             self._write_group = self.group.side_group()
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-ckpt-write")
         self._entered = True
+        if self.auto_interval is not None:
+            interval = self.auto_interval.event()
+            self._say(EventKind.CHECKPOINT_INTERVAL, f"checkpoint every: auto: {interval['why']}", **interval)
         self._step_started = time.monotonic()
         self._window_start = time.monotonic()
         self._agreed_at = time.monotonic()
@@ -648,6 +660,8 @@ class TrainSession:
         else:
             self.monitor.accept(value)
         self._step_seconds[self.step] = seconds
+        if self.auto_interval is not None:
+            self.auto_interval.note_step(seconds)
         self.step += 1
         self.data_position += batches
         self.last_loss = value
@@ -718,8 +732,7 @@ class TrainSession:
         a NaN on one rank makes the mean NaN everywhere. Each rank must report as many micro-batch
         losses as the others.
         """
-        p = self.policy
-        seconds_due = p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
+        seconds_due = self._seconds_due(now)
         losses = [v for step in pending for v in step.values]
         flags = [*(float(step.tokens) for step in pending), float(self._preempt_signal is not None), float(seconds_due)]
         # Each rank fills its own slot: the sum gives every rank's step seconds (outside the agreement)
@@ -791,12 +804,16 @@ class TrainSession:
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _save_due(self, now: float) -> bool:
-        p = self.policy
         if self._save_owed:  # a multiple of every_steps was reached since the last decision point
             return True
         if self.group.distributed:
             return self._agreed_seconds_due
-        return p.every_seconds is not None and now - self._last_save_time >= p.every_seconds
+        return self._seconds_due(now)
+
+    def _seconds_due(self, now: float) -> bool:
+        """``every_seconds`` or ``every: auto``'s interval has passed since the last save (this rank's clock)."""
+        since, p, auto = now - self._last_save_time, self.policy, self.auto_interval
+        return (p.every_seconds is not None and since >= p.every_seconds) or (auto is not None and auto.due(since))
 
     def _named_state(self) -> Iterator[tuple[str, Any]]:
         """Every tensor of the model and the optimizer state, named for a message."""
@@ -966,6 +983,10 @@ class TrainSession:
         )
         if not self.group.distributed and stall is None:  # a sharded save prunes on rank 0 once committed
             self.ckpts.prune()
+        if self.auto_interval is not None and self.auto_interval.note_save(
+            manifest.save_seconds if stall is None else stall
+        ):
+            self.events.emit(EventKind.CHECKPOINT_INTERVAL, **self.auto_interval.event())
 
     def _preempt(self) -> None:
         signum = self._preempt_signal
@@ -1087,6 +1108,8 @@ class TrainSession:
         self._last_save_time = time.monotonic()
         seconds = time.perf_counter() - started
         self.events.emit(EventKind.RESTORE, step=self.step, seconds=seconds, path=str(info.path), cause=cause)
+        if cause == "start" and self.auto_interval is not None:
+            self.auto_interval.note_restore(seconds)  # logged with the first interval, as training starts
         if cause == "start" and self.echo:
             print(f"gpufleet: resumed from {info.path} (step {self.step}) in {seconds:.2f}s", flush=True)
         if changes:

@@ -74,6 +74,31 @@ def follow_a_job(tmp_path: Path, *, terminal: bool) -> str:
     return out.getvalue()
 
 
+@pytest.mark.timeout(600)
+def test_fleet_demo_borrows_reclaims_fails_over_and_prices_the_move(home: Path) -> None:
+    env = {**os.environ, "GPUFLEET_HOME": str(home)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli", "demo", "--fleet", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=580,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ok"] is True, result["events"]
+    assert {j["state"] for j in result["jobs"]} == {"completed"}
+    story = [line["text"] for line in result["story"]]
+    assert any("borrowing 1 GPU" in line for line in story)
+    assert any("is reclaimed" in line for line in story) and any("fails over: aws/us-east-1" in line for line in story)
+    moved = [line for line in story if "checkpoint step" in line and "-> gcp/us-central1" in line]
+    assert moved and all("verified" in line for line in moved)
+    total = result["total"]
+    assert total["egress_bytes"] > 0 and total["egress_money"] > 0
+    markdown = Path(result["note"]["markdown"]).read_text()
+    assert "checkpoint_moved" in markdown and "egress" in markdown and "gcp/us-central1/H100" in markdown
+
+
 def test_watch_without_a_terminal_prints_a_line_every_tenth(tmp_path: Path) -> None:
     text = follow_a_job(tmp_path, terminal=False)
     lines = [line.strip() for line in text.splitlines() if ": step " in line]

@@ -1,0 +1,168 @@
+"""``gpufleet fleet ...``: give the local backend a fleet of pools, and take parts of it down."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from gpufleet.backends.pools import active_fleet, drop_fleet, mark, matches, read_failover, read_marks, use_fleet
+from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.render import console, emit_json, table
+from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.store import Store
+from gpufleet.paths import gpufleet_home, state_db
+
+fleet_app = typer.Typer(
+    help="The local backend's fleet: pools of offers, team quotas, outages and failover.", no_args_is_help=True
+)
+
+
+def _running_on(home: Path) -> dict[str, list[int]]:
+    """Offer -> the jobs whose latest attempt was placed there and still runs."""
+    if not state_db(home).exists():
+        return {}
+    store = Store(state_db(home))
+    where: dict[str, list[int]] = {}
+    for job in store.jobs(states=("running",)):
+        placed = store.last_event(job.id, EventKind.PLACED)
+        if placed is not None and isinstance(placed.data.get("offer"), str):
+            where.setdefault(placed.data["offer"], []).append(job.id)
+    return where
+
+
+def _status(home: Path) -> dict[str, Any]:
+    fleet = active_fleet(home)
+    if fleet is None:
+        return {"fleet": None}
+    marks = read_marks(home)
+    now = time.time()
+    seconds, hours = marks.seconds(now), marks.seconds(now) / 3600
+    blocks = read_failover(home, fleet).active(hours)
+    running = _running_on(home)
+    pools = []
+    for o in fleet.catalog.offers:
+        outage = fleet.outage(o.key, seconds)
+        down = [t for t in marks.down if matches(t, o.key)]
+        blocked = [b.to_dict() for b in blocks if matches(b.target, o.key)]
+        state = "down" if down or outage is not None else "blocked" if blocked else "up"
+        pools.append(
+            {
+                "offer": o.key,
+                "slots": o.capacity_gpus,
+                "on_demand_per_gpu_hour": o.on_demand_per_gpu_hour,
+                "spot_per_gpu_hour": o.spot_per_gpu_hour,
+                "state": state,
+                "storm_per_hour": fleet.storm_rate(o.key, seconds),
+                "jobs": running.get(o.key, []),
+                "blocks": blocked,
+            }
+        )
+    quotas = [q.model_dump() for q in fleet.catalog.quotas]
+    return {
+        "fleet": str(home / "fleet" / "fleet.yaml"),
+        "seconds": seconds,
+        "down": marks.down,
+        "pools": pools,
+        "quotas": quotas,
+        "failover": fleet.failover.model_dump(),
+    }
+
+
+@fleet_app.command("use")
+def use_command(
+    file: Annotated[Path, typer.Argument(help="A fleet file (docs/placement.md); examples/local-fleet.yaml.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Make FILE this home's fleet: jobs are placed on its pools from now on (storm times count from now)."""
+    home = gpufleet_home()
+    fleet = use_fleet(home, file)
+    if json_out:
+        emit_json(_status(home))
+        return
+    slots = sum(o.capacity_gpus for o in fleet.catalog.offers)
+    console.print(
+        f"fleet of {len(fleet.pools)} pools, {slots} slots, {len(fleet.catalog.quotas)} quotas: {escape(str(file))}",
+        highlight=False,
+    )
+
+
+@fleet_app.command("off")
+def off_command(json_out: JsonOpt = False) -> None:
+    """Stop using a fleet: the local backend goes back to one pool of GPUFLEET_LOCAL_SLOTS slots."""
+    had = drop_fleet(gpufleet_home())
+    if json_out:
+        emit_json({"fleet": None, "was_in_use": had})
+    else:
+        console.print("fleet dropped" if had else "no fleet was in use", highlight=False)
+
+
+@fleet_app.command("show")
+def show_command(json_out: JsonOpt = False) -> None:
+    """Pools (up, down, blocked by failover), their prices, storms and jobs; quotas."""
+    status = _status(gpufleet_home())
+    if json_out:
+        emit_json(status)
+        return
+    if status["fleet"] is None:
+        console.print("no fleet: the local backend runs one pool (`gpufleet fleet use FILE`)", highlight=False)
+        return
+    rows = []
+    for p in status["pools"]:
+        spot = "-" if p["spot_per_gpu_hour"] is None else f"{p['spot_per_gpu_hour']:g}"
+        why = "; ".join(b["why"] for b in p["blocks"])
+        rows.append(
+            [
+                p["offer"],
+                str(p["slots"]),
+                f"{p['on_demand_per_gpu_hour']:g}",
+                spot,
+                p["state"] + (f" ({why})" if why else ""),
+                f"{p['storm_per_hour']:g}" if p["storm_per_hour"] else "",
+                ", ".join(map(str, p["jobs"])),
+            ]
+        )
+    console.print(table(None, ["pool", "slots", "on-demand/h", "spot/h", "state", "storm/h", "jobs"], rows))
+    for q in status["quotas"]:
+        console.print(
+            escape(
+                f"quota {q['team']}/{q['gpu_type']}@{q['provider']}: nominal {q['nominal']}, "
+                f"borrowing limit {q['borrowing_limit']}, lending limit {q['lending_limit']}, cohort {q['cohort']}"
+            ),
+            highlight=False,
+        )
+
+
+@fleet_app.command("down")
+def down_command(
+    target: Annotated[str, typer.Argument(help="A provider, provider/region or offer of the fleet.")],
+    abrupt: Annotated[
+        bool, typer.Option("--abrupt", help="Kill its jobs at once (they lose the work since their checkpoint).")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Take a provider or region down: its jobs stop (and save, unless --abrupt) and move to the next offer."""
+    marks = mark(gpufleet_home(), target, down=True, abrupt=abrupt)
+    if json_out:
+        emit_json({"down": marks.down})
+    else:
+        console.print(f"{escape(target)} is down{' (abrupt)' if abrupt else ''}: its jobs move", highlight=False)
+
+
+@fleet_app.command("up")
+def up_command(
+    target: Annotated[str, typer.Argument(help="A target marked down before.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Bring a target marked down back: jobs may be placed there again."""
+    marks = mark(gpufleet_home(), target, down=False)
+    if json_out:
+        emit_json({"down": marks.down})
+    else:
+        console.print(f"{escape(target)} is up", highlight=False)
+
+
+__all__ = ["fleet_app"]
