@@ -236,3 +236,37 @@ def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         code = int(exit_.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def attempt_events(n: int, start: float, outcome: str) -> list[dict[str, Any]]:
+    """One attempt: 8 s to its first step (0.5 s of it restoring, after the first), a 0.4 s periodic save,
+    then a 0.7 s save at the signal and an exit 2.97 s after the session ended, or the end at step 100."""
+    first = n == 1
+    events: list[dict[str, Any]] = [
+        {"ts": start + 1.0, "kind": "session_start", "total_steps": 100},
+        {"ts": start + 6.0, "kind": "restore", "step": None if first else 10 * (n - 1),
+         "seconds": 0.0 if first else 0.5, "cause": "start"},
+        {"ts": start + 8.0, "kind": "train_start", "step": 0 if first else 10 * (n - 1)},
+        {"ts": start + 50.0, "kind": "checkpoint", "step": 10 * n - 5, "seconds": 0.4, "reason": "periodic"},
+    ]  # fmt: skip
+    if outcome == "completed":
+        events += [{"ts": start + 90.0, "kind": "session_end", "status": "completed", "step": 100}]
+    else:
+        events += [
+            {"ts": start + 60.0, "kind": "preempt_signal", "step": 10 * n, "signal": "SIGTERM"},
+            {"ts": start + 60.01, "kind": "checkpoint", "step": 10 * n, "seconds": 0.7, "reason": "preempt"},
+            {"ts": start + 60.03, "kind": "session_end", "status": "requeue", "step": 10 * n},
+        ]
+    return [{**e, "attempt": n} for e in events]
+
+
+def assert_refused(code: int, err: str, home: Path, *needles: str) -> str:
+    """Exit 2, exactly one non-empty stderr line (returned) holding every needle, no traceback, home untouched."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (code, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("error:"), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not home.exists() or not any(home.rglob("*")), sorted(home.rglob("*"))
+    return lines[0]

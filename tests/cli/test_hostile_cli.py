@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import REPO, run_cli
+from conftest import REPO, assert_refused, run_cli
 
 from gpufleet.cli import app as app_module
 from gpufleet.errors import UsageError
@@ -15,18 +15,6 @@ from gpufleet.telemetry.dcgm import parse_exposition
 from gpufleet.telemetry.gpu.sources import ScrapeSource, check_scrape_url
 
 SPEC = "name: hostile\nentrypoint: gpufleet.workloads.toy:train\n"
-
-
-def assert_refused(code: int, err: str, home: Path, *needles: str) -> str:
-    """Exit 2, exactly one non-empty stderr line (returned) holding every needle, no traceback, home untouched."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, (code, err)
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and lines[0].startswith("error:"), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert not home.exists() or not any(home.rglob("*")), sorted(home.rglob("*"))
-    return lines[0]
 
 
 # --- 1. Click's own usage errors -----------------------------------------------------------------

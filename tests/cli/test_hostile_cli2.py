@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from conftest import REPO, run_cli
+from conftest import REPO, assert_refused, run_cli
 from rich.console import Console
 
 from gpufleet.cli import app as app_module
@@ -29,18 +29,6 @@ SPEC = "name: hostile\nentrypoint: gpufleet.workloads.toy:train\n"
 CATALOG = REPO / "examples" / "catalog.yaml"
 BATCH = REPO / "examples" / "batch.yaml"
 LONG = "a" * 300  # one name over the 255 bytes a file system takes: ENAMETOOLONG
-
-
-def refused(code: int, err: str, home: Path, *needles: str) -> str:
-    """Exit 2, exactly one stderr line (returned) holding every needle, no traceback, home untouched."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, (code, err)
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and lines[0].startswith("error:"), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert not home.exists() or not any(home.rglob("*")), sorted(home.rglob("*"))
-    return lines[0]
 
 
 def write(path: Path, text: str) -> Path:
@@ -84,7 +72,7 @@ def test_a_refusal_on_a_new_home_creates_no_store(
     needle: str,
 ) -> None:
     code, out, err = run_cli(capsys, monkeypatch, *argv)
-    refused(code, err, home, needle)
+    assert_refused(code, err, home, needle)
     assert out == ""
 
 
@@ -101,10 +89,10 @@ def test_a_submit_the_backend_cannot_run_creates_no_store(
 ) -> None:
     spec = write(tmp_path / "two-nodes.yaml", SPEC + "resources: {gpus: 2, nodes: 2}\ndistributed: {strategy: ddp}\n")
     code, _, err = run_cli(capsys, monkeypatch, "submit", str(spec))
-    refused(code, err, home, "local backend does not support jobs over more than one node")
+    assert_refused(code, err, home, "local backend does not support jobs over more than one node")
     monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "soon")
     code, _, err = run_cli(capsys, monkeypatch, "submit", str(write(tmp_path / "ok.yaml", SPEC)))
-    refused(code, err, home, "GPUFLEET_LOG_EVERY_S='soon' is invalid")
+    assert_refused(code, err, home, "GPUFLEET_LOG_EVERY_S='soon' is invalid")
 
 
 @pytest.mark.parametrize("argv", [("quality", "doc", "m"), ("registry", "history", "m")])
@@ -113,7 +101,7 @@ def test_an_unknown_model_on_a_new_home_creates_no_registry(
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     code, _, err = run_cli(capsys, monkeypatch, *argv)
-    refused(code, err, home, "model 'm' is not registered", "(registered: none)")
+    assert_refused(code, err, home, "model 'm' is not registered", "(registered: none)")
 
 
 # --- 2. markup in values is shown as text -------------------------------------------------------
@@ -208,7 +196,7 @@ def test_a_file_argument_that_is_not_a_regular_file_is_refused(
         path = _not_regular(tmp_path, kind, ".txt")
         argv = ["observe", "diagnose", str(path)]
     code, _, err = run_cli(capsys, monkeypatch, *argv)
-    refused(code, err, home, str(path), "not a regular file")
+    assert_refused(code, err, home, str(path), "not a regular file")
 
 
 @pytest.mark.parametrize(
@@ -237,7 +225,7 @@ def test_a_path_name_too_long_is_refused_in_one_line(
     words = [a.replace("DIR", str(tmp_path)).replace("LONG", LONG).replace("SPEC", str(spec)) for a in argv]
     before = sorted(tmp_path.rglob("*"))
     code, out, err = run_cli(capsys, monkeypatch, *words)
-    line = refused(code, err, home, "aaaa", "(3")  # the path, cut in the middle, with its length
+    line = assert_refused(code, err, home, "aaaa", "(3")  # the path, cut in the middle, with its length
     assert len(line) < 400 and out == ""
     assert sorted(tmp_path.rglob("*")) == before  # no output file, no folder left behind
 
@@ -253,11 +241,11 @@ def test_a_truncated_csv_gz_is_refused_not_taken_for_ctrl_d(
     cut.write_bytes(whole[: len(whole) // 2])
     ok = write(tmp_path / "ok.csv", "a,b\n1,2\n")
     code, _, err = run_cli(capsys, monkeypatch, "drift", str(cut), str(ok))
-    refused(code, err, home, str(cut), "truncated")
+    assert_refused(code, err, home, str(cut), "truncated")
     not_gz = tmp_path / "plain.csv.gz"
     not_gz.write_bytes(b"a,b\n1,2\n")
     code, _, err = run_cli(capsys, monkeypatch, "drift", str(ok), str(not_gz))
-    refused(code, err, home, str(not_gz), "Not a gzipped file")
+    assert_refused(code, err, home, str(not_gz), "Not a gzipped file")
 
 
 def test_a_csv_gz_that_decompresses_past_the_limit_is_refused(
@@ -269,7 +257,7 @@ def test_a_csv_gz_that_decompresses_past_the_limit_is_refused(
     assert bomb.stat().st_size < 100_000
     ok = write(tmp_path / "ok.csv", "a,b\n1,2\n")
     code, _, err = run_cli(capsys, monkeypatch, "drift", str(ok), str(bomb))
-    refused(code, err, home, str(bomb), "decompresses to more than 100,000 bytes")
+    assert_refused(code, err, home, str(bomb), "decompresses to more than 100,000 bytes")
 
 
 # --- 5. trace --endpoint --------------------------------------------------------------------------
@@ -343,7 +331,7 @@ def test_an_argument_that_is_not_utf8_is_refused(
     needle: str,
 ) -> None:
     code, _, err = run_cli(capsys, monkeypatch, *argv)
-    refused(code, err, home, needle)
+    assert_refused(code, err, home, needle)
 
 
 def test_a_non_utf8_gpu_source_is_refused_before_the_spec_is_stored(
@@ -351,7 +339,7 @@ def test_a_non_utf8_gpu_source_is_refused_before_the_spec_is_stored(
 ) -> None:
     spec = write(tmp_path / "spec.yaml", SPEC)
     code, _, err = run_cli(capsys, monkeypatch, "submit", str(spec), "--gpu-source", "scrape:http://n\udcff/m")
-    refused(code, err, home, "--gpu-source 'scrape:http://n\\xff/m' is not UTF-8 text")
+    assert_refused(code, err, home, "--gpu-source 'scrape:http://n\\xff/m' is not UTF-8 text")
 
 
 @pytest.mark.parametrize(
@@ -410,7 +398,7 @@ def test_a_spec_no_job_could_run_is_refused_at_submit(
     body, field, problem = HOSTILE_SPECS[case]
     spec = write(tmp_path / "spec.yaml", "name: hostile\n" + body)
     code, _, err = run_cli(capsys, monkeypatch, "submit", str(spec))
-    refused(code, err, home, str(spec), f"{field}:", problem)
+    assert_refused(code, err, home, str(spec), f"{field}:", problem)
     with pytest.raises(SpecError):
         parse_spec(yaml.safe_load(spec.read_text(encoding="utf-8")))
 
@@ -428,7 +416,7 @@ def test_a_denormal_step_time_in_a_batch_is_refused_by_place(
     data["jobs"][0]["placement"]["step_seconds"] = 5e-324
     batch = write(tmp_path / "batch.yaml", yaml.safe_dump(data))
     code, _, err = run_cli(capsys, monkeypatch, "place", str(batch), "--catalog", str(CATALOG))
-    refused(code, err, home, "jobs[0]: placement.step_seconds")
+    assert_refused(code, err, home, "jobs[0]: placement.step_seconds")
 
 
 # --- 8. catalogue numbers outside their physical range ---------------------------------------------
@@ -467,7 +455,7 @@ def test_catalogue_numbers_outside_their_physical_range_are_refused(
 ) -> None:
     catalog = write(tmp_path / "catalog.yaml", yaml.safe_dump(_catalog(**changes)))
     code, _, err = run_cli(capsys, monkeypatch, "place", str(BATCH), "--catalog", str(catalog), "--explain")
-    refused(code, err, home, str(catalog), *needles)
+    assert_refused(code, err, home, str(catalog), *needles)
 
 
 # --- 9. profile with args its function cannot take --------------------------------------------------
@@ -500,7 +488,7 @@ def test_profile_refuses_what_its_job_cannot_run(
 ) -> None:
     spec = write(tmp_path / "spec.yaml", SPEC + body)
     code, out, err = run_cli(capsys, monkeypatch, "profile", str(spec), *argv)
-    refused(code, err, home, *needles)
+    assert_refused(code, err, home, *needles)
     assert out == ""
 
 
@@ -510,4 +498,4 @@ def test_profile_names_the_args_when_its_function_fails_with_a_type_error(
 ) -> None:
     spec = write(tmp_path / "spec.yaml", f"name: t\nentrypoint: {__name__}:needs_items\nargs: {{items: 3}}\n")
     code, _, err = run_cli(capsys, monkeypatch, "profile", str(spec), "--steps", "1", "--warmup", "0")
-    refused(code, err, home, f"{__name__}:needs_items failed with TypeError", "items=3")
+    assert_refused(code, err, home, f"{__name__}:needs_items failed with TypeError", "items=3")

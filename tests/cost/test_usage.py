@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import attempt_events
 
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
@@ -17,28 +18,6 @@ SPEC = parse_spec({"name": "lm", "team": "nlp", "entrypoint": "gpufleet.workload
 OUTCOMES = ("preempted", "requeued", "preempted", "completed")
 
 
-def attempt_events(n: int, start: float) -> list[dict[str, Any]]:
-    """One attempt's runtime events at hand-picked times: 8 s to the first step, a periodic save,
-    then either a save at the signal and an exit 2.97 s after the session ended, or the end."""
-    first = n == 1
-    events: list[dict[str, Any]] = [
-        {"ts": start + 1.0, "kind": "session_start", "total_steps": 100},
-        {"ts": start + 6.0, "kind": "restore", "step": None if first else 10 * (n - 1),
-         "seconds": 0.0 if first else 0.5, "cause": "start"},
-        {"ts": start + 8.0, "kind": "train_start", "step": 0 if first else 10 * (n - 1)},
-        {"ts": start + 50.0, "kind": "checkpoint", "step": 10 * n - 5, "seconds": 0.4, "reason": "periodic"},
-    ]  # fmt: skip
-    if OUTCOMES[n - 1] == "completed":
-        events += [{"ts": start + 90.0, "kind": "session_end", "status": "completed", "step": 100}]
-    else:
-        events += [
-            {"ts": start + 60.0, "kind": "preempt_signal", "step": 10 * n, "signal": "SIGTERM"},
-            {"ts": start + 60.01, "kind": "checkpoint", "step": 10 * n, "seconds": 0.7, "reason": "preempt"},
-            {"ts": start + 60.03, "kind": "session_end", "status": "requeue", "step": 10 * n},
-        ]
-    return [{**e, "attempt": n} for e in events]
-
-
 def test_three_preemptions_from_stored_events(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     job_id = store.add_job(SPEC, "local")
@@ -47,7 +26,7 @@ def test_three_preemptions_from_stored_events(tmp_path: Path) -> None:
         start = 1000.0 * n
         end = start + (91.0 if outcome == "completed" else 63.0)
         store.upsert_attempt(Attempt(job_id, n, "ended", None, start, end, 0, Outcome(outcome), None, None))
-        events += attempt_events(n, start)
+        events += attempt_events(n, start, outcome)
     store.add_runtime_events(job_id, events, offset=1)
     usages = job_usages(store, store.job(job_id), now=10_000.0)
 
@@ -75,7 +54,7 @@ def test_events_outside_the_recorded_wall_are_clamped_in(tmp_path: Path) -> None
     store = Store(tmp_path / "state.db")
     job_id = store.add_job(SPEC, "slurm")
     store.upsert_attempt(Attempt(job_id, 1, "ended", None, 1000.0, 1060.0, 0, Outcome.PREEMPTED, None, None))
-    events = attempt_events(1, 1000.0 + 0.25)  # the save at 1060.26, the session's end at 1060.28
+    events = attempt_events(1, 1000.0 + 0.25, OUTCOMES[0])  # the save at 1060.26, the session's end at 1060.28
     store.add_runtime_events(job_id, events, offset=1)
     (u,) = job_usages(store, store.job(job_id), now=10_000.0)
     assert u.wall_s == 60.0 and u.lost_s == 0.0 and u.shutdown_s == 0.0

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import drive, run_cli
+from conftest import attempt_events, drive, run_cli
 
 from gpufleet.cli.advise import advise_command
 from gpufleet.estimate.goodput import daly_interval
@@ -20,28 +20,6 @@ from gpufleet.placement.advisor import PreemptionRate, advise_job, lost_share
 from gpufleet.spec import parse_spec
 
 SPEC = parse_spec({"name": "lm", "team": "nlp", "entrypoint": "gpufleet.workloads.toy:train"})
-
-
-def attempt_events(n: int, start: float, outcome: str) -> list[dict[str, Any]]:
-    """One attempt: 8 s to its first step (0.5 s of it restoring, after the first), a 0.4 s periodic save,
-    then a 0.7 s save at the signal and an exit 2.97 s after the session ended, or the end at step 100."""
-    first = n == 1
-    events: list[dict[str, Any]] = [
-        {"ts": start + 1.0, "kind": "session_start", "total_steps": 100},
-        {"ts": start + 6.0, "kind": "restore", "step": None if first else 10 * (n - 1),
-         "seconds": 0.0 if first else 0.5, "cause": "start"},
-        {"ts": start + 8.0, "kind": "train_start", "step": 0 if first else 10 * (n - 1)},
-        {"ts": start + 50.0, "kind": "checkpoint", "step": 10 * n - 5, "seconds": 0.4, "reason": "periodic"},
-    ]  # fmt: skip
-    if outcome == "completed":
-        events += [{"ts": start + 90.0, "kind": "session_end", "status": "completed", "step": 100}]
-    else:
-        events += [
-            {"ts": start + 60.0, "kind": "preempt_signal", "step": 10 * n, "signal": "SIGTERM"},
-            {"ts": start + 60.01, "kind": "checkpoint", "step": 10 * n, "seconds": 0.7, "reason": "preempt"},
-            {"ts": start + 60.03, "kind": "session_end", "status": "requeue", "step": 10 * n},
-        ]
-    return [{**e, "attempt": n} for e in events]
 
 
 def synthetic(store: Store, outcomes: tuple[str, ...], spec: Any = SPEC) -> int:
