@@ -166,7 +166,9 @@ def mark(home: Path, target: str, *, down: bool, abrupt: bool = False) -> Marks:
     key = parse_target(target)
     if key not in fleet.targets():
         raise UsageError(f"{target!r} is not in the fleet: give one of {', '.join(fleet.targets())}")
-    if not down and key not in read_marks(home).down:  # refused before the lock file is made
+    if marks_file(home).is_symlink() or (marks_file(home).exists() and not marks_file(home).is_file()):
+        raise _not_a_file(marks_file(home))  # refused before the lock file is made, as the next one
+    if not down and key not in read_marks(home).down:
         raise UsageError(f"{key} is not marked down; marked down: {', '.join(read_marks(home).down) or 'nothing'}")
     with _locked(home):
         marks = read_marks(home)

@@ -51,16 +51,15 @@ def _write(text: str, out: Path | None) -> None:
 def _finish(text: str, payload: dict[str, Any], warnings: list[str], out: Path | None, json_out: bool) -> None:
     if out is not None:
         _check_out(out)
-    if not json_out:
-        for warning in warnings:
-            err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        _write(text, out)  # before any warning: a write that fails is the one line a refusal prints
     if json_out:
-        if out is not None:
-            _write(text, out)
         emit_json({**payload, "out": str(out) if out else None, "warnings": warnings})
         return
-    _write(text, out)
-    if out is not None:
+    for warning in warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    if out is None:
+        _write(text, out)
+    else:
         console.print(f"wrote {out}", highlight=False, markup=False)
 
 

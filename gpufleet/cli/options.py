@@ -75,7 +75,7 @@ def _refresh(home: Path, store: Store) -> None:
     try:
         sync_remote(home, store)
     except GpufleetError as err:
-        _warn_on_success(f"states may be stale: {err}")
+        warn_on_success(f"states may be stale: {err}")
 
 
 class _DeferredWarning(AbstractContextManager[None]):
@@ -93,7 +93,7 @@ def _print_warning(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
-def _warn_on_success(message: str) -> None:
+def warn_on_success(message: str) -> None:
     """Print ``message`` as a warning once the running command succeeds (at once outside a command)."""
     ctx = _current_context(silent=True)
     if ctx is None:
@@ -142,4 +142,5 @@ __all__ = [
     "job_store",
     "open_store",
     "require_positive",
+    "warn_on_success",
 ]

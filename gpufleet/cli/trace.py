@@ -6,11 +6,10 @@ import time
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from gpufleet.backends import sync_remote
-from gpufleet.cli.options import MAX_JOB_ID, job_store
-from gpufleet.cli.render import console, emit_json, err_console
+from gpufleet.cli.options import MAX_JOB_ID, job_store, warn_on_success
+from gpufleet.cli.render import console, emit_json
 from gpufleet.errors import GpufleetError, parameters_as_flags
 from gpufleet.paths import gpufleet_home
 from gpufleet.telemetry.tracing import job_trace, save_trace, send_otlp, span_timeline, traces_url
@@ -36,9 +35,7 @@ def trace_command(job_id: TraceJobArg, endpoint: EndpointOpt = None, json_out: T
         try:
             sync_remote(home, store)
         except GpufleetError as err:  # a stale trace beats none; say so, as `open_store()` does
-            err_console.print(
-                f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True
-            )
+            warn_on_success(f"states may be stale: {err}")
         spans, payload = job_trace(store, home, job_id, now=time.time())
     finally:
         store.close()

@@ -79,6 +79,11 @@ def advise(
         raise UsageError(f"step_seconds must be > 0, got {step_seconds}")
     mtbf = SECONDS_PER_HOUR / preemptions_per_hour
     interval = young_daly_interval(save_seconds, mtbf)
+    if not math.isfinite(interval) or (step_seconds is not None and not math.isfinite(interval / step_seconds)):
+        raise UsageError(
+            f"preemptions_per_hour={preemptions_per_hour:g} is too rare to plan an interval for: "
+            "give 0 (no preemptions) or a rate of at least one in a million hours"
+        )
     steps = None if step_seconds is None else max(1, round(interval / step_seconds))
     return CheckpointAdvice(save_seconds, preemptions_per_hour, mtbf, interval, steps)
 

@@ -85,13 +85,23 @@ def _numeric_plot(ref: NDArray[Any], cur: NDArray[Any], bins: int = 30) -> str:
     return _bars(list(r), list(c), labels) + _axis(f"{edges[0]:.4g}", f"{edges[-1]:.4g}")
 
 
+LABEL_CHARS = 80
+"""A category is drawn under its first characters: a 1 MiB label would make every array of labels 1 MiB wide."""
+
+
 def _categorical_plot(ref: NDArray[Any], cur: NDArray[Any]) -> str:
+    ref, cur = _short_labels(ref), _short_labels(cur)
     keys, counts = np.unique(np.concatenate([ref, cur]), return_counts=True)
     top = [str(k) for k in keys[np.argsort(-counts, kind="stable")][:TOP_CATEGORIES]]
     r = [float(np.mean(ref == k)) for k in top]
     c = [float(np.mean(cur == k)) for k in top]
     more = f"+{keys.size - len(top)} more" if keys.size > len(top) else ""
     return _bars(r, c, top) + _axis(f"top {len(top)} categories", more)
+
+
+def _short_labels(values: NDArray[Any]) -> NDArray[Any]:
+    """Labels cut to :data:`LABEL_CHARS` (an object array: no fixed-width copy of the longest one)."""
+    return np.array([str(v)[:LABEL_CHARS] for v in values.tolist()], dtype=object)
 
 
 def _embedding_plot(ref: NDArray[Any], cur: NDArray[Any]) -> str:

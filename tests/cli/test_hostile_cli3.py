@@ -296,3 +296,36 @@ def test_registry_unreachable_http_is_quick(
     assert code == 3
     assert "mlflow server" in _one_error(err)
     assert time.monotonic() - start < 20
+
+
+def test_advise_refuses_a_rate_too_rare_to_plan_for() -> None:
+    from gpufleet.errors import UsageError
+    from gpufleet.placement.advisor import advise
+
+    with pytest.raises(UsageError, match="too rare to plan an interval"):
+        advise(20.0, 5e-324, step_seconds=1.0)  # 3600 / 5e-324 overflows to an infinite MTBF
+
+
+def test_export_prints_no_warning_before_a_write_that_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "toy.yaml"
+    monkeypatch.setattr(Path, "write_text", full)  # a disk that fills as --out is written (like /dev/full)
+    code, _, err = run_cli(capsys, monkeypatch, "export", "skypilot", str(spec), "--out", str(tmp_path / "task.yaml"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "No space left" in lines[0], err  # the no --bucket warning is not printed
+
+
+def test_a_huge_category_label_is_drawn_cut(tmp_path: Path) -> None:
+    import numpy as np
+
+    from gpufleet.quality.html import LABEL_CHARS, _categorical_plot
+
+    huge = "x" * (1 << 20)
+    svg = _categorical_plot(np.array([huge, "a"], dtype=object), np.array(["a", "b"], dtype=object))
+    assert "x" * LABEL_CHARS in svg and "x" * (LABEL_CHARS + 1) not in svg

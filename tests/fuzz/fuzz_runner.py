@@ -664,12 +664,18 @@ class Runner:
                 v.append(Violation("stderr-lines", f"exit {code} with {len(lines)} non-empty stderr lines: {shown}"))
         if code == 2:
             changed = diff(run.home_before, snapshot(paths.home))
+            if case.home is not None and any(j.backend in ("ray", "slurm") for j in case.home.jobs):
+                # A command refreshes remote jobs' states (the Ray actor's status file, sacct) before it
+                # judges its input: a state.db brought up to date is a sync, not a write of the refused input.
+                changed = [c for c in changed if c != "~state.db"]
             if changed:
                 v.append(Violation("home-changed", "exit 2 but the home changed: " + ", ".join(changed[:8])))
             wrote = diff(run.work_before, snapshot(paths.work))
             if wrote:
                 v.append(Violation("cwd-changed", "exit 2 but the working folder changed: " + ", ".join(wrote[:8])))
         outside = diff(run.outside_before, snapshot(paths.root, skip=(paths.work, paths.home, paths.io)))
+        # torch's own compile cache ($TMPDIR/torchinductor_<user>), which any torch program may create.
+        outside = [o for o in outside if "torchinductor_" not in o]
         if outside:
             v.append(
                 Violation("wrote-outside", "written outside the working folder and home: " + ", ".join(outside[:8]))
