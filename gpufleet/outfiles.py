@@ -53,6 +53,15 @@ def check_output_file(path: Path, flag: str) -> Path:
     return path
 
 
+def check_replaceable_file(path: Path, flag: str) -> Path:
+    """:func:`check_output_file` for an output written by a temporary and a rename: a device is refused too
+    (a rename would put a file where ``/dev/null`` was)."""
+    check_output_file(path, flag)
+    if is_char_device(path):
+        raise UsageError(f"{flag} {path} is a device: give the path of a regular file to write")
+    return path
+
+
 def check_output_dir(path: Path, flag: str) -> Path:
     """``path``, refused (naming ``flag``) when it, or a folder above it, exists and is not a folder."""
     for part in (*reversed(path.parents), path):
@@ -113,6 +122,7 @@ __all__ = [
     "check_output_dir",
     "check_output_file",
     "check_plot_file",
+    "check_replaceable_file",
     "is_char_device",
     "read_tail",
     "replace_output",

@@ -11,6 +11,7 @@ from rich.markup import escape
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.outfiles import check_replaceable_file
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
 
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
@@ -94,7 +95,7 @@ def ckpt_export(
 ) -> None:
     """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
     _ckpt_dir(directory)
-    check_path_name(out, "--out")
+    check_replaceable_file(check_path_name(out, "--out"), "--out")  # written by a rename: never over a device
     done = CheckpointDir(directory).export(out, step=step, entry=entry)
     result = {
         "directory": str(directory),

@@ -263,6 +263,9 @@ def exporter_command(
         from gpufleet.cli.options import check_path_name
 
         check_path_name(port_file, "--port-file")
+        from gpufleet.outfiles import check_replaceable_file
+
+        check_replaceable_file(port_file, "--port-file")  # written by a rename: never over a device
     sources = [
         SyntheticSource(
             SyntheticJobConfig(

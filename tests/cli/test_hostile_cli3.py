@@ -329,3 +329,14 @@ def test_a_huge_category_label_is_drawn_cut(tmp_path: Path) -> None:
     huge = "x" * (1 << 20)
     svg = _categorical_plot(np.array([huge, "a"], dtype=object), np.array(["a", "b"], dtype=object))
     assert "x" * LABEL_CHARS in svg and "x" * (LABEL_CHARS + 1) not in svg
+
+
+def test_outputs_written_by_a_rename_refuse_a_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run_cli(capsys, monkeypatch, "ckpt", "export", str(tmp_path), "--out", "/dev/null")
+    assert code == 2 and "is a device" in err and len(err.strip().splitlines()) == 1
+    assert Path("/dev/null").is_char_device()
+    code, _, err = run_cli(capsys, monkeypatch, "observe", "exporter", "--port-file", "/dev/null", "--port", "0")
+    assert code == 2 and "is a device" in err
+    assert Path("/dev/null").is_char_device()

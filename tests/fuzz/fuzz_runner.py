@@ -81,6 +81,8 @@ from fuzz_cases import (  # noqa: E402 - the folder above is on sys.path first
     write_file,
 )
 
+DEVICES = ("/dev/null", "/dev/full", "/dev/zero")
+"""Devices cases write to or read from: each must still be one after every case."""
 ALLOWED_EXITS = frozenset({0, 1, 2})
 SERVICE_EXIT = 3
 CRASH_EXIT = 99
@@ -676,6 +678,9 @@ class Runner:
         outside = diff(run.outside_before, snapshot(paths.root, skip=(paths.work, paths.home, paths.io)))
         # torch's own compile cache ($TMPDIR/torchinductor_<user>), which any torch program may create.
         outside = [o for o in outside if "torchinductor_" not in o]
+        for device in DEVICES:  # cases name /dev/null and /dev/full as outputs: a rename would replace them
+            if not Path(device).is_char_device():
+                v.append(Violation("device-replaced", f"{device} is no longer a character device"))
         if outside:
             v.append(
                 Violation("wrote-outside", "written outside the working folder and home: " + ", ".join(outside[:8]))
