@@ -54,9 +54,8 @@ def check_output_file(path: Path, flag: str) -> Path:
 
 
 def check_replaceable_file(path: Path, flag: str) -> Path:
-    """:func:`check_output_file` for an output written by a temporary and a rename: a device is refused too
-    (a rename would put a file where ``/dev/null`` was)."""
-    check_output_file(path, flag)
+    """Refuse a device as an output written by a temporary and a rename (it would put a file where
+    ``/dev/null`` was); what else is wrong with the path is left to the writer's own checks."""
     if is_char_device(path):
         raise UsageError(f"{flag} {path} is a device: give the path of a regular file to write")
     return path

@@ -90,7 +90,8 @@ def test_a_storm_fails_the_region_over_and_the_checkpoint_follows(
             failover={"preemptions": 2, "window_minutes": 60, "cooldown_minutes": 60},
         ),
     )
-    job = backend.submit(toy("storm"))
+    # Long enough on AWS (20 s of steps at one preemption every 2 s) that its storm preempts it twice.
+    job = backend.submit(toy("storm", steps=2000))
     drive(scheduler, lambda: ended(backend, job), timeout=300)
     assert backend.store.job(job).state == "completed", backend.store.job(job).reason
     placed = [e["offer"] for e in kinds(backend, job, "placed")]
@@ -105,7 +106,7 @@ def test_a_storm_fails_the_region_over_and_the_checkpoint_follows(
     assert restores[-1]["step"] == moved["step"]
     link = checkpoints_dir(home, job)
     assert link.resolve() == region_dir(home, "gcp/us-central1", job).resolve()
-    assert CheckpointDir(link).scan()[-1].step == 400
+    assert CheckpointDir(link).scan()[-1].step == 2000
 
 
 def test_a_team_reclaims_the_quota_it_lent(

@@ -54,7 +54,8 @@ def test_preempted_by_high_tier_requeued_resumed_bit_exact(
     monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
     backend = SlurmBackend(home)
     store = backend.store
-    low = backend.submit(lm_spec("lm-low", "perception", 0, LM))
+    # Paced (a pace changes no number) so the high-tier job preempts it mid-run on a loaded machine too.
+    low = backend.submit(lm_spec("lm-low", "perception", 0, {**LM, "step_seconds": 0.05}))
     wait(home, lambda: (latest_step(store, low) or 0) >= 15)
     high = backend.submit(lm_spec("lm-high", "planning", 10, {**LM, "steps": 20}))
     wait(home, lambda: all(store.job(j).state == "completed" for j in (low, high)), timeout=300)
