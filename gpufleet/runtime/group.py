@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import os
 import signal
@@ -226,6 +227,9 @@ def _destroy() -> None:
     if dist.is_initialized() and not _state["lost"]:  # a broken group is left to the process's end
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+        # FSDP's meshes and DTensors hold the groups in reference cycles: free them now, while the
+        # interpreter is whole, not in its finalisation (see WORLD_DEFAULT_MODULES).
+        gc.collect()
 
 
 def current_group() -> Group:

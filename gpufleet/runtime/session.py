@@ -622,8 +622,15 @@ class TrainSession:
         self.step -= len(pending)  # back to the first pending step: each is counted once judged
         self.data_position -= sum(p.batches for p in pending)
         agreed = self._agree(pending, now)
-        for i, (step, (mean, total)) in enumerate(zip(pending, agreed, strict=True)):
-            if not self._close_step(mean, total, step.batches, step.metrics, step.seconds, now, i == len(pending) - 1):
+        # When each pending step ended (the last one now): its throughput is its own, not that of
+        # steps closed a few microseconds apart.
+        ends, at = [], now
+        for step in reversed(pending):
+            ends.append(at)
+            at -= step.seconds
+        ends.reverse()
+        for i, (step, (mean, total), end) in enumerate(zip(pending, agreed, ends, strict=True)):
+            if not self._close_step(mean, total, step.batches, step.metrics, step.seconds, end, i == len(pending) - 1):
                 return  # rolled back: the steps after the bad one are thrown away
 
     def _close_step(
@@ -671,7 +678,7 @@ class TrainSession:
         self._save_owed |= p.every_steps is not None and self.step % p.every_steps == 0
         self._inject_owed |= self.inject_preempt_at == self.step
         if now - self._last_log >= self.log_every_s or self.step == self.total_steps:
-            elapsed = max(now - self._window_start, 1e-9)
+            elapsed = max(now - self._window_start, seconds, 1e-9)
             tokens_per_s = self._window_tokens / elapsed
             if self.flops_per_token and self.peak_flops and "mfu" not in metrics:
                 metrics["mfu"] = utilization(tokens_per_s, self.flops_per_token, self.peak_flops)

@@ -266,3 +266,6 @@ def test_a_2_rank_fsdp_job_resized_to_4_resumes_on_4_ranks_and_each_attempt_is_p
     assert [e.attempt for e in backend.store.events(job, kinds=("rng_reseeded",))] == [2]  # another world size
     assert spec_file(home, job) == stored.spec and stored.spec.world_size == 4
     final_dcp_state(home, job, step=20, world_size=4, strategy="fsdp")
+    # Steps the ranks close together at one agreement are each logged at their own throughput.
+    rates = [e.data["tokens_per_s"] for e in backend.store.events(job, kinds=("step",))]
+    assert len(rates) >= 20 and max(rates) < 100 * min(rates), rates
