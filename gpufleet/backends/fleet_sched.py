@@ -280,7 +280,7 @@ class FleetScheduling:
                 why_not = self._quota_reason(job) or "; ".join(decision.reasons) or "no pool fits"
                 self._wait(job, f"waiting: {why_not}")
                 continue
-            why = _why(result, decision.job)
+            why = explain_choice(result, decision.job)
             placed = placed_from(choice, self.fleet, job.team, why)
             try:
                 move = place_checkpoints(self.home, job.id, placed.location)
@@ -399,7 +399,8 @@ def _gpu_types(spec: JobSpec) -> set[str]:
     return {spec.resources.gpu_type} | {c.gpu_type for c in choices if c.gpu_type}
 
 
-def _why(result: Plan, name: str) -> str:
+def explain_choice(result: Plan, name: str) -> str:
+    """The chosen offer and its price, then up to three losing candidates and why each lost."""
     decision = result.decision(name)
     choice = decision.choice
     if choice is None:
@@ -411,4 +412,13 @@ def _why(result: Plan, name: str) -> str:
     return "; ".join(lines)
 
 
-__all__ = ["REPLAN_S", "FleetScheduling", "Placed", "check_fits", "placed_from", "planning_name", "planning_spec"]
+__all__ = [
+    "REPLAN_S",
+    "FleetScheduling",
+    "Placed",
+    "check_fits",
+    "explain_choice",
+    "placed_from",
+    "planning_name",
+    "planning_spec",
+]

@@ -31,6 +31,8 @@ from gpufleet.spec import JobSpec, load_spec
 def job_summary(store: Store, job: Job) -> dict[str, Any]:
     attempts = store.attempts(job.id)
     spec = job.spec
+    placed = store.last_event(job.id, EventKind.PLACED)
+    offer = placed.data.get("offer") if placed is not None else None
     return {
         "id": job.id,
         "name": job.name,
@@ -39,12 +41,13 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "state": job.state,
         "reason": job.reason,
         "backend": job.backend,
-        "gpu_type": spec.resources.gpu_type,
+        "gpu_type": str(placed.data.get("gpu_type") or spec.resources.gpu_type) if placed else spec.resources.gpu_type,
         "gpus": spec.resources.gpus,
         "nodes": spec.resources.nodes,
         "world_size": spec.world_size,
         "strategy": spec.distributed.strategy if spec.distributed is not None else None,
         "provider": spec.provider,
+        "offer": offer if isinstance(offer, str) else None,
         "spot": spec.spot,
         "attempts": len(attempts),
         "restarts": job.restarts,
@@ -198,7 +201,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             + f"  {summary['gpus']}x {summary['gpu_type']}"
             + (f" x {summary['nodes']} nodes" if summary["nodes"] > 1 else "")
             + (f" ({summary['world_size']} ranks, {summary['strategy']})" if summary["world_size"] > 1 else "")
-            + f" on {summary['provider']}"
+            + f" on {summary['offer'] or summary['provider']}"
             f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
         )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -21,24 +22,30 @@ account_app = typer.Typer(help="Slurm accounts (one per team).", no_args_is_help
 slurm_app.add_typer(account_app, name="account")
 
 
+UNCHANGED = ("Nothing new added", "Nothing modified")
+"""sacctmgr exits 1 when what it is asked to add or set is there already: that is not a failure."""
+
+
+def _run_native(argv: list[str]) -> str:
+    """Run one Slurm command; its output, or ``"already exists"`` where sacctmgr had nothing to do."""
+    try:
+        return str(run_slurm(argv).stdout).strip()
+    except UsageError as err:
+        if argv[0] != "sacctmgr" or not any(u in str(err) for u in UNCHANGED):
+            raise
+        return "already exists"
+
+
 def _native(argv: list[str], json_out: bool) -> None:
     if not json_out:
         console.print(f"[dim]$ {escape(' '.join(argv))}[/]", highlight=False)
-    try:
-        out = run_slurm(argv)
-    except UsageError as err:
-        if argv[0] != "sacctmgr" or "Nothing new added" not in str(err):
-            raise
-        # sacctmgr exits 1 when the account or association exists already: that is not a failure.
-        if json_out:
-            emit_json({"command": argv, "stdout": "already exists"})
-        else:
-            console.print("already exists: nothing to add", highlight=False)
-        return
+    out = _run_native(argv)
     if json_out:
-        emit_json({"command": argv, "stdout": out.stdout.strip()})
-    elif out.stdout.strip():
-        console.print(out.stdout.strip(), highlight=False, markup=False)
+        emit_json({"command": argv, "stdout": out})
+    elif out == "already exists":
+        console.print("already exists: nothing to add", highlight=False)
+    elif out:
+        console.print(out, highlight=False, markup=False)
 
 
 SLURM_MAX_JOB_ID = 2**32 - 1
@@ -163,6 +170,62 @@ def usage(json_out: JsonOpt = False) -> None:
         raise typer.Exit(1)
 
 
+def _cluster_name() -> str:
+    out = run_slurm(["scontrol", "show", "config"]).stdout
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+    if found is None:
+        raise UsageError("scontrol show config names no ClusterName: is SLURM_CONF this cluster's?")
+    return found.group(1)
+
+
+@slurm_app.command("fleet")
+def fleet_command(
+    file: Annotated[
+        Path | None, typer.Argument(help="A fleet file (default: the one in use, `gpufleet fleet use FILE`).")
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Run the commands on the cluster (root or a Slurm admin).")
+    ] = False,
+    nodes: Annotated[str, typer.Option(help="The nodes of every pool's partition (a hostlist).")] = "ALL",
+    user: Annotated[str, typer.Option(help="The user added to a team account that --apply creates.")] = "root",
+    json_out: JsonOpt = False,
+) -> None:
+    """The fleet's pools as partitions and its team quotas as QOS with GrpTRES=gres/gpu=N, for Slurm to enforce."""
+    from gpufleet.backends.pools import active_fleet
+    from gpufleet.backends.slurm.fleet import ClusterHas, fleet_commands, partition_lines, slurm_fleet
+    from gpufleet.placement.fleetfile import load_fleet
+
+    check_name(user, "user")
+    if not re.fullmatch(r"ALL|[A-Za-z0-9][A-Za-z0-9_.,\[\]-]{0,1000}", nodes):
+        raise UsageError(f"invalid --nodes {nodes[:60]!r}: give ALL or a hostlist such as node[1-4]")
+    fleet = load_fleet(file) if file is not None else active_fleet(gpufleet_home())
+    if fleet is None:
+        raise UsageError("no fleet in use: give a fleet FILE, or `gpufleet fleet use FILE` first")
+    sf = slurm_fleet(fleet)
+    if apply:
+        cluster = _cluster_name()
+        todo = fleet_commands(sf, ClusterHas.ask(run_slurm), nodes=nodes, cluster=cluster, user=user)
+    else:
+        has = ClusterHas(accounts=frozenset(sf.teams))  # teams are accounts already (`gpufleet slurm account add`)
+        todo = fleet_commands(sf, has, nodes=nodes, cluster="CLUSTER", user=user)
+    if not json_out:
+        console.print("# slurm.conf: the fleet's pools", highlight=False)
+        for line in partition_lines(sf, nodes):
+            console.print(line, highlight=False, markup=False)
+        console.print("# the partitions now, and the quotas (QOS) Slurm enforces", highlight=False)
+    ran = []
+    for argv in todo:
+        if apply and json_out:
+            ran.append({"command": argv, "stdout": _run_native(argv)})
+        elif apply:
+            _native(argv, json_out=False)
+        elif not json_out:
+            console.print(" ".join(argv), highlight=False, markup=False)
+    if json_out:
+        commands = ran if apply else [{"command": argv} for argv in todo]
+        emit_json({**sf.to_dict(), "slurm_conf": partition_lines(sf, nodes), "commands": commands, "applied": apply})
+
+
 @slurm_app.command()
 def topology(fleet: Annotated[Path, typer.Argument(help="Fleet topology YAML.")]) -> None:
     """Print a topology.conf (topology/tree) for the fleet's switches."""
@@ -176,6 +239,7 @@ __all__ = [
     "account_app",
     "account_list",
     "drain",
+    "fleet_command",
     "hold",
     "preempt",
     "release",

@@ -83,6 +83,8 @@ class Pool(_Frozen):
     offer: str
     """``provider/region/gpu_type`` of an offer of the catalogue."""
     slots: int | None = Field(default=None, ge=0, le=MAX_SLOTS)
+    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """The pool's Slurm partition (default: the offer, ``aws/us-east-1/H100`` -> ``aws-us-east-1-h100``)."""
     storms: list[Storm] = Field(default_factory=list, max_length=1000)
     outages: list[Outage] = Field(default_factory=list, max_length=1000)
 

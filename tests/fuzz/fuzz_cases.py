@@ -2367,9 +2367,20 @@ def surface_fleet_pools(g: Gen) -> Draft:
                 (b"{}", b"[]", b'{"blocks": [{"target": "aws", "until": "never"}]}', b"[" * 50_000, b"nul\x00")
             )
         g.note("a fleet in use")
-    which = g.pick(("use", "use", "show", "down", "up", "off", "submit"))
+    which = g.pick(("use", "use", "show", "down", "up", "off", "submit", "slurm"))
     targets = ("aws", "aws/us-east-1", "aws/us-east-1/H100", "gcp", "coreweave/us-east-04/L40S")
-    if which == "use":
+    service = False
+    if which == "slurm":  # the fleet as Slurm partitions and QOS; --apply needs the cluster
+        argv = ["slurm", "fleet"]
+        if g.chance(0.5):
+            argv.append(g.input_path("local-fleet", ".yaml", lambda: yaml_doc(g, base)))
+        if g.chance(0.4):
+            argv += ["--nodes", g.arg_string("ALL", "gpu[1-4]", "node1,node2")]
+        if g.chance(0.2):
+            argv += ["--user", g.arg_string("root", "alice")]
+        service = g.chance(0.2)
+        argv += ["--apply"] if service else []
+    elif which == "use":
         argv = ["fleet", "use", g.input_path("local-fleet", ".yaml", lambda: yaml_doc(g, base))]
     elif which in ("down", "up"):
         argv = ["fleet", which, g.arg_string(*targets, "a/b/c/d", "/", "*", p_valid=0.6)]
@@ -2381,7 +2392,7 @@ def surface_fleet_pools(g: Gen) -> Draft:
     else:
         argv = ["fleet", which]
     argv += _maybe(g, 0.3, "--json")
-    return Draft(argv, home=recipe if (recipe.jobs or recipe.files) else None)
+    return Draft(argv, home=recipe if (recipe.jobs or recipe.files) else None, service_exit_ok=service)
 
 
 def surface_ckpt(g: Gen) -> Draft:

@@ -48,7 +48,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, attempt_end
+from gpufleet.backends.slurm.fleet import SlurmPlacement, place_on_slurm
 from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
@@ -211,7 +212,10 @@ sys.exit(run_group(spec["srun"], attempt, stops))
 """
 
 
-def sbatch_argv(spec: JobSpec, job_id: int, home: Path, script: Path) -> list[str]:
+def sbatch_argv(
+    spec: JobSpec, job_id: int, home: Path, script: Path, placement: SlurmPlacement | None = None
+) -> list[str]:
+    """The sbatch of one job; ``placement``: the fleet's partition and QOS the planner chose (see ``fleet``)."""
     folder = job_dir(home, job_id)
     tasks, cpus = task_shape(spec)
     shape = ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
@@ -224,12 +228,14 @@ def sbatch_argv(spec: JobSpec, job_id: int, home: Path, script: Path) -> list[st
         "--open-mode=append",
         f"--job-name=gpufleet-{job_id}-{spec.name}",
         f"--account={spec.team}",
-        f"--partition={partition_for(spec)}",
+        f"--partition={placement.partition if placement else partition_for(spec)}",
+        *([f"--qos={placement.qos}"] if placement and placement.qos else []),
         *shape,
         f"--output={folder / 'logs' / 'slurm-%j.out'}",
         "--export=ALL",
     ]
-    if spec.resources.gpus > 0 and os.environ.get("GPUFLEET_SLURM_GRES", "1") != "0":
+    # A fleet's quotas are GrpTRES on gres/gpu: its jobs always ask for their GPUs.
+    if spec.resources.gpus > 0 and (placement is not None or os.environ.get("GPUFLEET_SLURM_GRES", "1") != "0"):
         argv.append(f"--gres=gpu:{spec.resources.gpus}")
     return [*argv, str(script)]
 
@@ -247,9 +253,13 @@ class SacctRun:
     """``ElapsedRaw``: the seconds Slurm bills, ``End - Start`` for a run that ended."""
     alloc_tres: str
     account: str
+    reason: str = ""
+    """Why a pending run waits (``QOSGrpGRES``, ``Resources``, ``Priority``...); ``None`` once it runs."""
 
 
-SACCT_FIELDS = "JobIDRaw,State,Start,End,ExitCode,ElapsedRaw,AllocTRES,Account"
+SACCT_FIELDS = "JobIDRaw,State,Start,End,ExitCode,ElapsedRaw,AllocTRES,Account,Reason"
+WAIT_REASONS_SHOWN_AS_QUEUED = frozenset({"", "None", "Priority"})
+"""Slurm's reasons that mean only "in the queue": ``gpufleet jobs`` shows no reason for them."""
 
 
 def _epoch(text: str) -> float | None:
@@ -263,7 +273,7 @@ def parse_sacct(text: str) -> list[SacctRun]:
     runs = []
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 8 or not parts[0].isdigit():
+        if len(parts) not in (8, 9) or not parts[0].isdigit():
             continue
         code, _, sig = parts[4].partition(":")
         status = int(code) if code.isdigit() else 0
@@ -280,6 +290,7 @@ def parse_sacct(text: str) -> list[SacctRun]:
                 elapsed_s=int(parts[5] or 0),
                 alloc_tres=parts[6],
                 account=parts[7],
+                reason=parts[8] if len(parts) > 8 else "",
             )
         )
     return runs
@@ -325,7 +336,11 @@ def run_end(run: SacctRun, *, n: int, max_restarts: int) -> AttemptEnd | None:
 
 
 def plan_slurm(
-    job: Job, stored: Sequence[Attempt], runs: Sequence[SacctRun], now: float
+    job: Job,
+    stored: Sequence[Attempt],
+    runs: Sequence[SacctRun],
+    now: float,
+    placed: Mapping[str, Any] | None = None,
 ) -> tuple[SyncPlan, str | None]:
     """The store rows for a job's sacct runs, and what Slurm must be told: ``requeue``, ``cancel`` or nothing.
 
@@ -364,6 +379,9 @@ def plan_slurm(
     if not started:
         cancelled = any(r.state == "CANCELLED" for r in runs)
         state, reason = ("cancelled", "cancelled while queued") if cancelled else ("queued", None)
+        waiting = next((r.reason for r in runs if r.state == "PENDING"), "")
+        if state == "queued" and waiting not in WAIT_REASONS_SHOWN_AS_QUEUED:
+            reason = waiting_reason(waiting, placed, job.team)
     elif end is None:
         state = "running"
     else:
@@ -374,6 +392,8 @@ def plan_slurm(
             action = "cancel"
     # Every run is the same sbatch request (Slurm jobs are not resized): the GPUs the ledger prices it at.
     size = {"gpus": job.spec.total_gpus, "world_size": job.spec.world_size}
+    if placed:  # a fleet's job: every run is priced at the offer the planner placed it on
+        size.update({k: placed[k] for k in PLACEMENT_KEYS if k in placed})
     details: dict[tuple[int, str], dict[str, Any]] = {
         (n, EventKind.ATTEMPT_START): size for n in range(1, len(seen) + 1)
     }
@@ -381,6 +401,20 @@ def plan_slurm(
         job, stored, seen, state=state, reason=reason, restarts=max(0, len(started) - 1), now=now, details=details
     )
     return plan, action
+
+
+PLACEMENT_KEYS = ("offer", "provider", "region", "gpu_type", "spot", "price_per_gpu_hour", "on_demand_per_gpu_hour")
+"""What a ``placed`` event gives each attempt's start, for the ledger (``cost.usage.attempt_placement``)."""
+
+
+def waiting_reason(slurm_reason: str, placed: Mapping[str, Any] | None, team: str) -> str:
+    """``gpufleet jobs``' words for a pending Slurm job: Slurm's reason, and the quota behind a QOS limit."""
+    text = f"waiting: Slurm {slurm_reason}"
+    if placed and slurm_reason.startswith("QOS") and placed.get("qos"):
+        text += f" (QOS {placed['qos']}: team {team}'s {placed.get('gpu_type', '?')} quota is full)"
+    elif placed and placed.get("partition"):
+        text += f" (partition {placed['partition']})"
+    return text
 
 
 @register("slurm")
@@ -397,13 +431,17 @@ class SlurmBackend(Backend):
         return spec.copy_with(env={**spec.env, **(env or {})}) if spec.env or env else spec
 
     def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
+        placement = place_on_slurm(self.home, self.store, job_id, spec)
         script = folder / "job.sbatch"
         script.write_text(batch_script(spec, job_id, self.home), encoding="utf-8")
         script.chmod(0o700)
-        out = self.run(sbatch_argv(spec, job_id, self.home, script))
+        out = self.run(sbatch_argv(spec, job_id, self.home, script, placement))
         ref = out.stdout.strip().split(";")[0]
         self.store.set_backend_ref(job_id, ref)
-        self.store.add_event(job_id, EventKind.SUBMITTED, slurm_job_id=ref, partition=partition_for(spec))
+        partition = placement.partition if placement else partition_for(spec)
+        self.store.add_event(job_id, EventKind.SUBMITTED, slurm_job_id=ref, partition=partition)
+        if placement is not None:
+            self.store.add_event(job_id, EventKind.PLACED, **placement.event)
 
     def _refresh(self, job: Job) -> Job:
         self.sync()  # Slurm's view, not the last one stored
@@ -441,7 +479,8 @@ class SlurmBackend(Backend):
         Slurm is told first: a sync that dies after a requeue finds the job pending next time, and
         one that dies after a cancellation finds it cancelled (which a failed job stays).
         """
-        plan, action = plan_slurm(job, self.store.attempts(job.id), runs, time.time())
+        placed = self.store.last_event(job.id, EventKind.PLACED)
+        plan, action = plan_slurm(job, self.store.attempts(job.id), runs, time.time(), placed.data if placed else None)
         if action == "requeue":
             try:
                 self.run(["scontrol", "requeue", self._ref(job)])
