@@ -63,6 +63,7 @@ class FakeSlurm:
     def __init__(self, sacct: str = "") -> None:
         self.calls: list[list[str]] = []
         self.sacct = sacct
+        self.squeue = ""
         self.next = 100
 
     def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -73,6 +74,8 @@ class FakeSlurm:
             out = f"{self.next}\n"
         elif argv[0] == "sacct":
             out = self.sacct
+        elif argv[0] == "squeue":
+            out = self.squeue
         return subprocess.CompletedProcess(list(argv), 0, out, "")
 
     def sbatch(self, n: int) -> list[str]:
@@ -155,10 +158,13 @@ def test_jobs_no_quota_can_ever_hold_are_refused_at_submit(fleet_home: Path) -> 
 
 
 def test_a_pending_run_shows_slurms_reason_and_each_run_is_priced_at_the_offer(fleet_home: Path) -> None:
-    fake = FakeSlurm(sacct="101|PENDING|Unknown|Unknown|0:0|0||perception|QOSGrpGRES\n")
+    # sacct keeps the reason of the job's last state change; squeue has slurmctld's reason now.
+    fake = FakeSlurm(sacct="101|PENDING|Unknown|Unknown|0:0|0||perception|None\n")
+    fake.squeue = "101|QOSGrpGRES\n"
     backend = SlurmBackend(fleet_home, runner=fake)
     job_id = backend.submit(job("waits"))
     backend.sync()
+    assert ["squeue", "-h", "-t", "PD", "-j", "101", "-o", "%i|%r"] in fake.calls
     assert backend.store.job(job_id).reason == (
         "waiting: Slurm QOSGrpGRES (QOS gf-perception-h100: team perception's H100 quota is full)"
     )

@@ -41,6 +41,7 @@ GPUs were held for (see ``slurm_usage``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -468,10 +469,25 @@ class SlurmBackend(Backend):
             return
         refs = ",".join(j.backend_ref or "" for j in jobs)
         out = self.run(["sacct", "-X", "--duplicates", "--parsable2", "--noheader", "-j", refs, "-o", SACCT_FIELDS])
-        runs = parse_sacct(out.stdout)
+        runs = self._pending_reasons(parse_sacct(out.stdout))
         for job in jobs:
             ingest_events(self.store, self.home, job)
             self._apply(job, sorted((r for r in runs if r.job_ref == job.backend_ref), key=lambda r: r.start or 0))
+
+    def _pending_reasons(self, runs: list[SacctRun]) -> list[SacctRun]:
+        """Pending runs with slurmctld's current reason (squeue): sacct keeps the one of the last state change."""
+        pending = sorted({r.job_ref for r in runs if r.state == "PENDING"})
+        if not pending:
+            return runs
+        try:
+            out = self.run(["squeue", "-h", "-t", "PD", "-j", ",".join(pending), "-o", "%i|%r"])
+        except UsageError:  # a job slurmctld no longer knows: sacct's reason stands
+            return runs
+        now = dict(line.split("|", 1) for line in out.stdout.splitlines() if line.count("|") == 1)
+        return [
+            dataclasses.replace(r, reason=now[r.job_ref].strip()) if r.state == "PENDING" and r.job_ref in now else r
+            for r in runs
+        ]
 
     def _apply(self, job: Job, runs: list[SacctRun]) -> None:
         """Record what sacct says of the job's runs, after telling Slurm what gpufleet's rule decided.
