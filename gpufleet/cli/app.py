@@ -31,6 +31,7 @@ from gpufleet.cli.registry import registry_app
 from gpufleet.cli.render import err_console
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
+from gpufleet.cli.sweep import sweep_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
 
@@ -61,6 +62,7 @@ app.add_typer(fleet_app, name="fleet")
 app.add_typer(estimate_app, name="estimate")
 app.add_typer(export_app, name="export")
 app.add_typer(slurm_app, name="slurm")
+app.add_typer(sweep_app, name="sweep")
 # Model quality
 app.command("drift")(drift_command)
 quality_app.command("lab-seasonal")(seasonal_lab_command)

@@ -22,6 +22,7 @@ from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, table
 from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
 from gpufleet.outfiles import check_plot_file
+from gpufleet.plotting import figure, save_figure
 
 if TYPE_CHECKING:
     from gpufleet.estimate.goodput import Engine, Goodput, Policy, PolicyKnobs, Scenario
@@ -382,29 +383,6 @@ def _print(report: dict[str, Any], g: Goodput, closed: Goodput | None, pols: lis
 # --- plots --------------------------------------------------------------------------------------------------------
 
 
-def _figure() -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(8, 4.8))
-
-
-def _save(fig: Any, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot write the plot to {str(path)!r}: {err}") from None
-    finally:
-        plt.close(fig)
-    return str(path)
-
-
 def _plot_interval(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, trials: int, seed: int) -> str:
     import numpy as np
 
@@ -416,7 +394,7 @@ def _plot_interval(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, 
     given, _ = s.interval()
     lo, hi = min(daly, given) / 20, min(max(daly, given) * 20, work)
     taus = np.geomspace(lo, max(hi, lo * 1.01), 80)
-    fig, ax = _figure()
+    fig, ax = figure()
     pols = {p.name: p.scenario for p in model.policies(s, knobs)}
     for name in ("as given", "async checkpoints", "all of the above"):
         ys = model.interval_sweep(pols[name], [float(t) for t in taus])
@@ -449,7 +427,7 @@ def _plot_interval(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, 
     ax.set_title(f"{s.gpus:,} GPUs, save stall {s.save_seconds:g} s, job MTBF {s.mtbf_seconds / 3600:.3g} h")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _plot_fleet(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, trials: int, seed: int) -> str:
@@ -459,7 +437,7 @@ def _plot_fleet(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, tri
 
     sizes = [round(n) for n in np.geomspace(*FLEET_SIZES, 40)]
     curves = model.fleet_sweep(s, sizes, knobs)
-    fig, ax = _figure()
+    fig, ax = figure()
     for name, ys in curves.items():
         style: dict[str, Any] = {"lw": 1.2}
         if name == "as given":
@@ -485,7 +463,7 @@ def _plot_fleet(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, tri
     ax.set_title(f"per-GPU MTBF {s.gpu_mtbf_hours:,.0f} h, {s.planned_per_day:.3g} planned/day, mix {s.mix.name}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 __all__ = ["FLAGS", "FLEET_SIZES", "goodput"]

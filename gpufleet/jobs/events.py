@@ -125,6 +125,8 @@ class EventKind(StrEnum):
     """The attempt's pool is down (``gpufleet fleet down`` or an outage): it stops, gently or abruptly."""
     RECLAIMED_BY = "reclaimed_by"
     """The attempt borrowed quota its owner needs back: it is preempted for the owner's job."""
+    PRUNED = "pruned"
+    """A sweep's pruner stopped the trial this job runs: the sweep, the trial, the step, the value."""
     EVENTS_REJECTED = "events_rejected"
     """Lines of the job's ``events.jsonl`` that are not events were skipped when it was read."""
 
@@ -141,6 +143,7 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.FAILOVER,
     EventKind.FLEET_DOWN,
     EventKind.RECLAIMED_BY,
+    EventKind.PRUNED,
     EventKind.RESIZED,
     EventKind.RESTORE,
     EventKind.CHECKPOINT_SKIPPED,

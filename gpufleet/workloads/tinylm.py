@@ -89,6 +89,7 @@ def train(
     ckpt_dir: str = "checkpoints",
     strategy: str | None = None,
     step_seconds: float = 0.0,
+    eval_every: int = 0,
     on_step: Callable[[TrainSession], None] | None = None,
 ) -> dict[str, Any]:
     """Train, surviving preemption; return the final validation and test losses.
@@ -97,9 +98,10 @@ def train(
     (default: the spec's ``distributed.strategy``):
     every rank builds the same model, wraps it, and trains on its rows of the same global batch
     (``batch_size`` in all), so the run computes the same thing on any number of ranks that
-    divides ``batch_size``. ``step_seconds`` paces each step (a demo a person can follow, a
-    preemption that lands mid-run); it changes no number. ``on_step`` is called after every step
-    with the session (progress hooks, tests).
+    divides ``batch_size``. ``eval_every`` > 0 logs the validation loss every that many steps (an
+    ``eval`` event: a sweep's pruner reads it as the intermediate value). ``step_seconds`` paces
+    each step (a demo a person can follow, a preemption that lands mid-run); it changes no number.
+    ``on_step`` is called after every step with the session (progress hooks, tests).
     """
     torch.use_deterministic_algorithms(True)
     group = current_group()
@@ -139,6 +141,11 @@ def train(
             optimizer.step()
             schedule.step()
             sess.report(loss, tokens=x.numel(), lr=float(schedule.get_last_lr()[0]))
+            if eval_every > 0 and sess.step % eval_every == 0 and sess.step < steps:
+                val = evaluate(
+                    model, corpus, "val", batches=eval_batches, batch_size=batch_size, context=context, seed=seed
+                )
+                sess.log("eval", val_loss=val)
             if on_step is not None:
                 on_step(sess)
             if step_seconds > 0:

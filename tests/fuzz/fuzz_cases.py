@@ -2700,6 +2700,30 @@ def surface_long_parse(g: Gen) -> Draft:
     return Draft([sanitize_argv(a) for a in argv])
 
 
+def surface_sweep(g: Gen) -> Draft:
+    """``gpufleet sweep run|show|best``: hostile sweep files; a valid one runs one short trial."""
+    base = example("sweep.yaml")
+    base["budget"], base["parallelism"] = {"trials": 1}, 1
+    base["base"]["args"].update(steps=2, eval_every=1)
+    which = g.pick(("run", "run", "run", "show", "best"))
+    name = g.arg_string("lm-sweep", "other", "../x", "LM")
+    if which == "run":
+        # --once: no scheduler runs here, so a sweep waiting for its trials would never end.
+        argv = ["sweep", "run", g.input_path("sweep", ".yaml", lambda: yaml_doc(g, base)), "--once"]
+        if g.chance(0.2):
+            argv += ["--backend", g.arg_string("local", "bogus", "LOCAL")]
+        if g.chance(0.2):
+            argv += ["--poll", g.number_text("0.1", "1")]
+    elif which == "show":
+        argv = ["sweep", "show", name, *_maybe(g, 0.3, "--plot", g.out_path("sweep", ".png"))]
+    else:
+        argv = ["sweep", "best", name, "--out", g.out_path("best", ".yaml")]
+    if which != "run" and g.chance(0.2):
+        argv += ["--storage", g.arg_string("sqlite:///x.db", "bogus://", "sqlite:////no/such/dir/s.db")]
+    argv += _maybe(g, 0.3, "--json")
+    return Draft(argv, home=_home(g, hostile=False, p_empty=0.5))
+
+
 SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "spec-submit": surface_spec_submit,
     "spec-export": surface_spec_export,
@@ -2728,6 +2752,7 @@ SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "exporter": surface_exporter,
     "out-paths": surface_out_paths,
     "long-parse": surface_long_parse,
+    "sweep": surface_sweep,
 }
 SURFACE_WEIGHTS: dict[str, int] = {
     "spec-submit": 3,
@@ -2757,6 +2782,7 @@ SURFACE_WEIGHTS: dict[str, int] = {
     "exporter": 1,
     "out-paths": 1,
     "long-parse": 1,
+    "sweep": 2,
 }
 
 

@@ -1,0 +1,162 @@
+"""``gpufleet sweep ...``: hyper-parameter sweeps whose trials are gpufleet jobs (docs/sweeps.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.markup import escape
+
+from gpufleet.cli.options import JsonOpt
+from gpufleet.cli.render import console, emit_json, err_console, fmt, table
+from gpufleet.outfiles import check_output_file, check_plot_file
+from gpufleet.paths import gpufleet_home
+
+sweep_app = typer.Typer(help="Hyper-parameter sweeps: each trial is a preemptible fleet job.", no_args_is_help=True)
+
+StorageOpt = Annotated[
+    str | None, typer.Option("--storage", help="The sweep's Optuna RDB URL, when it is not the default SQLite file.")
+]
+
+
+def _value(value: Any) -> str:
+    return "-" if value is None else fmt(value) if isinstance(value, float) else escape(str(value))
+
+
+def _print(summary: dict[str, Any]) -> None:
+    rows = summary["rows"]
+    params = list(dict.fromkeys(k for r in rows for k in r["params"]))
+    metric = summary["metric"] or "objective"
+    body = []
+    for r in rows:
+        shown = r["value"] if r["value"] is not None else r["last_value"]
+        note = f"at step {r['pruned_at']}" if r["state"] == "pruned" else (r["reason"] or "")
+        body.append(
+            [str(r["trial"]), str(r["job"] or "-"), r["state"]]
+            + [_value(r["params"].get(p)) for p in params]
+            + [_value(shown), fmt(r["gpu_hours"]), fmt(r["money"]), escape(note[:80])]
+        )
+    title = f"sweep {summary['sweep']} ({summary['direction']} {metric})"
+    console.print(table(title, ["trial", "job", "state", *params, metric, "GPU-h", "cost", "note"], body))
+    best = summary["best"]
+    console.print(
+        f"{summary['finished']} finished, {summary['pruned']} pruned, {summary['failed']} failed, "
+        f"{summary['running']} running; {fmt(summary['gpu_hours'])} GPU-h, {fmt(summary['money'])} in all"
+        + (
+            f"; best: trial {best['trial']} {metric} {fmt(best['value'])} {escape(str(best['params']))}" if best else ""
+        ),
+        highlight=False,
+    )
+
+
+@sweep_app.command("run")
+def run_command(
+    file: Annotated[Path, typer.Argument(help="A sweep file (docs/sweeps.md); examples/sweep.yaml.")],
+    backend: Annotated[str, typer.Option(help="Where the trials run: local, slurm or ray.")] = "local",
+    poll: Annotated[float, typer.Option(help="Seconds between looks at the trials.", min=0.05, max=60)] = 1.0,
+    once: Annotated[
+        bool, typer.Option("--once", help="One pass (follow the trials, launch what fits) and exit: for cron.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a sweep to its budget; started again after a crash, it goes on with the same study.
+
+    Exit 1 when it stopped because max_failures trials failed (each one's reason is in the table).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpufleet.sweeps.driver import SweepDriver
+    from gpufleet.sweeps.report import summary, trial_rows
+    from gpufleet.sweeps.spec import load_sweep
+
+    home = gpufleet_home()
+    sweep, base = load_sweep(file)
+    driver = SweepDriver(home, sweep, base, backend, poll_s=poll)  # a bad backend or storage: refused here
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, disable=json_out, transient=False) as bar:
+        task = bar.add_task(f"sweep {sweep.name}", total=None)
+
+        def tick(driver: SweepDriver, p: Any) -> None:
+            best = "-" if p.best is None else f"{p.best:.4g}"
+            bar.update(
+                task,
+                total=driver.target(),
+                completed=p.finished + p.pruned,
+                description=f"sweep {sweep.name}: {p.running} running, {p.pruned} pruned, "
+                f"{p.failed} failed, best {best}",
+            )
+
+        driver.on_tick = tick
+        progress = driver.run(once=once)
+    result = summary(driver.study, trial_rows(driver.study, home))
+    result["stop"] = progress.stop
+    failed = progress.failed >= sweep.max_failures
+    if json_out:
+        emit_json(result)
+    else:
+        _print(result)
+        console.print(f"stopped: {escape(progress.stop or 'done')}", highlight=False)
+    if failed:  # the trials fail for a reason the sweep cannot fix: each row says it
+        raise typer.Exit(1)
+
+
+@sweep_app.command("show")
+def show_command(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG: objective by trial and against each parameter.")
+    ] = None,
+    storage: StorageOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The trials: parameters, objective, state, GPU-hours and money; best so far."""
+    from gpufleet.sweeps.report import load_sweep_study, plot_sweep, summary, trial_rows
+
+    if plot is not None:
+        check_plot_file(plot, "--plot")
+    home = gpufleet_home()
+    study = load_sweep_study(home, name, storage)
+    result = summary(study, trial_rows(study, home))
+    if plot is not None:
+        result["plot"] = plot_sweep(study, result["rows"], plot)
+    if json_out:
+        emit_json(result)
+        return
+    _print(result)
+    if plot is not None:
+        console.print(f"plot: {escape(str(plot))}", highlight=False)
+
+
+@sweep_app.command("best")
+def best_command(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the JobSpec (YAML).")],
+    storage: StorageOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write the best trial as a JobSpec, to run at full length (gpufleet submit OUT)."""
+    from gpufleet.outfiles import replace_output
+    from gpufleet.sweeps.report import best_spec, load_sweep_study
+
+    check_output_file(out, "--out")
+    spec = best_spec(load_sweep_study(gpufleet_home(), name, storage))
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    except OSError as err:
+        from gpufleet.errors import UsageError
+
+        raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
+    replace_output(tmp, out, "--out")
+    if json_out:
+        emit_json({"out": str(out), "spec": data})
+    else:
+        console.print(
+            f"best trial as a JobSpec: {escape(str(out))} (gpufleet submit {escape(str(out))})", highlight=False
+        )
+
+
+__all__ = ["best_command", "run_command", "show_command", "sweep_app"]

@@ -1,0 +1,1 @@
+"""Hyper-parameter sweeps whose trials are gpufleet jobs (Optuna studies)."""
