@@ -75,6 +75,7 @@ bench: install
 	$(BIN)/python bench/dist_preemption_loss.py
 	$(BIN)/python bench/dist_async_save.py
 	$(BIN)/python bench/goodput.py
+	$(BIN)/python bench/sweep_overhead.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -224,6 +225,15 @@ class SweepDriver:
         size = self.sweep.grid_size
         return min(self.sweep.budget.trials, size) if size is not None else self.sweep.budget.trials
 
+    def _tell(self, trial: optuna.Trial | int, value: float | None = None, *, state: TrialState | None = None) -> None:
+        """``study.tell``, outside ``optimize``: the grid sampler calls ``study.stop()`` once its last point is
+        told, which raises there, after the trial is stored. The driver knows the grid's size itself."""
+        try:
+            self.study.tell(trial, value, state=state)
+        except RuntimeError as err:
+            if "Study.stop" not in str(err):
+                raise
+
     # ---- one pass -----------------------------------------------------------------------------
     def recover(self) -> None:
         """Adopt the trials a previous driver left running; fail the one it never submitted."""
@@ -236,7 +246,7 @@ class SweepDriver:
                 self.study._storage.set_trial_user_attr(t._trial_id, JOB_ID, found[-1].id)
             else:
                 self.study._storage.set_trial_user_attr(t._trial_id, LOST, "the driver stopped before submitting it")
-                self.study.tell(t.number, state=TrialState.FAIL)
+                self._tell(t.number, state=TrialState.FAIL)
 
     def follow(self) -> None:
         """Report new values, prune, and end the trials whose jobs ended."""
@@ -260,7 +270,7 @@ class SweepDriver:
                 self._prune(frozen, job, seen)
             return
         if job.state == "completed" and values:
-            self.study.tell(frozen.number, values[-1][1])
+            self._tell(frozen.number, values[-1][1])
             return
         if job.state == "completed":
             why = (
@@ -270,7 +280,7 @@ class SweepDriver:
         else:
             why = f"job {job.id} {job.state}" + (f": {job.reason}" if job.reason else "")
         self.study._storage.set_trial_user_attr(frozen._trial_id, FAILURE, why)
-        self.study.tell(frozen.number, state=TrialState.FAIL)
+        self._tell(frozen.number, state=TrialState.FAIL)
 
     def _prune(self, frozen: FrozenTrial, job: Job, step: int) -> None:
         try:
@@ -283,7 +293,7 @@ class SweepDriver:
         )
         self.stopping[job.id] = f"pruned by sweep {self.sweep.name} at step {step}"
         self.study._storage.set_trial_user_attr(frozen._trial_id, PRUNED_AT, step)
-        self.study.tell(frozen.number, state=TrialState.PRUNED)
+        self._tell(frozen.number, state=TrialState.PRUNED)
 
     def settle(self) -> bool:
         """Give the pruned jobs that have stopped their reason; ``True`` when none is still stopping."""
@@ -316,7 +326,7 @@ class SweepDriver:
                 job_id = self.backend.submit(spec)
             except GpufleetError as err:
                 trial.set_user_attr(FAILURE, f"submit refused: {err}")
-                self.study.tell(trial, state=TrialState.FAIL)
+                self._tell(trial, state=TrialState.FAIL)
                 p.failed += 1
                 if p.failed >= self.sweep.max_failures:
                     return
@@ -332,7 +342,10 @@ class SweepDriver:
         """
         self.recover()
         while True:
-            self.backend.sync()  # the trials' scheduler only: the home's other jobs are not the sweep's
+            try:
+                self.backend.sync()  # the trials' scheduler only: the home's other jobs are not the sweep's
+            except UsageError as err:  # e.g. the local scheduler had died: a new one was started, say so
+                print(f"gpufleet: sweep {self.sweep.name}: {err}", file=sys.stderr, flush=True)
             self.settle()
             self.follow()
             p = self.progress()
@@ -355,7 +368,7 @@ class SweepDriver:
                 with contextlib.suppress(UsageError):  # it ended meanwhile
                     self.backend.cancel(int(t.user_attrs[JOB_ID]))
                 self.study._storage.set_trial_user_attr(t._trial_id, LOST, "cancelled: too many trials failed")
-                self.study.tell(t.number, state=TrialState.FAIL)
+                self._tell(t.number, state=TrialState.FAIL)
 
 
 def spent(store: Store, job_ids: Iterable[int]) -> tuple[float, float]:

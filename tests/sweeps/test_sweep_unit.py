@@ -128,3 +128,17 @@ def test_show_and_best_name_a_missing_sweep(
 def test_spec_errors_are_spec_errors(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"budget\.trials"):
         load_sweep(write(tmp_path, {**SWEEP, "budget": {"trials": -1}}))
+
+
+@pytest.mark.timeout(600)
+def test_a_grid_sweep_runs_every_point_once_and_stops(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna's grid sampler stops the study when its last point is told; the driver ends there too."""
+    data = {**SWEEP, "space": {"lr": {"grid": [0.001, 0.002]}}, "parallelism": 2}
+    monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
+    code, out, err = run_cli(capsys, monkeypatch, "sweep", "run", str(write(tmp_path, data)), "--poll", "0.1", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["stop"] == "2 trials finished or pruned" and result["trials"] == 2
+    assert sorted(r["params"]["lr"] for r in result["rows"]) == [0.001, 0.002]
