@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
+from gpufleet.errors import UsageError
 from gpufleet.outfiles import check_output_file, check_plot_file
 from gpufleet.paths import gpufleet_home
 
@@ -147,8 +148,6 @@ def best_command(
     try:
         tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     except OSError as err:
-        from gpufleet.errors import UsageError
-
         raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
     replace_output(tmp, out, "--out")
     if json_out:
@@ -159,4 +158,52 @@ def best_command(
         )
 
 
-__all__ = ["best_command", "run_command", "show_command", "sweep_app"]
+@sweep_app.command("note")
+def note_command(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    ranks: Annotated[str, typer.Option(help="The rank counts to measure the best trial at.")] = "1,2,4",
+    steps: Annotated[int, typer.Option(help="Steps of each measurement run.", min=5, max=1_000_000)] = 200,
+    gpus: Annotated[int, typer.Option(help="The fleet size the note plans for.", min=1, max=1_000_000)] = 64,
+    backend: Annotated[str, typer.Option(help="Where the measurement jobs run: local, slurm or ray.")] = "local",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the note (Markdown) here.")] = None,
+    storage: StorageOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The note on going from one GPU to many: the best trial measured at 1, 2, 4 ranks, and what to do with N GPUs."""
+    from gpufleet.sweeps.note import finished_trials, measure, note_figures, render, sweep_price
+    from gpufleet.sweeps.report import load_sweep_study
+
+    counts = []
+    for part in ranks.split(","):
+        if not (part.strip().isdigit() and 1 <= int(part) <= 64):
+            raise UsageError(f"invalid --ranks {ranks[:40]!r}: give rank counts from 1 to 64, e.g. 1,2,4")
+        counts.append(int(part))
+    counts = sorted(set(counts) | {1})
+    if out is not None:
+        check_output_file(out, "--out")
+    home = gpufleet_home()
+    study = load_sweep_study(home, name, storage)
+    if not finished_trials(study):
+        raise UsageError(f"sweep {name!r} has no finished trial yet: the note measures the best one")
+    with err_console.status("measuring the best trial") as status:
+        runs = measure(home, study, counts, steps, backend, on_wait=lambda what: status.update(f"measuring: {what}"))
+    figures = note_figures(study, home, runs, sweep_price(study))
+    text = render(figures, gpus)
+    if out is not None:
+        from gpufleet.outfiles import replace_output
+
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
+        replace_output(tmp, out, "--out")
+    if json_out:
+        emit_json({**figures, "gpus": gpus, "out": str(out) if out else None})
+    elif out is None:
+        typer.echo(text, nl=False)
+    else:
+        console.print(f"scaling note: {escape(str(out))}", highlight=False)
+
+
+__all__ = ["best_command", "note_command", "run_command", "show_command", "sweep_app"]

@@ -2705,7 +2705,7 @@ def surface_sweep(g: Gen) -> Draft:
     base = example("sweep.yaml")
     base["budget"], base["parallelism"] = {"trials": 1}, 1
     base["base"]["args"].update(steps=2, eval_every=1)
-    which = g.pick(("run", "run", "run", "show", "best"))
+    which = g.pick(("run", "run", "run", "show", "best", "note"))
     name = g.arg_string("lm-sweep", "other", "../x", "LM")
     if which == "run":
         # --once: no scheduler runs here, so a sweep waiting for its trials would never end.
@@ -2716,8 +2716,12 @@ def surface_sweep(g: Gen) -> Draft:
             argv += ["--poll", g.number_text("0.1", "1")]
     elif which == "show":
         argv = ["sweep", "show", name, *_maybe(g, 0.3, "--plot", g.out_path("sweep", ".png"))]
-    else:
+    elif which == "best":
         argv = ["sweep", "best", name, "--out", g.out_path("best", ".yaml")]
+    else:
+        argv = ["sweep", "note", name, *_maybe(g, 0.5, "--ranks", g.arg_string("1,2,4", "2", "0", "1,,2", "99"))]
+        argv += _maybe(g, 0.3, "--out", g.out_path("note", ".md"))
+        argv += _maybe(g, 0.2, "--steps", g.number_text("20"))
     if which != "run" and g.chance(0.2):
         argv += ["--storage", g.arg_string("sqlite:///x.db", "bogus://", "sqlite:////no/such/dir/s.db")]
     argv += _maybe(g, 0.3, "--json")

@@ -114,3 +114,43 @@ def test_a_team_over_its_slurm_quota_pends_with_slurms_reason_and_a_flexible_job
             run_cli(capsys, monkeypatch, "cancel", str(job))
     (usage,) = store_usages(store, job_ids=[flexible])
     assert (usage.offer, usage.price_per_gpu_hour, usage.gpu_type) == ("cloud/us-east-1/L40S", 1.0, "L40S")
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_runs_its_trials_as_slurm_jobs(
+    slurm: dict[str, str],
+    home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three trials through sbatch; the driver follows them with sacct and ends each with its val_loss."""
+    sweep = {
+        "name": "slurm-sweep",
+        "base": {
+            "name": "lm",
+            "team": "perception",
+            "entrypoint": "gpufleet.workloads.tinylm:train",
+            "args": {"steps": 8, "eval_every": 4, "batch_size": 8, "context": 16, "layers": 1, "embed": 32},
+            "resources": {"gpus": 0, "cpus": 1, "gpu_type": "cpu"},
+        },
+        "space": {"lr": {"grid": [0.001, 0.003, 0.01]}},
+        "objective": {"metric": "val_loss"},
+        "budget": {"trials": 3},
+        "parallelism": 2,
+        "sampler": {"kind": "grid"},
+    }
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep), encoding="utf-8")
+    code, out, err = run_cli(
+        capsys, monkeypatch, "sweep", "run", str(path), "--backend", "slurm", "--poll", "0.5", "--json"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["finished"] == 3 and sorted(r["params"]["lr"] for r in result["rows"]) == [0.001, 0.003, 0.01]
+    store = Store(home / "state.db")
+    for row in result["rows"]:
+        job = store.job(row["job"])
+        assert job.backend == "slurm" and job.backend_ref and job.state == "completed"
+        (final,) = [e for e in store.events(job.id, kinds=("eval",)) if e.data["step"] == 8]
+        assert row["value"] == final.data["val_loss"]

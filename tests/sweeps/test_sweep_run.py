@@ -136,3 +136,36 @@ def test_the_driver_killed_twice_ends_with_exactly_the_budgeted_trials(home: Pat
             assert (row["state"], row["reason"]) == ("failed", "the driver stopped before submitting it")
         else:
             assert (row["state"], store.job(row["job"]).state) == ("finished", "completed")
+
+
+@pytest.mark.timeout(900)
+def test_the_scaling_note_measures_the_best_trial_on_1_and_2_ranks(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0.2")
+    path = sweep_file(
+        tmp_path,
+        space={"lr": {"grid": [0.003, 0.01]}},
+        sampler={"kind": "grid"},
+        pruner={"kind": "none"},
+        budget={"trials": 2},
+    )
+    assert run_cli(capsys, monkeypatch, "sweep", "run", str(path), "--poll", "0.2")[0] == 0
+    note = tmp_path / "note.md"
+    code, out, err = run_cli(
+        capsys, monkeypatch, "sweep", "note", "lm", "--ranks", "1,2", "--steps", "60", "--out", str(note), "--json"
+    )
+    assert code == 0, err
+    figures = json.loads(out)
+    one, two = figures["scaling"]
+    assert (one["ranks"], two["ranks"]) == (1, 2) and one["tokens_per_s"] > 0 and two["tokens_per_s"] > 0
+    assert two["efficiency"] == pytest.approx(two["tokens_per_s"] / (2 * one["tokens_per_s"]))
+    store = Store(home / "state.db")
+    (start,) = [e for e in store.events(two["job"], kinds=("attempt_start",)) if e.source == "backend"]
+    assert start.data["world_size"] == 2  # measured on two DDP ranks
+    assert figures["finished"] == 2 and figures["gpu_hours_per_finished_trial"] > 0
+    text = note.read_text(encoding="utf-8")
+    assert "| 2 |" in text and "more trials at once, or more GPUs per trial?" in text
+    code, _, err = run_cli(capsys, monkeypatch, "sweep", "note", "lm", "--ranks", "0,x")
+    assert code == 2 and "--ranks" in err
