@@ -375,7 +375,7 @@ class _SlurmJob:
 
 
 class FakeSlurm:
-    """``sbatch``, ``scontrol requeue``, ``scancel`` and ``sacct`` as a one-node Slurm answers them.
+    """``sbatch``, ``scontrol requeue``, ``scancel``, ``sacct`` and ``squeue`` as a one-node Slurm answers them.
 
     Jobs start on :meth:`tick` while CPUs are free; a run's process gets
     ``SLURM_JOB_ID`` and, once requeued, ``SLURM_RESTART_COUNT``; a requeue or cancel sends
@@ -401,6 +401,9 @@ class FakeSlurm:
             self._cancel(self._job(args[0]))
         elif command == "sacct":
             out = self._sacct(args[args.index("-j") + 1].split(","))
+        elif command == "squeue":  # a pending job waits for CPUs
+            refs = [int(r) for r in args[args.index("-j") + 1].split(",")]
+            out = "".join(f"{r}|Resources\n" for r in refs if r in self.jobs and self.jobs[r].pending)
         else:
             raise AssertionError(f"FakeSlurm does not know {list(argv)}")
         return subprocess.CompletedProcess(list(argv), 0, out, "")
