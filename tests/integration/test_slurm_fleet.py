@@ -22,24 +22,9 @@ from gpufleet.cost.usage import store_usages
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store, latest_step
 
-FLEET = """\
-as_of: 2026-12-01
-currency: USD
-gpu_types:
-  H100: {memory_gib: 80, throughput: {training: 1.0}}
-  L40S: {memory_gib: 48, throughput: {training: 0.35}}
-offers:
-  - {provider: onprem, region: rack-a, gpu_type: H100, gpus_per_node: 1, on_demand_per_gpu_hour: 2.0, capacity_gpus: 4}
-  - {provider: cloud, region: us-east-1, gpu_type: L40S, gpus_per_node: 1, on_demand_per_gpu_hour: 1.0,
-     capacity_gpus: 4}
-quotas:
-  - {team: perception, gpu_type: H100, provider: "*", nominal: 2}
-  - {team: perception, gpu_type: L40S, provider: "*", nominal: 2}
-  - {team: planning, gpu_type: H100, provider: "*", nominal: 2}
-pools:
-  - {offer: onprem/rack-a/H100, partition: gf-h100}
-  - {offer: cloud/us-east-1/L40S, partition: gf-l40s}
-"""
+REPO = Path(__file__).resolve().parents[2]
+FLEET = (REPO / "examples" / "slurm-fleet.yaml").read_text(encoding="utf-8")
+"""The example fleet: an H100 pool (partition gf-h100) and an L40S one (gf-l40s); perception's H100 quota is 2."""
 
 
 def job_file(tmp_path: Path, name: str, types: list[str], steps: int, pace: float) -> Path:
