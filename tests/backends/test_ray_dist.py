@@ -43,7 +43,8 @@ n, rank, folder = os.environ["GPUFLEET_ATTEMPT"], os.environ["RANK"], os.environ
 names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
 with open(os.path.join(folder, f"env-a{n}-r{rank}"), "w") as fh:
     fh.write(" ".join(os.environ[k] for k in names))
-print("rank", rank, "attempt", n, flush=True)
+sys.stdout.write(f"rank {rank} attempt {n}\\n")  # one write: the ranks share the log, unbuffered
+sys.stdout.flush()
 if n != "1":
     sys.exit(0)
 hits = []
