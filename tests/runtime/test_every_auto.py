@@ -127,7 +127,11 @@ def test_capped_and_at_least_one_step_and_only_real_changes_are_logged() -> None
 
 
 def test_the_save_cadence_follows_the_measured_save_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Saves of a few ms, then of 0.3 s: the interval (MTBF 1 s) stretches, and the steps between saves with it."""
+    """Saves of a few ms, then of 0.6 s: the interval (MTBF 1 s) stretches, and the steps between saves with it.
+
+    Daly's interval grows about as the square root of the save time, and a loaded machine makes the
+    "fast" saves tens of ms: the slow ones are slow enough that the factor of 1.5 holds even then.
+    """
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -138,7 +142,7 @@ def test_the_save_cadence_follows_the_measured_save_time(tmp_path: Path, monkeyp
 
     def install_slowly(tmp: Path, step: int) -> Path:
         if step > slow_from:
-            time.sleep(0.3)  # inside the save the manifest times
+            time.sleep(0.6)  # inside the save the manifest times
         return install(tmp, step)
 
     monkeypatch.setattr(sess.ckpts, "install", install_slowly)
@@ -157,10 +161,10 @@ def test_the_save_cadence_follows_the_measured_save_time(tmp_path: Path, monkeyp
     fast = [b - a for a, b in itertools.pairwise(steps) if b <= slow_from]
     slow = [b - a for a, b in itertools.pairwise(steps) if a > slow_from + 60]
     assert fast and slow, steps
-    assert statistics.median(slow) > 2 * statistics.median(fast), steps
+    assert statistics.median(slow) > 1.5 * statistics.median(fast), steps
     intervals = [e for e in events.memory if e["kind"] == EventKind.CHECKPOINT_INTERVAL]
     assert "no save measured" in intervals[0]["why"]
-    assert max(e["seconds"] for e in intervals) > 2 * min(e["seconds"] for e in intervals[1:])
+    assert max(e["seconds"] for e in intervals) > 1.5 * min(e["seconds"] for e in intervals[1:])
     # each logged interval is Daly's for the mean of the saves before it
     for logged in intervals[1:]:
         n = next(i for i, e in enumerate(events.memory) if e is logged)
