@@ -52,6 +52,18 @@ def _print(summary: dict[str, Any]) -> None:
     )
 
 
+def _write_out(out: Path, text: str) -> None:
+    """Write ``text`` to ``--out`` whole (a temporary file renamed over it), or refuse in one line."""
+    from gpufleet.outfiles import replace_output
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
+    replace_output(tmp, out, "--out")
+
+
 @sweep_app.command("run")
 def run_command(
     file: Annotated[Path, typer.Argument(help="A sweep file (docs/sweeps.md); examples/sweep.yaml.")],
@@ -138,18 +150,12 @@ def best_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Write the best trial as a JobSpec, to run at full length (gpufleet submit OUT)."""
-    from gpufleet.outfiles import replace_output
     from gpufleet.sweeps.report import best_spec, load_sweep_study
 
     check_output_file(out, "--out")
     spec = best_spec(load_sweep_study(gpufleet_home(), name, storage))
     data = spec.model_dump(mode="json", exclude_defaults=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
-    replace_output(tmp, out, "--out")
+    _write_out(out, yaml.safe_dump(data, sort_keys=False))
     if json_out:
         emit_json({"out": str(out), "spec": data})
     else:
@@ -190,14 +196,7 @@ def note_command(
     figures = note_figures(study, home, runs, sweep_price(study))
     text = render(figures, gpus)
     if out is not None:
-        from gpufleet.outfiles import replace_output
-
-        tmp = out.with_name(f".{out.name}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"cannot write --out {str(out)!r}: {err.strerror}") from None
-        replace_output(tmp, out, "--out")
+        _write_out(out, text)
     if json_out:
         emit_json({**figures, "gpus": gpus, "out": str(out) if out else None})
     elif out is None:
