@@ -24,7 +24,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from gpufleet.backends.base import Backend
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import TERMINAL, Job, Store
-from gpufleet.paths import private_dir, state_db
+from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec
 from gpufleet.sweeps.spec import SweepSpec
 
@@ -172,7 +172,6 @@ class Progress:
     stop: str | None = None
     gpu_hours: float = 0.0
     money: float = 0.0
-    launched: list[int] = field(default_factory=list)
 
 
 class SweepDriver:
@@ -205,7 +204,8 @@ class SweepDriver:
 
     def progress(self) -> Progress:
         p = Progress()
-        for t in self.trials():
+        trials = self.trials()
+        for t in trials:
             if t.state == TrialState.COMPLETE:
                 p.finished += 1
             elif t.state == TrialState.PRUNED:
@@ -216,7 +216,7 @@ class SweepDriver:
                 p.failed += 1
         if p.finished:
             p.best = self.study.best_value
-        jobs = [int(t.user_attrs[JOB_ID]) for t in self.trials() if JOB_ID in t.user_attrs]
+        jobs = [int(t.user_attrs[JOB_ID]) for t in trials if JOB_ID in t.user_attrs]
         if jobs and (self.sweep.budget.gpu_hours is not None or self.sweep.budget.money is not None):
             p.gpu_hours, p.money = spent(self.store, jobs)
         return p
@@ -333,7 +333,6 @@ class SweepDriver:
                 continue
             trial.set_user_attr(JOB_ID, job_id)
             p.running += 1
-            p.launched.append(job_id)
 
     def run(self, *, once: bool = False) -> Progress:
         """Launch, follow and end trials until the budget is met (or failures stop it).
@@ -379,10 +378,6 @@ def spent(store: Store, job_ids: Iterable[int]) -> tuple[float, float]:
 
     ledger = build_ledger(store_usages(store, job_ids=list(job_ids)), load_rates())
     return ledger.total.total_gpu_hours, ledger.total.money
-
-
-def study_exists(home: Path, name: str) -> bool:
-    return (sweep_dir(home, name) / "study.db").exists() and state_db(home).exists()
 
 
 __all__ = [
