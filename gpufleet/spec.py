@@ -253,6 +253,71 @@ class Distributed(_Frozen):
     agreement. 1 decides at every step, for a few % of step time (``bench/dist_step_overhead.py``)."""
 
 
+class DataSource(_Frozen):
+    """One source staged in before the first step of every attempt (``gpufleet.data.stage``)."""
+
+    source: str = Field(min_length=1, max_length=4096)
+    """A local path (absolute, or relative to the spec file), ``s3://bucket/prefix``, or any fsspec URL:
+    one file, or every file under a prefix."""
+    dest: str = Field(min_length=1, max_length=4096)
+    """Folder it lands in, relative to the job's data folder (``$GPUFLEET_DATA_DIR``)."""
+    cache: Literal["job", "shared"] = "job"
+    """``job``: a scratch copy in the job's folder; ``shared``: read-only blobs in a cache shared by
+    every job on the node, keyed by content, linked into the job's folder."""
+    endpoint_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
+    """An S3-compatible endpoint (MinIO, Ceph, a local server) for ``s3://`` sources."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        from gpufleet.data.urls import SCHEME_RE, split_source
+
+        if SCHEME_RE.match(value) is None and "://" not in value and not value.startswith("/"):
+            return value  # relative: load_spec resolves it against the spec file, split_source checks the result
+        split_source(value)
+        return value
+
+    @field_validator("dest")
+    @classmethod
+    def _dest(cls, value: str) -> str:
+        from gpufleet.data.urls import check_dest
+
+        return check_dest(value)
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> DataSource:
+        if self.endpoint_url is not None and not self.source.lower().startswith(("s3://", "s3a://")):
+            raise ValueError(f"endpoint_url applies to s3:// sources only, not {_clip(self.source)}: remove it")
+        return self
+
+
+class DataPolicy(_Frozen):
+    """Where a job's data comes from, and how it is staged in."""
+
+    sources: list[DataSource] = Field(min_length=1, max_length=64)
+    workers: int = Field(default=8, ge=1, le=64)
+    """Files copied at once."""
+    verify: Literal["stat", "full"] = "stat"
+    """A re-run reuses a file whose size and modification time match its manifest entry (``stat``),
+    or hashes every file again (``full``)."""
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("the source list is empty: give at least one `{source: ..., dest: ...}`, or drop `data`")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DataPolicy:
+        dests = [s.dest.rstrip("/") for s in self.sources]
+        for i, a in enumerate(dests):
+            for b in dests[i + 1 :]:
+                if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                    raise ValueError(f"data destinations {a!r} and {b!r} overlap: give each source its own folder")
+        return self
+
+
 class JobSpec(_Frozen):
     """One training job, as a user writes it."""
 
@@ -280,6 +345,8 @@ class JobSpec(_Frozen):
     placement: Placement = Field(default_factory=Placement)
     distributed: Distributed | None = None
     """Set for a job of more than one rank (see :attr:`world_size`); absent, the job is one process."""
+    data: DataPolicy | None = None
+    """Data staged in before the first step of every attempt (``gpufleet.data``)."""
 
     @field_validator("name", "team", "provider")
     @classmethod
@@ -441,7 +508,17 @@ def load_spec(path: str | Path) -> JobSpec:
         spec = spec.copy_with(workdir=str((path.parent / spec.workdir).resolve()))
     elif spec.workdir is None and spec.command is not None:
         spec = spec.copy_with(workdir=str(path.parent.resolve()))
+    if spec.data is not None and any(_relative_source(s.source) for s in spec.data.sources):
+        sources = [
+            {**s.model_dump(), "source": str((path.parent / s.source).resolve())} if _relative_source(s.source) else s
+            for s in spec.data.sources
+        ]
+        spec = spec.copy_with(data={**spec.data.model_dump(), "sources": sources})
     return spec
+
+
+def _relative_source(source: str) -> bool:
+    return "://" not in source and not source.startswith("/")
 
 
 __all__ = [
@@ -452,6 +529,8 @@ __all__ = [
     "NAME_MAX",
     "WEEK_S",
     "CheckpointPolicy",
+    "DataPolicy",
+    "DataSource",
     "Distributed",
     "HealthPolicy",
     "JobSpec",

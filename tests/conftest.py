@@ -7,6 +7,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -270,3 +271,67 @@ def assert_refused(code: int, err: str, home: Path, *needles: str) -> str:
         assert needle in lines[0], (needle, lines[0])
     assert not home.exists() or not any(home.rglob("*")), sorted(home.rglob("*"))
     return lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# A real S3-protocol server on loopback (moto's server mode), in this process so a test can reach its store
+# --------------------------------------------------------------------------------------------
+@dataclass
+class S3:
+    endpoint: str
+    client: Any
+
+    def put(self, bucket: str, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=body)
+
+    def stored(self, bucket: str, key: str) -> Any:
+        """The server's own record of an object (to change its bytes behind its ETag's back)."""
+        from moto.s3.models import s3_backends
+
+        for account in s3_backends.values():
+            backend = account["global"]
+            if bucket in backend.buckets:
+                return backend.buckets[bucket].keys[key]
+        raise KeyError(bucket)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """The endpoint of a moto S3 server on 127.0.0.1 (a free port), up for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
+    """Credentials for the server in the environment (jobs inherit them), and a client; buckets are per test."""
+    import boto3
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_server,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = boto3.client("s3", endpoint_url=s3_server)
+    yield S3(endpoint=s3_server, client=client)
+    for bucket in client.list_buckets().get("Buckets", []):
+        objects = client.list_objects_v2(Bucket=bucket["Name"]).get("Contents", [])
+        for obj in objects:
+            client.delete_object(Bucket=bucket["Name"], Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket["Name"])
+
+
+def shards(count: int, size: int, seed: int = 0) -> dict[str, bytes]:
+    """``count`` files of ``size`` random bytes each (seeded), as ``shard-000.bin``..."""
+    import random
+
+    rng = random.Random(seed)
+    return {f"shard-{i:03d}.bin": rng.randbytes(size) for i in range(count)}

@@ -264,6 +264,10 @@ def add_job_folder(
     ``env`` may hold tokens.
     """
     check_environment({**os.environ, **(env or {})})
+    if spec.data is not None:
+        from gpufleet.data.urls import check_installed
+
+        check_installed(spec.data)
     job_id = store.add_job(spec, backend, env)
     folder = job_dir(home, job_id)
     private_dir(folder.parent)

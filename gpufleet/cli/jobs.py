@@ -74,6 +74,10 @@ def _admissible(backend: str, spec: JobSpec) -> None:
             if needed and feature not in declared.features:
                 raise UsageError(f"the {backend} backend does not support {feature.value}")
     check_environment(os.environ)
+    if spec.data is not None:
+        from gpufleet.data.urls import check_installed
+
+        check_installed(spec.data)
 
 
 def submit(

@@ -410,7 +410,7 @@ def _job_waste(f: _JobFacts, cost: Cost, samples: Sequence[Sample]) -> JobWaste:
         "host_bound": rest * share.get("host_bound", 0.0),
         "comm_bound": rest * share.get("comm_bound", 0.0),
         "checkpoint": h["checkpoint"],
-        "startup": h["restore"] + h["startup"],
+        "startup": h["restore"] + h["staging"] + h["startup"],
         "lost_to_preemption": h["lost"],
     }
     return JobWaste(

@@ -41,8 +41,8 @@ from gpufleet.cost.rates import RateCard
 from gpufleet.jobs.events import MAX_TS
 from gpufleet.jobs.states import Outcome
 
-BUCKETS = ("useful", "lost", "checkpoint", "restore", "startup")
-PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "startup")
+BUCKETS = ("useful", "lost", "checkpoint", "restore", "staging", "startup")
+PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "staging", "startup")
 """The buckets a preemption's overhead is drawn from (``useful`` never is)."""
 PREEMPTED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
 """Outcomes of an attempt that ended because the job was taken away from its GPUs."""
@@ -76,6 +76,8 @@ class AttemptUsage:
     """``completed``, ``preempted``, ``requeued``, ``failed``, ``cancelled``, ``lost`` or ``running``."""
     startup_s: float = 0.0
     restore_s: float = 0.0
+    staging_s: float = 0.0
+    """Staging the job's data in before the first step (``data_staged``), out of the start-up."""
     checkpoint_s: float = 0.0
     lost_s: float = 0.0
     steps_done: int = 0
@@ -118,6 +120,7 @@ class AttemptUsage:
             "lost": _seconds(self.lost_s),
             "checkpoint": _seconds(self.checkpoint_s),
             "restore": _seconds(self.restore_s),
+            "staging": _seconds(self.staging_s),
             "startup": _seconds(self.startup_s),
         }
 
@@ -144,7 +147,14 @@ class AttemptUsage:
         lost = buckets["lost"] - _seconds(self.rollback_lost_s) if preempted else 0.0
         startup = buckets["startup"] if self.after_preemption else _seconds(self.shutdown_s) if preempted else 0.0
         restore = buckets["restore"] - _seconds(self.rollback_restore_s) if self.after_preemption else 0.0
-        parts = {"lost": lost, "checkpoint": _seconds(self.preempt_save_s), "restore": restore, "startup": startup}
+        staging = buckets["staging"] if self.after_preemption else 0.0
+        parts = {
+            "lost": lost,
+            "checkpoint": _seconds(self.preempt_save_s),
+            "restore": restore,
+            "staging": staging,
+            "startup": startup,
+        }
         scale = self._scale()
         return {k: min(max(0.0, part), buckets[k]) * scale for k, part in parts.items()}
 
@@ -212,6 +222,7 @@ class Cost:
             "lost_gpu_hours": _sig(self.gpu_hours["lost"]),
             "checkpoint_gpu_hours": _sig(self.gpu_hours["checkpoint"]),
             "restore_gpu_hours": _sig(self.gpu_hours["restore"]),
+            "staging_gpu_hours": _sig(self.gpu_hours["staging"]),
             "startup_gpu_hours": _sig(self.gpu_hours["startup"]),
             "money": _sig(self.money),
             "lost_money": _sig(self.lost_money),

@@ -20,13 +20,22 @@ from gpufleet.errors import ParameterError
 from gpufleet.fmt import finite_json, markdown_table, money
 from gpufleet.outfiles import check_output_file, replace_output
 
-_COLORS = {"startup": "#b0b0b0", "restore": "#f2a541", "useful": "#3c9d6b", "lost": "#d62728", "checkpoint": "#1b2f5e"}
+_COLORS = {
+    "startup": "#b0b0b0",
+    "staging": "#7fb3d5",
+    "restore": "#f2a541",
+    "useful": "#3c9d6b",
+    "lost": "#d62728",
+    "checkpoint": "#1b2f5e",
+}
 _ENDED = ("preempted", "lost")
 _HOW_TO_READ = """\
 Every second an attempt held its GPUs falls in exactly one bucket: \
-`wall = startup + restore + checkpoint + lost + useful`. \
-**Startup** is process start to the first training step, restore excluded (imports, data), \
+`wall = startup + staging + restore + checkpoint + lost + useful`. \
+**Startup** is process start to the first training step, staging and restore excluded (imports), \
 plus the shut-down of a process that ended on purpose after saving. \
+**Staging** is copying the job's `data` sources in before the first step (an attempt that finds them \
+verified spends almost none). \
 **Restore** is reading and verifying the checkpoint it resumed from (also after a rollback). \
 **Checkpoint** is time spent saving checkpoints. \
 **Lost** is training that had to be redone: the work after the last durable checkpoint of an attempt \
@@ -36,9 +45,9 @@ times the rate card's price for the attempt's GPU type, provider, and spot or on
 *on-demand* prices the same hours at the on-demand rate, to show what spot saved (or cost, once \
 preemption losses are counted). Lost money is the lost share of the money, at the average rate.
 
-**Preemption overhead** is not a sixth bucket but the part of four of them that a job spent only \
+**Preemption overhead** is not a seventh bucket but the part of five of them that a job spent only \
 because it was preempted: the lost work of each preempted attempt (rollbacks excluded), the checkpoint \
-it saved at the preemption signal, its shut-down after saving, and all the start-up and the restore \
+it saved at the preemption signal, its shut-down after saving, and all the start-up, staging and restore \
 of each attempt that restarted after a preemption. Lost work alone understates a preemption: an \
 attempt that saves at the signal loses almost nothing, but its restart pays the start-up (a new \
 process, imports, data) and the restore again. Its money is those GPU-hours at each attempt's own \
@@ -209,13 +218,16 @@ def _note_markdown(
         overhead = c.preemption_overhead_gpu_hours
         preemption = [f"{amount(overhead)} ({_pct(overhead, c.total_gpu_hours)})", money(c.preemption_money, cur)]
         priced = [money(c.money, cur), money(c.on_demand_money, cur)]
-        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *preemption, *priced]
+        staging = [amount(c.gpu_hours["staging"])] if staged else []
+        return [hours_cell(c.total_gpu_hours), useful, lost, checkpoint, *staging, *preemption, *priced]
 
+    staged = total.gpu_hours["staging"] > 0  # a Staging column only for ledgers with a `data` job
     head = [
         "GPU-hours",
         f"Useful ({unit})",
         f"Lost ({unit})",
         f"Checkpoint ({unit})",
+        *([f"Staging ({unit})"] if staged else []),
         f"Preemption overhead ({unit})",
         "Preemption money",
         "Money",
@@ -262,8 +274,10 @@ def _preemption_sentence(total: Cost, currency: str, amount: Callable[[float], s
         f"{_plural(total.preemptions, 'preemption')} cost **{amount(overhead)} {unit} "
         f"({_pct(overhead, total.total_gpu_hours)}) of preemption overhead**, about "
         f"{money(total.preemption_money, currency)}: {amount(parts['lost'])} {unit} of lost work, "
-        f"{amount(parts['startup'])} {unit} of restart start-up and shut-down, {amount(parts['restore'])} {unit} "
-        f"of restore and {amount(parts['checkpoint'])} {unit} of saving at the signal."
+        f"{amount(parts['startup'])} {unit} of restart start-up and shut-down, "
+        + (f"{amount(parts['staging'])} {unit} of staging data again, " if parts["staging"] > 0 else "")
+        + f"{amount(parts['restore'])} {unit} of restore and {amount(parts['checkpoint'])} {unit} "
+        "of saving at the signal."
     )
 
 
@@ -349,8 +363,9 @@ def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> No
         for u in usages:
             y, x, sec = row[u.job_id], u.start - t0, u.seconds()
             end_lost = sec["lost"] if u.outcome not in ("completed", "running") else 0.0
-            parts = [("startup", sec["startup"]), ("restore", sec["restore"])]
-            parts += [("useful", max(0.0, u.wall_s - sec["startup"] - sec["restore"] - end_lost)), ("lost", end_lost)]
+            parts = [("staging", sec["staging"]), ("startup", sec["startup"]), ("restore", sec["restore"])]
+            head = sec["staging"] + sec["startup"] + sec["restore"]
+            parts += [("useful", max(0.0, u.wall_s - head - end_lost)), ("lost", end_lost)]
             for bucket, width in parts:
                 if width <= 0:
                     continue
@@ -389,7 +404,12 @@ def _draw_timeline(path: Path, usages: Sequence[AttemptUsage], title: str) -> No
         ax.set_axisbelow(True)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-        handles: list[Any] = [Patch(color=_COLORS[b], label=b) for b in ("startup", "restore", "useful")]
+        shown = (
+            ("staging", "startup", "restore", "useful")
+            if any(u.staging_s > 0 for u in usages)
+            else ("startup", "restore", "useful")
+        )
+        handles: list[Any] = [Patch(color=_COLORS[b], label=b) for b in shown]
         handles += [
             Patch(facecolor="#f6c4c4", edgecolor=_COLORS["lost"], hatch="////", label="lost (redone)"),
             Line2D([], [], color=_COLORS["checkpoint"], marker="|", ls="", markersize=10, label="checkpoint"),

@@ -127,12 +127,15 @@ def attempt_usage(
     rollbacks = [e for e in mine if e.kind == EventKind.ROLLBACK]
     rollback_restore_s = sum(_seconds(e.data, "restore_seconds") for e in rollbacks)
     restore_s = (_seconds(restore.data, "seconds") if restore else 0.0) + rollback_restore_s
+    # Ranks on several nodes stage at the same time: the attempt waited for the slowest.
+    staged = [e for e in mine if e.kind in (EventKind.DATA_STAGED, EventKind.DATA_STAGE_FAILED)]
+    staging_s = max((_seconds(e.data, "seconds") for e in staged), default=0.0)
     if train_start is None:
-        startup_s = max(0.0, end - start)  # never reached the first step: all of it was start-up
+        startup_s = max(0.0, end - start - staging_s)  # never reached the first step: all of it was start-up
         first_step = None
     else:
         first = min(max(train_start.ts, start), end)
-        startup_s = max(0.0, first - start - (_seconds(restore.data, "seconds") if restore else 0.0))
+        startup_s = max(0.0, first - start - (_seconds(restore.data, "seconds") if restore else 0.0) - staging_s)
         first_step = _step(train_start.data, "step")
     checkpoint_s = sum(_seconds(e.data, "seconds") for e in checkpoints)
     preempt_save_s = sum(_seconds(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
@@ -182,6 +185,7 @@ def attempt_usage(
         outcome=outcome,
         startup_s=startup_s,
         restore_s=restore_s,
+        staging_s=staging_s,
         checkpoint_s=checkpoint_s,
         lost_s=lost_s,
         steps_done=steps_done,

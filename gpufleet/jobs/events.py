@@ -86,6 +86,10 @@ class EventKind(StrEnum):
     RANK_STALL_CLEARED = "rank_stall_cleared"
     """The group steps again after a reported stall."""
     SESSION_END = "session_end"
+    DATA_STAGED = "data_staged"
+    """An attempt's data was staged in before its first step: seconds, files and bytes copied and reused."""
+    DATA_STAGE_FAILED = "data_stage_failed"
+    """Staging the data failed (the file and why); the attempt exits without training."""
     """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
 
     # ---- the backends and the store, in the database ---------------------------------------------
@@ -132,6 +136,8 @@ class EventKind(StrEnum):
 
 
 NOTABLE: tuple[EventKind, ...] = (
+    EventKind.DATA_STAGED,
+    EventKind.DATA_STAGE_FAILED,
     EventKind.QUEUED,
     EventKind.ATTEMPT_START,
     EventKind.SIGTERM,

@@ -31,6 +31,8 @@ ENV_TIMEOUT = "GPUFLEET_DIST_TIMEOUT_S"
 """The seconds a collective may wait for the other ranks (``distributed.timeout_seconds``)."""
 DEFAULT_TIMEOUT_S = 300.0
 ENV_EVENTS = "GPUFLEET_EVENTS"
+ENV_DATA_DIR = "GPUFLEET_DATA_DIR"
+"""The job's data folder: each ``data`` source lands in its ``dest`` under it (set when the spec has ``data``)."""
 ENV_FAULT = "GPUFLEET_FAULT"
 ENV_LOG_EVERY_S = "GPUFLEET_LOG_EVERY_S"
 ENV_WORLD_SIZE = "GPUFLEET_WORLD_SIZE"
@@ -97,6 +99,7 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
         ENV_SPEC: str(spec_file(home, job_id)),
         ENV_CKPT_DIR: str(checkpoints_dir(home, job_id)),
         ENV_EVENTS: str(events_file(home, job_id)),
+        **({ENV_DATA_DIR: str(folder / "data")} if spec.data is not None else {}),
         "GPUFLEET_BACKEND": backend,
         ENV_WORLD_SIZE: str(spec.world_size),
         ENV_STRATEGY: spec.distributed.strategy if spec.distributed is not None else "none",
@@ -127,10 +130,15 @@ def rank_argv(spec: JobSpec) -> list[str]:
     (``/usr/bin/python3``, ``.venv/bin/python``) to choose another.
     """
     if spec.callable_entrypoint:
-        return [sys.executable, "-m", "gpufleet.runtime.launch"]
-    argv = list(spec.command or [])
-    if argv and PYTHON_RE.match(argv[0]):
-        argv[0] = sys.executable
+        argv = [sys.executable, "-m", "gpufleet.runtime.launch"]
+    else:
+        argv = list(spec.command or [])
+        if argv and PYTHON_RE.match(argv[0]):
+            argv[0] = sys.executable
+    if spec.data is not None:
+        # Stage the data first (once per attempt and node: the other ranks wait, then go on), then
+        # become the rank's process.
+        return [sys.executable, "-m", "gpufleet.data.stage_in", "--", *argv]
     return argv
 
 
@@ -155,6 +163,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ENV_ATTEMPT",
     "ENV_CKPT_DIR",
+    "ENV_DATA_DIR",
     "ENV_EVENTS",
     "ENV_FAULT",
     "ENV_JOB_DIR",

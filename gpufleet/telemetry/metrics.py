@@ -109,6 +109,17 @@ class JobMetrics:
             [*names, "rank"],
             registry=self.registry,
         )
+        self.stage_seconds = gauge(
+            "gpufleet_data_stage_seconds", "Seconds this attempt spent staging its data in before the first step."
+        )
+        self.stage_bytes = gauge("gpufleet_data_staged_bytes", "Bytes this attempt's staging copied (0: all reused).")
+        self.stage_reused = gauge(
+            "gpufleet_data_reused_files", "Files this attempt's staging found verified and reused."
+        )
+        self.stage_rate = gauge(
+            "gpufleet_data_stage_bytes_per_second",
+            "Copy throughput of this attempt's staging (0 when it copied nothing).",
+        )
         self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
         if gpus > 0:
             self.registry.register(_GpuTimeCollector(self))
@@ -130,6 +141,15 @@ class JobMetrics:
                     for rank, value in enumerate(values):
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             gauge.labels(**self.labels, rank=str(rank)).set(float(value))
+        elif kind == EventKind.DATA_STAGED:
+            for gauge, key in (
+                (self.stage_seconds, "seconds"),
+                (self.stage_bytes, "bytes_copied"),
+                (self.stage_reused, "files_reused"),
+                (self.stage_rate, "copy_bytes_per_s"),
+            ):
+                value = event.get(key)
+                gauge.set(float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0)
         elif kind == EventKind.CHECKPOINT:
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))
@@ -255,6 +275,9 @@ def exporter_from_env(
         return []
     per_hour, currency = price() if price is not None and gpus > 0 else (None, "USD")
     metrics = JobMetrics(labels, gpus=gpus, price_per_gpu_hour=per_hour, currency=currency)
+    staged = _staged_report(env)
+    if staged is not None:  # staged by gpufleet.data.stage_in before this process started
+        metrics({**staged, "kind": EventKind.DATA_STAGED})
     listeners: list[Any] = [metrics]
     if port is not None:
         job_dir = env.get("GPUFLEET_JOB_DIR")
@@ -264,6 +287,19 @@ def exporter_from_env(
     if textfile is not None:
         listeners.append(TextfileWriter(metrics, Path(textfile)))
     return listeners
+
+
+def _staged_report(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """This attempt's staging report (``$GPUFLEET_DATA_DIR/.gpufleet/staged-attempt-N.json``), if any."""
+    root = env.get("GPUFLEET_DATA_DIR")
+    if not root:
+        return None
+    path = Path(root) / ".gpufleet" / f"staged-attempt-{env.get('GPUFLEET_ATTEMPT') or '1'}.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def labels_from_env(env: Mapping[str, str] = os.environ, gpu_type: str = "", provider: str = "") -> dict[str, str]:

@@ -36,7 +36,9 @@ def usage(**changes: Any) -> AttemptUsage:
 def test_seconds_sum_to_wall() -> None:
     u = usage(start=100.0, end=400.0, startup_s=20.0, restore_s=10.0, checkpoint_s=15.0, lost_s=40.0)
     sec = u.seconds()
-    assert sec == pytest.approx({"startup": 20.0, "restore": 10.0, "checkpoint": 15.0, "lost": 40.0, "useful": 215.0})
+    assert sec == pytest.approx(
+        {"startup": 20.0, "restore": 10.0, "staging": 0.0, "checkpoint": 15.0, "lost": 40.0, "useful": 215.0}
+    )
     assert sum(sec.values()) == pytest.approx(u.wall_s) == pytest.approx(300.0)
 
 
@@ -44,7 +46,9 @@ def test_overhead_larger_than_wall_is_scaled_down() -> None:
     # 200 s of overhead in a 100 s attempt: everything is halved, nothing is left for useful.
     u = usage(start=0.0, end=100.0, startup_s=100.0, restore_s=50.0, checkpoint_s=25.0, lost_s=25.0)
     sec = u.seconds()
-    assert sec == pytest.approx({"startup": 50.0, "restore": 25.0, "checkpoint": 12.5, "lost": 12.5, "useful": 0.0})
+    assert sec == pytest.approx(
+        {"startup": 50.0, "restore": 25.0, "staging": 0.0, "checkpoint": 12.5, "lost": 12.5, "useful": 0.0}
+    )
     assert sum(sec.values()) == pytest.approx(100.0)
 
 
@@ -242,7 +246,13 @@ def test_preemption_overhead_counts_restart_startup_restore_and_the_save_at_the_
     assert job.gpu_hours["lost"] * 3600 == pytest.approx(OVERHEAD_LOST + 5.0)
     parts = {k: v * 3600 for k, v in job.preemption_gpu_hours.items()}
     assert parts == pytest.approx(
-        {"lost": OVERHEAD_LOST, "startup": OVERHEAD_STARTUP, "restore": OVERHEAD_RESTORE, "checkpoint": OVERHEAD_SAVE}
+        {
+            "lost": OVERHEAD_LOST,
+            "startup": OVERHEAD_STARTUP,
+            "restore": OVERHEAD_RESTORE,
+            "checkpoint": OVERHEAD_SAVE,
+            "staging": 0.0,
+        }
     )
     assert job.preemption_overhead_gpu_hours * 3600 == pytest.approx(OVERHEAD) == pytest.approx(31.4624)
     assert job.preemption_share == pytest.approx(OVERHEAD / WALL)
@@ -254,7 +264,7 @@ def test_preemption_overhead_counts_restart_startup_restore_and_the_save_at_the_
     assert d["preemption_overhead_money"] == pytest.approx(OVERHEAD / 3600 * 1.5, rel=1e-5)
     assert d["preemption_overhead_share"] == pytest.approx(OVERHEAD / WALL, rel=1e-5)
     assert d["preemption_overhead_gpu_seconds_by_bucket"] == {"lost": 0.0624, "checkpoint": 2.9, "restore": 2.0,
-                                                              "startup": 26.5}  # fmt: skip
+                                                              "staging": 0.0, "startup": 26.5}  # fmt: skip
     assert d["lost_gpu_hours"] == pytest.approx((OVERHEAD_LOST + 5.0) / 3600, rel=1e-5)  # the old keys stay
     assert ledger.total.to_dict()["preemption_overhead_gpu_seconds"] == d["preemption_overhead_gpu_seconds"]
 
@@ -270,7 +280,13 @@ def test_preemption_overhead_uses_the_attempts_rate_and_gpus() -> None:
 
 def test_no_preemption_no_overhead() -> None:
     plain = usage(start=0.0, end=100.0, startup_s=10.0, restore_s=2.0, checkpoint_s=3.0, lost_s=4.0)
-    assert plain.preemption_seconds() == {"lost": 0.0, "checkpoint": 0.0, "restore": 0.0, "startup": 0.0}
+    assert plain.preemption_seconds() == {
+        "lost": 0.0,
+        "checkpoint": 0.0,
+        "restore": 0.0,
+        "staging": 0.0,
+        "startup": 0.0,
+    }
     cost = attempt_cost(plain, CARD)
     assert cost.preemption_overhead_gpu_hours == 0.0 and cost.preemption_share == 0.0
     assert cost.to_dict()["preemption_overhead_money"] == 0.0
@@ -283,5 +299,5 @@ def test_preemption_overhead_never_exceeds_its_buckets_or_the_wall() -> None:
     parts = u.preemption_seconds()
     scale = 10.0 / (15.0 + 5.0 + 1.0 + 4.0)
     assert parts == pytest.approx({"startup": 15.0 * scale, "restore": 5.0 * scale, "checkpoint": 1.0 * scale,
-                                   "lost": 4.0 * scale})  # fmt: skip
+                                   "lost": 4.0 * scale, "staging": 0.0})  # fmt: skip
     assert sum(parts.values()) == pytest.approx(u.wall_s)

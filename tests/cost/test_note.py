@@ -232,13 +232,20 @@ def test_headline_counts_the_whole_preemption_overhead(tmp_path: Path) -> None:
         "lost": 0.0624,
         "checkpoint": 2.9,
         "restore": 2.0,
+        "staging": 0.0,
         "startup": 26.5,
     }
     assert job["preemption_overhead_share"] == pytest.approx(31.4624 / 370, rel=1e-5)
     assert job["lost_gpu_hours"] == pytest.approx(5.0624 / 3600, rel=1e-5)
     last = job["attempts"][3]
     assert last["after_preemption"] is True
-    assert last["preemption_seconds"] == {"lost": 0.0, "checkpoint": 0.0, "restore": 0.5, "startup": 7.0}
+    assert last["preemption_seconds"] == {
+        "lost": 0.0,
+        "checkpoint": 0.0,
+        "restore": 0.5,
+        "staging": 0.0,
+        "startup": 7.0,
+    }
 
 
 def test_headline_without_preemptions_says_so(tmp_path: Path) -> None:

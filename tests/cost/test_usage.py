@@ -41,7 +41,13 @@ def test_three_preemptions_from_stored_events(tmp_path: Path) -> None:
     parts = {k: v * 3600 for k, v in cost.preemption_gpu_hours.items()}
     # lost 3 x 0.02; start-up: attempt 1's shut-down, then every restart's start-up and shut-down;
     # restore: the three restarts; checkpoint: the three saves at the signal.
-    expected = {"lost": 0.06, "startup": 2.97 + 2 * (7.5 + 2.97) + 7.5, "restore": 1.5, "checkpoint": 2.1}
+    expected = {
+        "lost": 0.06,
+        "startup": 2.97 + 2 * (7.5 + 2.97) + 7.5,
+        "restore": 1.5,
+        "checkpoint": 2.1,
+        "staging": 0.0,
+    }
     assert parts == pytest.approx(expected)
     assert cost.gpu_hours["lost"] * 3600 == pytest.approx(0.06)  # what the headline used to call the whole cost
     assert cost.preemption_overhead_gpu_hours * 3600 == pytest.approx(sum(expected.values()))

@@ -242,8 +242,21 @@ def _attempt_spans(
     ready = session_start.ts if session_start else restore_start if restore_start is not None else None
     if ready is None and train_start is not None:
         ready = train_start.ts
-    if ready is not None:
-        b.add(f"attempt-{n}/startup", "startup", span, start, ready)
+    startup = b.add(f"attempt-{n}/startup", "startup", span, start, ready) if ready is not None else None
+    staged = next((e for e in runtime if e.kind in (EventKind.DATA_STAGED, EventKind.DATA_STAGE_FAILED)), None)
+    if staged is not None:
+        seconds = _seconds(staged.data, "seconds")
+        failed = staged.kind == EventKind.DATA_STAGE_FAILED
+        b.add(
+            f"attempt-{n}/stage_in",
+            "stage_in",
+            startup or span,
+            staged.ts - seconds,
+            staged.ts,
+            _attrs(staged.data),
+            status="error" if failed else "ok",
+            message=str(staged.data.get("error", ""))[:500] if failed else "",
+        )
     if restore is not None and restore_start is not None:
         b.add(f"attempt-{n}/restore", "restore", span, restore_start, restore.ts, _attrs(restore.data))
 
