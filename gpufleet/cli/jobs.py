@@ -239,7 +239,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
                     " ".join(
                         f"{k}={fmt(v)}"
                         for k, v in e.items()
-                        if k not in ("ts", "attempt", "kind", "path") and v is not None
+                        if k not in ("ts", "attempt", "kind", "path", "sources") and v is not None
                     ),
                 ]
                 for e in events

@@ -46,6 +46,13 @@ def describe(event: Event) -> str | None:
                 f"[yellow]{a} rolled back from step {d.get('from_step')} to healthy step {d.get('to_step')}, "
                 f"skipping batches {d.get('skip_from')}..{_before(event.data.get('skip_to', 0))}[/]"
             )
+        case EventKind.DATA_STAGED:
+            return (
+                f"{a} staged its data in {_seconds(event.data.get('seconds', 0))}s: "
+                f"{d.get('files_copied')} files copied, {d.get('files_reused')} reused"
+            )
+        case EventKind.DATA_STAGE_FAILED:
+            return f"[red]{a} data staging failed: {d.get('error')}[/]"
         case EventKind.ATTEMPT_END:
             return f"{a} ended: {d.get('outcome')} (exit {d.get('exit_code')})"
         case EventKind.REQUEUED:

@@ -37,9 +37,10 @@ import os
 import re
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,8 +80,12 @@ class Listed:
     version: str
     """What changes when the file does: the ETag, else the modification time."""
     algo: str | None = None
-    """``md5`` when the store gives the content's MD5, else ``None``."""
+    """The store's own checksum of the content, the cheapest to check: ``crc32`` (an S3 full-object
+    checksum), ``sha256``, ``sha1`` or ``md5`` (an S3 single-part ETag, a GCS md5Hash); ``None``: none."""
     digest: str | None = None
+    """That checksum in hex."""
+    md5: str | None = None
+    """The content's MD5 when the store gives it: what names a blob of the shared cache."""
 
     @property
     def identity(self) -> str:
@@ -188,6 +193,11 @@ def _version(info: dict[str, Any]) -> str:
     return ""
 
 
+def _md5(protocol: str, info: dict[str, Any]) -> str | None:
+    algo, digest = _expected(protocol, info)
+    return digest if algo == "md5" else None
+
+
 def _expected(protocol: str, info: dict[str, Any]) -> tuple[str | None, str | None]:
     """The content's MD5 when the store gives one (an S3 single-part ETag, a GCS md5Hash)."""
     if protocol in ("s3", "s3a"):
@@ -229,11 +239,86 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
         if not isinstance(size, int) or size < 0:
             raise StageError(f"{url}: the store gives no size for it", file=url)
         algo, digest = _expected(protocol, meta)
-        listed.append(Listed(rel=rel, path=path, url=url, size=size, version=_version(meta), algo=algo, digest=digest))
+        listed.append(
+            Listed(
+                rel=rel,
+                path=path,
+                url=url,
+                size=size,
+                version=_version(meta),
+                algo=algo,
+                digest=digest,
+                md5=_md5(protocol, meta),
+            )
+        )
     if not listed:
         raise StageError(f"data source {source.source} holds no files", file=source.source)
+    if protocol in ("s3", "s3a"):
+        listed = _with_s3_checksums(fs, listed)
     listed.sort(key=lambda item: item.rel)
     return fs, listed
+
+
+S3_CHECKSUMS = (("ChecksumCRC32", "crc32"), ("ChecksumSHA256", "sha256"), ("ChecksumSHA1", "sha1"))
+"""S3's full-object checksums this module can check, cheapest first (CRC32 with zlib: about three
+times the speed of MD5 here, and verifying is what bounds a copy on a machine of few cores)."""
+
+
+def _with_s3_checksums(fs: Any, listed: list[Listed]) -> list[Listed]:
+    """Ask S3 for each object's own full-object checksum (``HeadObject`` with ``ChecksumMode``).
+
+    SDKs store a CRC32 (or a CRC64NVME, a CRC32C, a SHA) with every object they upload; a store or an
+    object without one (older uploads, composite multipart checksums) keeps the ETag's MD5, or none.
+    """
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    limit = asyncio.Semaphore(32)  # bound to fsspec's loop at its first use
+
+    async def head(item: Listed) -> dict[str, Any] | None:
+        bucket, key, version = fs.split_path(item.path)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}
+        if version:
+            kwargs["VersionId"] = version
+        try:
+            async with limit:
+                return dict(await fs._call_s3("head_object", **kwargs))
+        except Exception:  # noqa: BLE001 - no checksum then: the ETag (or a manifest) checks the copy
+            return None
+
+    async def heads() -> list[dict[str, Any] | None]:
+        return list(await asyncio.gather(*(head(item) for item in listed)))
+
+    out: list[Listed] = []
+    for item, found in zip(listed, sync(fs.loop, heads), strict=True):
+        if found is not None and found.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+            for field_name, algo in S3_CHECKSUMS:
+                value = found.get(field_name)
+                if isinstance(value, str) and "-" not in value:
+                    with contextlib.suppress(ValueError):
+                        item = replace(item, algo=algo, digest=base64.b64decode(value, validate=True).hex())
+                        break
+        out.append(item)
+    return out
+
+
+class _Crc32:
+    """``zlib.crc32`` behind hashlib's interface (S3's CRC32 is the same polynomial)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: bytes) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def new_hash(algo: str) -> Any:
+    """A hasher for a checksum name this module writes: ``crc32``, or any of hashlib's."""
+    return _Crc32() if algo == "crc32" else hashlib.new(algo)
 
 
 def _reason(err: BaseException) -> str:
@@ -308,11 +393,11 @@ def default_cache(home: Path) -> Path:
 
 
 def _hash_file(path: Path, algo: str) -> str:
-    h = hashlib.new(algo)
+    h = new_hash(algo)
     with path.open("rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def _stat_key(path: Path) -> tuple[int, int] | None:
@@ -332,7 +417,7 @@ def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int],
     algo = item.algo or "sha256"
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{item.rel.rsplit('/', 1)[-1][:180]}{PART}{os.getpid()}-{threading.get_ident()}"
-    h = hashlib.new(algo)
+    h = new_hash(algo)
     read = 0
     try:
         with fs.open(item.path, "rb", block_size=CHUNK, cache_type="none") as src, tmp.open("wb") as out:
@@ -361,7 +446,7 @@ def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int],
             f"{read:,}{' or more' if read > item.size else ''}",
             file=item.url,
         )
-    digest = h.hexdigest()
+    digest = str(h.hexdigest())
     if item.digest is not None and digest != item.digest:
         tmp.unlink(missing_ok=True)
         raise StageError(
@@ -507,6 +592,9 @@ class Stager:
     # -- shared: read-only blobs named by their digest, linked into the job's folder ----------
 
     def _one_shared(self, fs: Any, item: Listed, dest: Path, index: Manifest) -> tuple[bool, str]:
+        # Blobs are named by a digest strong enough to share a cache between jobs (not a CRC): the
+        # store's MD5 where it gives one, else the SHA-256 of the first copy.
+        item = replace(item, algo="md5" if item.md5 else None, digest=item.md5)
         blobs = self.cache_root / "blobs"
         entry = index.entries.get(item.identity)
         if item.digest is not None:

@@ -12,6 +12,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,19 +48,42 @@ def wrap(model: CharLM, strategy: str, group: Group) -> Any:
 
 
 def build(
-    *, seed: int, context: int, layers: int, heads: int, embed: int, dropout: float, lr: float, steps: int
+    *,
+    seed: int,
+    context: int,
+    layers: int,
+    heads: int,
+    embed: int,
+    dropout: float,
+    lr: float,
+    steps: int,
+    text: str | None = None,
 ) -> tuple[CharCorpus, CharLM, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """Model, optimizer and a warmup-then-cosine schedule, initialised from ``seed``."""
+    """Model, optimizer and a warmup-then-cosine schedule, initialised from ``seed``.
+
+    ``text``: the corpus, a UTF-8 file (a relative path is under the job's data folder,
+    ``$GPUFLEET_DATA_DIR``, where a ``data`` block staged it); ``None``: the shipped text.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    corpus = CharCorpus(load_text())
+    corpus = CharCorpus(load_text() if text is None else _read_text(text))
     config = CharLMConfig(
         vocab_size=corpus.vocab_size, context=context, layers=layers, heads=heads, embed=embed, dropout=dropout
     )
     model = CharLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     return corpus, model, optimizer, schedule_for(optimizer, lr=lr, steps=steps)
+
+
+def _read_text(text: str) -> str:
+    path = Path(text)
+    if not path.is_absolute():
+        path = Path(os.environ.get("GPUFLEET_DATA_DIR") or ".") / path
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"args.text={text!r}: cannot read {path}: {err}") from None
 
 
 def schedule_for(optimizer: torch.optim.Optimizer, *, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
@@ -90,6 +114,7 @@ def train(
     strategy: str | None = None,
     step_seconds: float = 0.0,
     eval_every: int = 0,
+    text: str | None = None,
     on_step: Callable[[TrainSession], None] | None = None,
 ) -> dict[str, Any]:
     """Train, surviving preemption; return the final validation and test losses.
@@ -101,6 +126,7 @@ def train(
     divides ``batch_size``. ``eval_every`` > 0 logs the validation loss every that many steps (an
     ``eval`` event: a sweep's pruner reads it as the intermediate value). ``step_seconds`` paces
     each step (a demo a person can follow, a preemption that lands mid-run); it changes no number.
+    ``text`` trains on a UTF-8 file instead of the shipped text (relative: under ``$GPUFLEET_DATA_DIR``).
     ``on_step`` is called after every step with the session (progress hooks, tests).
     """
     torch.use_deterministic_algorithms(True)
@@ -112,7 +138,15 @@ def train(
             f"give a multiple of {group.world_size}"
         )
     corpus, plain, optimizer, schedule = build(
-        seed=seed, context=context, layers=layers, heads=heads, embed=embed, dropout=dropout, lr=lr, steps=steps
+        seed=seed,
+        context=context,
+        layers=layers,
+        heads=heads,
+        embed=embed,
+        dropout=dropout,
+        lr=lr,
+        steps=steps,
+        text=text,
     )
     model = wrap(plain, strategy, group)
     if group.distributed and strategy != "none":  # over the wrapped parameters (fully_shard swaps them in place)

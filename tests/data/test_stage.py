@@ -37,6 +37,12 @@ def test_s3_and_local_sources_land_verified_and_a_rerun_copies_nothing(s3: S3, t
     objects = shards(12, 300_000)
     for name, body in objects.items():
         s3.put("corpus", f"train/part/{name}", body)
+    import boto3
+    from botocore.config import Config
+
+    bare = boto3.client("s3", endpoint_url=s3.endpoint, config=Config(request_checksum_calculation="when_required"))
+    bare.put_object(Bucket="corpus", Key="train/part/old.bin", Body=b"uploaded without a checksum")  # ETag only
+    objects["old.bin"] = b"uploaded without a checksum"
     local = tmp_path / "vocab"
     (local / "sub").mkdir(parents=True)
     (local / "sub" / "vocab.txt").write_text("a b c\n")
@@ -48,17 +54,17 @@ def test_s3_and_local_sources_land_verified_and_a_rerun_copies_nothing(s3: S3, t
     )
 
     first = Stager(p, data).run()
-    assert (first.files, first.files_copied, first.files_reused) == (13, 13, 0)
-    assert first.bytes_copied == 12 * 300_000 + 6
-    assert first.sources[0].checksums == {"md5": 12}  # the store's ETags
+    assert (first.files, first.files_copied, first.files_reused) == (14, 14, 0)
+    assert first.bytes_copied == 12 * 300_000 + 27 + 6
+    assert first.sources[0].checksums == {"crc32": 12, "md5": 1}  # the objects' own CRC32, else the ETag
     assert first.sources[1].checksums == {"sha256": 1}  # a manifest of the first copy
     assert files_under(data / "train") == {f"part/{k}": v for k, v in objects.items()}
     assert (data / "vocab" / "sub" / "vocab.txt").read_text() == "a b c\n"
 
     again = Stager(p, data).run()
-    assert (again.files_copied, again.files_reused, again.bytes_copied) == (0, 13, 0)
+    assert (again.files_copied, again.files_reused, again.bytes_copied) == (0, 14, 0)
     full = Stager(policy(*[s.model_dump() for s in p.sources], verify="full"), data).run()
-    assert (full.files_copied, full.files_reused) == (0, 13)
+    assert (full.files_copied, full.files_reused) == (0, 14)
 
 
 def test_a_rerun_copies_only_what_is_missing_or_wrong(s3: S3, tmp_path: Path) -> None:
