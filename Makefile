@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch: installed first so no requirement pulls a CUDA wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install dev lint typecheck services services-down unit soak fuzz bench clean
+.PHONY: demo test install dev lint typecheck tools services services-down unit soak fuzz bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,8 +34,14 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
+# fio and iperf3 (Debian) for `gpufleet bench disk|net` and their tests; installed once, as root.
+tools:
+	@command -v fio >/dev/null && command -v iperf3 >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
+	    --no-install-recommends fio iperf3 >/dev/null; }
+
 # Real services the integration tests need (a single-node Slurm, Prometheus, Ray); they stay up for the next run.
-services: dev
+services: dev tools
 	scripts/dev-slurm up
 	scripts/dev-prometheus up
 	scripts/dev-ray up
@@ -60,7 +66,7 @@ FUZZ_SEED ?= 1
 fuzz: dev
 	$(BIN)/python tests/fuzz/fuzz_runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --jobs 2 --report fuzz-report.json
 
-bench: install
+bench: dev tools
 	$(BIN)/python bench/checkpoint_save.py
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/preemption_loss.py
@@ -76,6 +82,7 @@ bench: install
 	$(BIN)/python bench/dist_async_save.py
 	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/sweep_overhead.py
+	$(BIN)/python bench/stage_throughput.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
