@@ -15,17 +15,34 @@ smaller t (a collective per layer), then smaller p (bubbles and point-to-point s
 (one all-reduce of the gradients, 2Ψ per step) < zero1 (same volume) < zero2 (same volume, reduce-scatter) <
 fsdp_hybrid (zero3 inside a node) < zero3 / fsdp_full (1.5x: the weights are gathered again for the backward pass),
 as in the ZeRO paper's section 7.
+
+Given a :class:`~gpufleet.estimate.network.Placement`, each layout also gets the time of one step's gradient
+communication: an all-reduce of the gradients of one model shard, ``grad bytes per parameter * Ψ / (t·p)`` (experts
+divided by e too), over one data-parallel group (:func:`~gpufleet.estimate.network.data_parallel_group`), the faster
+of NCCL's ring and tree (:func:`~gpufleet.estimate.network.allreduce`), times the strategy's volume: 1 for ddp,
+zero1 and zero2 (reduce-scatter + all-gather move what an all-reduce moves), 1.5 for zero3 / fsdp_full, and for
+fsdp_hybrid the ddp time plus half an all-reduce inside the node (the extra gather stays on NVLink). Without overlap
+with the backward pass this is what a step waits; PCIe traffic of offloading is not counted.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufleet.errors import ParameterError, UsageError
 from gpufleet.estimate.flops import MAX_COUNT, MAX_GPUS, Recompute, require_at_most, require_positive
-from gpufleet.estimate.memory import ActivationShape, MemoryEstimate, Offload, Precision, Strategy, estimate_memory
+from gpufleet.estimate.memory import (
+    STATE_BYTES,
+    ActivationShape,
+    MemoryEstimate,
+    Offload,
+    Precision,
+    Strategy,
+    estimate_memory,
+)
+from gpufleet.estimate.network import ALGORITHMS, Placement, allreduce, data_parallel_group
 from gpufleet.estimate.peak import GpuPeak, gpu_peak
 
 GIB = 2**30
@@ -41,6 +58,9 @@ CANDIDATES: tuple[tuple[Strategy, Offload], ...] = (
 )
 """(strategy, offload) pairs in order of communication; fsdp_full and fsdp_grad_op are zero3 and zero2 in memory."""
 LABELS: dict[Strategy, str] = {"zero2": "zero2 / fsdp_grad_op", "zero3": "zero3 / fsdp_full"}
+VOLUME: dict[Strategy, float] = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "fsdp_hybrid": 1.0, "zero3": 1.5}
+"""Gradient communication per step in all-reduces of the gradients (ZeRO paper, section 7); fsdp_hybrid adds its
+in-node gather on top (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +78,8 @@ class LayoutOption:
     usable_bytes: int
     reason: str
     estimate: MemoryEstimate | None
+    comm_seconds: float | None = None
+    """One step's gradient communication on the placement given to :func:`advise_layout`; ``None`` without one."""
 
     @property
     def label(self) -> str:
@@ -82,6 +104,7 @@ class LayoutOption:
             "usable_bytes": self.usable_bytes,
             "reason": self.reason,
             "memory": None if self.estimate is None else self.estimate.as_dict(),
+            "comm_seconds": self.comm_seconds,
         }
 
 
@@ -126,15 +149,26 @@ def advise_layout(
     precision: Precision = "mixed",
     headroom: float = 0.10,
     reserve_gib: float = 1.0,
+    placement: Placement | None = None,
 ) -> list[LayoutOption]:
     """Every candidate layout, those that fit first, each group least communication first.
 
     A candidate whose degrees do not divide the model (heads by t, layers by p, data-parallel ranks by ep) is
-    rejected with that reason rather than estimated.
+    rejected with that reason rather than estimated. With a ``placement`` of the same GPUs, every estimated layout
+    gets its gradient communication time per step (module docstring).
     """
     require_positive(params=params, gpus=gpus, gpus_per_node=gpus_per_node)
     require_at_most(MAX_COUNT, "1e15 parameters", params=params)
     require_at_most(MAX_GPUS, "1e6 GPUs", gpus=gpus, gpus_per_node=gpus_per_node)
+    if placement is not None and (placement.gpus, placement.gpus_per_node) != (gpus, min(gpus, gpus_per_node)):
+        raise ParameterError(
+            "{gpus} and {gpus_per_node} differ from the placement's {held!s} GPUs, {per_node!s} a node: "
+            "place the same GPUs",
+            gpus=gpus,
+            gpus_per_node=gpus_per_node,
+            held=placement.gpus,
+            per_node=placement.gpus_per_node,
+        )
     row = gpu if isinstance(gpu, GpuPeak) else gpu_peak(gpu)
     usable = usable_bytes(row, headroom=headroom, reserve_gib=reserve_gib)
 
@@ -162,7 +196,29 @@ def advise_layout(
                 if strategy == "fsdp_hybrid" and gpus // (tp * pp) <= gpus_per_node // tp:
                     continue  # all data-parallel ranks within one node: the same as zero3
                 options.append(_option(strategy, offload, tp, pp, gpus // (tp * pp), usable, row, estimate))
+    if placement is not None:
+        grads = STATE_BYTES[precision][1] * ((params - expert_params) + expert_params / ep)
+        options = [replace(o, comm_seconds=gradient_sync_seconds(o, placement, grads)) for o in options]
     return sorted(options, key=lambda o: (not o.fits, o.rank))
+
+
+def gradient_sync_seconds(option: LayoutOption, placement: Placement, grad_bytes: float) -> float | None:
+    """One step's gradient communication of ``option`` on ``placement`` (module docstring); ``None`` if not estimated.
+
+    ``grad_bytes`` are the gradients of the whole model (experts already divided by their degree).
+    """
+    if option.estimate is None:
+        return None
+    if option.dp == 1:
+        return 0.0
+    size = max(1, round(grad_bytes / (option.tp * option.pp)))
+    group = data_parallel_group(placement, tp=option.tp, dp=option.dp)
+    seconds = min(allreduce(size, group, algorithm).seconds for algorithm in ALGORITHMS) * VOLUME[option.strategy]
+    shard = option.estimate.shard
+    if option.strategy == "fsdp_hybrid" and shard > 1:
+        node = replace(group, nodes=1, gpus_per_node=shard, network=None)
+        seconds += 0.5 * min(allreduce(size, node, algorithm).seconds for algorithm in ALGORITHMS)
+    return seconds
 
 
 def _option(
@@ -199,4 +255,4 @@ def _option(
     )
 
 
-__all__ = ["CANDIDATES", "LayoutOption", "advise_layout", "usable_bytes"]
+__all__ = ["CANDIDATES", "VOLUME", "LayoutOption", "advise_layout", "gradient_sync_seconds", "usable_bytes"]

@@ -15,7 +15,7 @@ pydantic (unknown fields are errors), and frozen::
         nodes: gpu[01-04]                              # node names: a hostlist or a list
       - name: leaf2
         level: leaf
-        link: {fabric: infiniband, gbps: 400, generation: NDR}
+        link: {fabric: infiniband, gbps: 400, generation: NDR, hop_latency_ns: 150}   # optional latencies
         nodes: [gpu05, gpu06, gpu07, gpu08]
 
 Hostlists in the file are expanded, and compressed again for ``topology.conf``, by
@@ -65,13 +65,21 @@ class _Frozen(BaseModel):
 
 
 class Link(_Frozen):
-    """The ports of one switch: fabric and per-port speed (informational; Slurm ignores speeds)."""
+    """The ports of one switch: fabric and per-port speed, and optionally its latencies.
+
+    Slurm ignores all of them; ``gpufleet estimate allreduce`` uses them (:mod:`gpufleet.estimate.network`), taking
+    the fabric's defaults from its table where a latency is not given.
+    """
 
     fabric: Fabric
     gbps: float = Field(gt=0, le=100_000, allow_inf_nan=False)
     """Speed of one port in Gb/s (NDR InfiniBand: 400; HDR: 200; 400GbE: 400)."""
     generation: str | None = None
     """Free-form label such as ``NDR``, ``HDR`` or ``400GbE``."""
+    latency_us: float | None = Field(default=None, ge=0, le=1_000_000, allow_inf_nan=False)
+    """On a leaf: one message between its nodes' NICs, software included, in µs (default: the fabric's)."""
+    hop_latency_ns: float | None = Field(default=None, ge=0, le=1_000_000_000, allow_inf_nan=False)
+    """This switch's port-to-port latency in ns (default: the fabric's)."""
 
     @field_validator("generation")
     @classmethod
@@ -358,23 +366,30 @@ def switch_hops(fleet: Fleet, a: str, b: str) -> int:
     )
 
 
+def node_names(nodes: str | Iterable[str]) -> list[str]:
+    """Node names from a hostlist string (``gpu[01-04]``) or an iterable; ``UsageError`` for a malformed hostlist."""
+    if isinstance(nodes, str):
+        try:
+            return expand_hostlist(nodes)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    return list(nodes)
+
+
 def placement_switches(fleet: Fleet, nodes: str | Iterable[str]) -> int:
     """How many leaf switches ``nodes`` (names, or a hostlist string) span: the N of ``--switches=N``.
 
     Raises ``UsageError`` for a malformed hostlist or an unknown node; an empty set spans 0.
     """
-    if isinstance(nodes, str):
-        try:
-            names = expand_hostlist(nodes)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
-    else:
-        names = list(nodes)
+    names = node_names(nodes)
     leaves = fleet.node_leaves()
     unknown = sorted({name for name in names if name not in leaves})
     if unknown:
         shown = ", ".join(repr(name) for name in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        raise UsageError(f"unknown nodes {shown}: under no leaf switch of fleet {fleet.name!r}")
+        raise UsageError(
+            f"unknown nodes {shown}: under no leaf switch of fleet {fleet.name!r}; "
+            "fix the names or list them under a leaf"
+        )
     return len({leaves[name] for name in names})
 
 
@@ -386,6 +401,7 @@ __all__ = [
     "Link",
     "Switch",
     "load_fleet",
+    "node_names",
     "parse_fleet",
     "placement_switches",
     "render_topology_conf",
