@@ -16,6 +16,7 @@ from typer.core import TyperGroup, TyperOption
 
 from gpufleet.cli import jobs
 from gpufleet.cli.advise import advise_command
+from gpufleet.cli.bench import bench_app
 from gpufleet.cli.ckpt import ckpt_app
 from gpufleet.cli.debug import debug_app
 from gpufleet.cli.demo import demo_command
@@ -60,6 +61,7 @@ app.command("goodput")(goodput)
 app.command("advise")(advise_command)
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(estimate_app, name="estimate")
+app.add_typer(bench_app, name="bench")
 app.add_typer(export_app, name="export")
 app.add_typer(slurm_app, name="slurm")
 app.add_typer(sweep_app, name="sweep")
