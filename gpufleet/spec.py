@@ -273,7 +273,9 @@ class DataSource(_Frozen):
         from gpufleet.data.urls import SCHEME_RE, split_source
 
         if SCHEME_RE.match(value) is None and "://" not in value and not value.startswith("/"):
-            return value  # relative: load_spec resolves it against the spec file, split_source checks the result
+            # relative: load_spec resolves it against the spec file, and split_source checks the result
+            split_source("/" + value)  # what a path can hold: no NUL byte, not over PATH_MAX
+            return value
         split_source(value)
         return value
 

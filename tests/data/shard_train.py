@@ -32,7 +32,7 @@ if ckpt.exists():
     opt.load_state_dict(state["opt"])
     step = state["step"]
 
-stop = []
+stop: list[bool] = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
 
 
@@ -47,7 +47,7 @@ while step < steps:
     for _ in range(2):  # gradient accumulation
         idx = torch.randint(len(features), (32,), generator=g)
         loss = torch.nn.functional.mse_loss(model(features[idx]), target[idx]) / 2
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
     opt.step()
     opt.zero_grad()
     step += 1

@@ -38,7 +38,7 @@ def test_s3_and_local_sources_land_verified_and_a_rerun_copies_nothing(s3: S3, t
     for name, body in objects.items():
         s3.put("corpus", f"train/part/{name}", body)
     import boto3
-    from botocore.config import Config
+    from botocore.config import Config  # type: ignore[import-untyped]
 
     bare = boto3.client("s3", endpoint_url=s3.endpoint, config=Config(request_checksum_calculation="when_required"))
     bare.put_object(Bucket="corpus", Key="train/part/old.bin", Body=b"uploaded without a checksum")  # ETag only
@@ -209,7 +209,7 @@ def test_kill_9_during_stage_in_then_the_next_attempt_copies_only_the_rest(
     for name, body in objects.items():
         s3.put("corpus", f"p/{name}", body)
     gate, stalled = threading.Event(), threading.Event()
-    value = FakeKey.value
+    value: Any = FakeKey.value
 
     def stalling(key: Any) -> Any:
         if key.name == "p/shard-009.bin" and not gate.is_set():

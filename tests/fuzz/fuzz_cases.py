@@ -2127,6 +2127,76 @@ def surface_estimate(g: Gen) -> Draft:
     return Draft(argv)
 
 
+SIZES: tuple[str, ...] = ("2e9", "2GB", "2GiB", "512MiB", "8", "1e15", "1 kB", "1.5e3")
+BAD_SIZES: tuple[str, ...] = (
+    "0",
+    "-2GB",
+    "0.4",
+    "1.0000001e15",
+    "1e400",
+    "nan",
+    "inf",
+    "2iB",
+    "2GiBB",
+    "2 parsecs",
+    "\u0662GB",
+    "1e-9",
+    "",
+)
+NODE_LISTS: tuple[str, ...] = (
+    "gpu[01-08]",
+    "gpu[01-16]",
+    "gpu[01-04]",
+    "gpu[03-06]",
+    "l40s[1-4]",
+    "gpu[01-07],l40s1",
+    "gpu[01-07],gpu99",
+    "gpu01,gpu01",
+    "gpu[16-01]",
+    "",
+)
+
+
+def surface_estimate_allreduce(g: Gen) -> Draft:
+    """``gpufleet estimate allreduce``, and ``estimate layout`` on a network: sizes, placements, fleet files."""
+    network: list[str] = []
+    roll = g.rng.random()
+    if roll < 0.5:
+        fleet = example("fleet.yaml")
+        if g.chance(0.3):
+            victim = g.pick(fleet["switches"])
+            key = g.pick(("latency_us", "hop_latency_ns"))
+            victim["link"] = {**victim["link"], key: g.pick((0, 1.5, 150, *EDGE_FLOATS, *EDGE_INTS[:4], "x", None))}
+            g.note(f"{victim['name']}.link.{key} = {victim['link'][key]!r}")
+        network += ["--fleet", g.input_path("fleet", ".yaml", lambda: yaml_doc(g, fleet, valid_share=0.7))]
+        if g.chance(0.9):
+            nodes = g.arg_string(*NODE_LISTS, p_valid=0.85) if g.chance(0.85) else g.pick(HOSTLISTS)
+            network += ["--nodes", nodes]
+    elif roll < 0.85:
+        if g.chance(0.6):
+            network += ["--fabric", g.arg_string("infiniband", "roce", "ethernet", p_valid=0.8)]
+        if g.chance(0.6):
+            network += ["--gbps", g.number_text("400", "200", "100", "25")]
+    if g.chance(0.15):
+        network += ["--node-gbps", g.number_text("3200", "1600", "400")]
+    if g.chance(0.8):
+        size = g.arg_string(*SIZES, p_valid=0.8) if g.chance(0.85) else g.pick(BAD_SIZES)
+        argv = ["estimate", "allreduce", "--bytes", size, "--gpus", _int_opt(g, 64, 32, 16, 8)]
+        if g.chance(0.4):
+            argv += ["--gpus-per-node", _int_opt(g, 8, 4, 1)]
+        if g.chance(0.4):
+            argv += ["--gpu", g.arg_string(*GPU_NAMES)]
+    else:
+        argv = ["estimate", "layout", "--params", g.arg_string(*COUNTS[:6], p_valid=0.7)]
+        argv += ["--gpus", _int_opt(g, 64, 32, 16), "--gpu", g.arg_string(*GPU_NAMES, p_valid=0.8)]
+        if g.chance(0.3):
+            argv += ["--step-seconds", g.number_text("2", "0.5")]
+        if g.chance(0.3):
+            argv += ["--top", _int_opt(g, 0, 5)]
+    argv += network + _maybe(g, 0.3, "--json")
+    return Draft(argv)
+
+
 METHODS: tuple[str, ...] = ("ks", "chi2", "z", "psi", "wasserstein", "wasserstein_raw", "jensenshannon", "mmd")
 
 
@@ -2728,6 +2798,104 @@ def surface_sweep(g: Gen) -> Draft:
     return Draft(argv, home=_home(g, hostile=False, p_empty=0.5))
 
 
+BENCH_SIZES: tuple[str, ...] = ("1MiB", "2M", "1048576", "4MiB", "1.5M")
+"""Sizes of a ``bench disk`` test file that run: a few MiB, far below the cases' file-size limit."""
+BENCH_BAD_SIZES: tuple[str, ...] = (
+    "0", "-1", "10 potatoes", "1e3", "", " ", "MiB", "1iB", "nan", "9" * 30, "9" * 5000, "2PiB", "1000TiB",
+    "0.0001K", "\u0661M", "[bold]1M", "1M\n",
+)  # fmt: skip
+BENCH_BAD_NUMBERS: tuple[str, ...] = ("0", "-1", "nan", "inf", "-inf", "1e400", "abc", "", "0x10", "\u0661", "1,5")
+BENCH_BAD_HOSTS: tuple[str, ...] = ("-s", "", " ", "a b", "[bold]x", "\x00", "a;b|c&d", "$(id)", "é", "x" * 300)
+"""Hosts ``bench net`` refuses before resolving them: none of them may ever pass the check."""
+
+
+def surface_bench_disk(g: Gen) -> Draft:
+    """``gpufleet bench disk``: hostile folders, sizes and runtimes; a valid case runs fio on a few MiB, 0.1 s a test.
+
+    The folder is one of the working directory's (or a hostile path that no folder is written in);
+    without PATH, ``$GPUFLEET_HOME`` is a relative name, so the default lands in the working directory.
+    """
+    argv = ["bench", "disk"]
+    roll = g.rng.random()
+    if roll < 0.6:
+        argv.append(g.add_file(g.name("disk", ""), Special("dir")))
+    elif roll < 0.85:
+        argv.append(sanitize_argv(g.special_input("disk", "", lambda: b"not a folder\n")))
+    else:
+        g.env["GPUFLEET_HOME"] = g.pick(("fleet-home", "a/b/home", "plain/home"))
+        if g.env["GPUFLEET_HOME"].startswith("plain/"):
+            g.add_file("plain", b"a file where the home's folder would be\n")
+        g.note(f"GPUFLEET_HOME={g.env['GPUFLEET_HOME']}")
+    if g.chance(0.85):
+        argv += ["--size", g.pick(BENCH_SIZES) if g.chance(0.75 if g.calm else 0.5) else g.pick(BENCH_BAD_SIZES)]
+    else:
+        argv += ["--size", "1MiB"]  # never the default 256 MiB: the cases' file-size limit is 256 MiB
+    runtime = g.pick(("0.1", "0.1", "0.2")) if g.chance(0.75 if g.calm else 0.5) else g.pick(BENCH_BAD_NUMBERS)
+    argv += ["--runtime", g.pick(("3601", "0.05")) if runtime == "inf" and g.chance(0.5) else runtime]
+    argv += _maybe(g, 0.4, "--json")
+    return Draft(argv)
+
+
+STAGE_DATA_BLOCKS: tuple[Any, ...] = (
+    {"sources": [{"source": "corpus", "dest": "c"}]},
+    {"sources": [{"source": "corpus/a.txt", "dest": "one"}], "workers": 1, "verify": "full"},
+    {"sources": [{"source": "corpus", "dest": "c", "cache": "shared"}]},
+    {"sources": [{"source": "missing-folder", "dest": "c"}]},
+    {"sources": [{"source": "corpus", "dest": "../escape"}]},
+    {"sources": [{"source": "corpus", "dest": "/abs"}]},
+    {"sources": []},
+    {"sources": [{"source": "nope://x/y", "dest": "c"}]},
+    {"sources": [{"source": "memory://x", "dest": "c"}]},
+    {"sources": [{"source": "gs://bucket/x", "dest": "c"}]},
+    {"sources": [{"source": "corpus", "dest": "c"}, {"source": "corpus", "dest": "c/d"}]},
+    {"sources": [{"source": "corpus", "dest": "c", "endpoint_url": "http://127.0.0.1:9"}]},
+    {"sources": [{"source": "corpus", "dest": "c"}], "workers": 0},
+    {"sources": [{"source": "corpus\u0000x", "dest": "c"}]},
+    None,
+)
+"""``data`` blocks for ``bench stage``: a fixed list (a mutated source could name ``/`` and stage the disk)."""
+
+
+def surface_bench_stage(g: Gen) -> Draft:
+    """``gpufleet bench stage``: a small local corpus staged into the working directory, or a refused spec."""
+    g.add_file("corpus/a.txt", b"a small corpus\n" * g.pick((1, 100, 5000)))
+    g.add_file("corpus/sub/b.bin", bytes(range(256)) * g.pick((1, 64)))
+    spec: dict[str, Any] = {"name": "stage", "entrypoint": "m:f"}
+    data = g.pick(STAGE_DATA_BLOCKS)
+    if data is not None:
+        spec["data"] = copy.deepcopy(data)
+    argv = ["bench", "stage", g.input_path("stage", ".yaml", lambda: dump_yaml(spec).encode())]
+    roll = g.rng.random()
+    if roll < 0.8:
+        argv += ["--dir", g.add_file(g.name("scratch", ""), Special("dir"))]
+    else:
+        argv += ["--dir", sanitize_argv(g.special_input("scratch", "", lambda: b"not a folder\n"))]
+    argv += ["--disk-size", g.pick(BENCH_SIZES) if g.chance(0.8) else g.pick(BENCH_BAD_SIZES)]
+    argv += ["--disk-runtime", g.pick(("0.1", "0.2")) if g.chance(0.8) else g.pick(BENCH_BAD_NUMBERS)]
+    argv += _maybe(g, 0.4, "--json")
+    return Draft(argv)
+
+
+def surface_bench_net(g: Gen) -> Draft:
+    """``gpufleet bench net``: a 1 s loopback run, or options refused before anything connects anywhere.
+
+    A host that passes the check would be resolved and connected to: every host a case names is one
+    of :data:`BENCH_BAD_HOSTS`, so no case reaches the network.
+    """
+    argv = ["bench", "net", "--seconds", "1", *_maybe(g, 0.3, "--streams", g.pick(("1", "2")))]
+    bad = [
+        ["--seconds", g.pick(("0", "-1", "1.5", "3601", *BENCH_BAD_NUMBERS))],
+        ["--streams", g.pick(("0", "-1", "129", "99999999999999999999", "x", ""))],
+        ["--port", g.pick(("0", "-1", "65536", "99999999999999999999", "abc", ""))],
+        ["--host", sanitize_argv(g.pick(BENCH_BAD_HOSTS))],
+    ]
+    if g.chance(0.4 if g.calm else 0.7):  # after the valid options: the last of a repeated option wins
+        for option in g.rng.sample(bad, g.rng.randint(1, 2)):
+            argv += option
+    argv += _maybe(g, 0.3, "--reverse") + _maybe(g, 0.4, "--json")
+    return Draft(argv)
+
+
 SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "spec-submit": surface_spec_submit,
     "spec-export": surface_spec_export,
@@ -2739,6 +2907,7 @@ SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "fleet-topology": surface_fleet,
     "slo": surface_slo,
     "estimate": surface_estimate,
+    "estimate-allreduce": surface_estimate_allreduce,
     "drift": surface_drift,
     "scrape": surface_scrape,
     "gpu-log": surface_gpu_log,
@@ -2757,6 +2926,9 @@ SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "out-paths": surface_out_paths,
     "long-parse": surface_long_parse,
     "sweep": surface_sweep,
+    "bench-disk": surface_bench_disk,
+    "bench-net": surface_bench_net,
+    "bench-stage": surface_bench_stage,
 }
 SURFACE_WEIGHTS: dict[str, int] = {
     "spec-submit": 3,
@@ -2769,6 +2941,7 @@ SURFACE_WEIGHTS: dict[str, int] = {
     "fleet-topology": 2,
     "slo": 1,
     "estimate": 3,
+    "estimate-allreduce": 1,
     "drift": 3,
     "scrape": 2,
     "gpu-log": 2,
@@ -2787,6 +2960,9 @@ SURFACE_WEIGHTS: dict[str, int] = {
     "out-paths": 1,
     "long-parse": 1,
     "sweep": 2,
+    "bench-disk": 1,
+    "bench-net": 1,
+    "bench-stage": 1,
 }
 
 
