@@ -11,7 +11,10 @@ bytes in ``--files`` objects. Each round, interleaved, measures on the same disk
 - disk: fio's sequential write (1 MiB blocks, direct I/O where the file system takes it) in ``--dir``.
 
 Target (the data-path issue): the median staging rate at least 0.8 of the slower of the medians of
-the other two.
+the other two. The table also gives the CPU-seconds per GiB each path cost this process (the client)
+and the server: on a machine of two cores where the server shares the CPU, staging's extra client
+work (the checksum, the copy into an aligned buffer, the writes and fsyncs) takes CPU from the server,
+and the rates say so.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import _common as common
 
@@ -53,6 +57,12 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the moto S3 server did not start") from None
             time.sleep(0.1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -97,12 +107,21 @@ def main(argv: Sequence[str]) -> int:
         )
         assert spec.data is not None
         rates: dict[str, list[float]] = {"source read": [], "stage": [], "disk write": []}
+        cpu: dict[str, list[tuple[float, float]]] = {"source read": [], "stage": []}
+        gib = size * args.files / (1 << 30)
+
+        def metered(path: str, fn: Any) -> Any:
+            client, server_cpu = time.process_time(), cpu_seconds(server.pid)
+            out = fn()
+            cpu[path].append(((time.process_time() - client) / gib, (cpu_seconds(server.pid) - server_cpu) / gib))
+            return out
+
         with tempfile.TemporaryDirectory(prefix="gpufleet-bench-stage-", dir=args.dir) as tmp:
             folder = Path(tmp)
             fs = common.filesystem_of(folder)
             for r in range(args.rounds):
-                rates["source read"].append(read_rate(spec.data))
-                report = stage_cold(spec.data, folder)
+                rates["source read"].append(metered("source read", lambda: read_rate(spec.data)))
+                report = metered("stage", lambda: stage_cold(spec.data, folder))
                 assert report.files_copied == args.files, report.to_json()
                 rates["stage"].append(report.bytes_copied / report.seconds)
                 disk = measure_disk(folder, size_bytes=1 << 30, runtime_s=args.disk_runtime, which=("seqwrite",))
@@ -118,7 +137,17 @@ def main(argv: Sequence[str]) -> int:
     med = {k: common.median(v) for k, v in rates.items()}
     slower = min(("source read", "disk write"), key=lambda k: med[k])
     ratio = common.ratio(med["stage"], med[slower])
-    rows = [[k, f"{med[k] / 1e6:,.0f}", " ".join(f"{x / 1e6:,.0f}" for x in rates[k])] for k in rates]
+    cpu_med = {k: (common.median([c for c, _ in v]), common.median([sv for _, sv in v])) for k, v in cpu.items()}
+    rows = [
+        [
+            k,
+            f"{med[k] / 1e6:,.0f}",
+            " ".join(f"{x / 1e6:,.0f}" for x in rates[k]),
+            f"{cpu_med[k][0]:.2f}" if k in cpu_med else "",
+            f"{cpu_med[k][1]:.2f}" if k in cpu_med else "",
+        ]
+        for k in rates
+    ]
     title = (
         f"stage-in of {args.gib:g} GiB in {args.files} files from a local S3 server (moto) to {fs.describe()}, "
         f"{args.workers} workers, {args.rounds} interleaved rounds (medians)"
@@ -129,6 +158,7 @@ def main(argv: Sequence[str]) -> int:
         "workers": args.workers,
         "rounds": args.rounds,
         "bytes_per_s": med,
+        "cpu_seconds_per_gib": {k: {"client": c, "server": sv} for k, (c, sv) in cpu_med.items()},
         "rounds_bytes_per_s": rates,
         "slower_path": slower,
         "ratio": ratio,
@@ -138,7 +168,9 @@ def main(argv: Sequence[str]) -> int:
     return common.finish(
         json_mode=args.json,
         result=result,
-        table=common.format_table(title, ["path", "MB/s (median)", "rounds"], rows),
+        table=common.format_table(
+            title, ["path", "MB/s (median)", "rounds", "client CPU-s/GiB", "server CPU-s/GiB"], rows
+        ),
         verdict=verdict,
         ok=ratio >= TARGET,
     )

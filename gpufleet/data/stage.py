@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import re
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -86,6 +88,7 @@ class Listed:
     """That checksum in hex."""
     md5: str | None = None
     """The content's MD5 when the store gives it: what names a blob of the shared cache."""
+    protocol: str = "file"
 
     @property
     def identity(self) -> str:
@@ -214,13 +217,11 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
     """The files of ``source``, sorted by their path under the destination."""
     fs, protocol, root = open_source(source)
     try:
-        info = fs.info(root)
-        if info.get("type") == "file":
-            found = {root: info}
-            base = root.rsplit("/", 1)[0]
-        else:
-            found = fs.find(root, detail=True, withdirs=False)
-            base = root
+        found, base = fs.find(root, detail=True, withdirs=False), root  # a prefix or a folder: one listing
+        if not found or list(found) == [root]:  # nothing under it, or one object: is it a file?
+            info = fs.info(root)
+            if info.get("type") == "file":
+                found, base = {root: info}, root.rsplit("/", 1)[0]
     except FileNotFoundError:
         raise StageError(f"data source {source.source} does not exist (no such key, prefix or file)") from None
     except Exception as err:  # noqa: BLE001 - credentials, network, permissions: the store's own words
@@ -249,12 +250,11 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
                 algo=algo,
                 digest=digest,
                 md5=_md5(protocol, meta),
+                protocol=protocol,
             )
         )
     if not listed:
         raise StageError(f"data source {source.source} holds no files", file=source.source)
-    if protocol in ("s3", "s3a"):
-        listed = _with_s3_checksums(fs, listed)
     listed.sort(key=lambda item: item.rel)
     return fs, listed
 
@@ -264,17 +264,31 @@ S3_CHECKSUMS = (("ChecksumCRC32", "crc32"), ("ChecksumSHA256", "sha256"), ("Chec
 times the speed of MD5 here, and verifying is what bounds a copy on a machine of few cores)."""
 
 
-def _with_s3_checksums(fs: Any, listed: list[Listed]) -> list[Listed]:
-    """Ask S3 for each object's own full-object checksum (``HeadObject`` with ``ChecksumMode``).
+def _with_checksum(item: Listed, found: dict[str, Any] | None) -> Listed:
+    """``item`` with the first full-object checksum of a ``HeadObject`` answer this module can check."""
+    if found is None or found.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return item
+    for field_name, algo in S3_CHECKSUMS:
+        value = found.get(field_name)
+        if isinstance(value, str) and "-" not in value:
+            with contextlib.suppress(ValueError):
+                return replace(item, algo=algo, digest=base64.b64decode(value, validate=True).hex())
+    return item
 
-    SDKs store a CRC32 (or a CRC64NVME, a CRC32C, a SHA) with every object they upload; a store or an
-    object without one (older uploads, composite multipart checksums) keeps the ETag's MD5, or none.
+
+def prefetch_checksums(fs: Any, listed: list[Listed]) -> dict[str, Future[dict[str, Any] | None]]:
+    """Ask S3 for each object's own full-object checksum (``HeadObject`` with ``ChecksumMode``), in the background.
+
+    SDKs store a CRC32 (or a CRC64NVME, a CRC32C, a SHA) with every object they upload; an object without
+    one this module can check (older uploads, composite multipart checksums) keeps the ETag's MD5, or
+    none. The requests go out at once, in listing order, on fsspec's event loop, while the workers copy:
+    a worker waits only for its own file's answer. Empty for other stores.
     """
+    if not listed or listed[0].protocol not in ("s3", "s3a"):
+        return {}
     import asyncio
 
-    from fsspec.asyn import sync
-
-    limit = asyncio.Semaphore(32)  # bound to fsspec's loop at its first use
+    limit = asyncio.Semaphore(16)  # bound to fsspec's loop at its first use
 
     async def head(item: Listed) -> dict[str, Any] | None:
         bucket, key, version = fs.split_path(item.path)
@@ -287,20 +301,7 @@ def _with_s3_checksums(fs: Any, listed: list[Listed]) -> list[Listed]:
         except Exception:  # noqa: BLE001 - no checksum then: the ETag (or a manifest) checks the copy
             return None
 
-    async def heads() -> list[dict[str, Any] | None]:
-        return list(await asyncio.gather(*(head(item) for item in listed)))
-
-    out: list[Listed] = []
-    for item, found in zip(listed, sync(fs.loop, heads), strict=True):
-        if found is not None and found.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
-            for field_name, algo in S3_CHECKSUMS:
-                value = found.get(field_name)
-                if isinstance(value, str) and "-" not in value:
-                    with contextlib.suppress(ValueError):
-                        item = replace(item, algo=algo, digest=base64.b64decode(value, validate=True).hex())
-                        break
-        out.append(item)
-    return out
+    return {item.path: asyncio.run_coroutine_threadsafe(head(item), fs.loop) for item in listed}
 
 
 class _Crc32:
@@ -408,6 +409,71 @@ def _stat_key(path: Path) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
+ALIGN = 4096
+"""O_DIRECT writes: buffer address, file offset and length a multiple of this (any logical block size up to 4 KiB)."""
+
+
+class _Sink:
+    """The file a copy is written to: with ``O_DIRECT`` where the file system takes it, else through the page cache.
+
+    Direct I/O skips the kernel's copy into the page cache, which here costs as much CPU as reading from
+    the store (the copy halves on two busy cores); a chunk is copied once into an aligned buffer and the
+    disk reads it from there. The first unaligned chunk (the file's tail, a short read) turns ``O_DIRECT``
+    off for the rest of the file, as does a file system that accepts the flag at open and refuses the write.
+    """
+
+    def __init__(self, path: Path) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        direct = getattr(os, "O_DIRECT", 0)
+        self.fd = -1
+        self.buffer: mmap.mmap | None = None
+        if direct:
+            with contextlib.suppress(OSError):
+                self.fd = os.open(path, flags | direct, 0o644)
+                self.buffer = mmap.mmap(-1, CHUNK)  # page-aligned
+        if self.fd < 0:
+            self.fd = os.open(path, flags, 0o644)
+
+    def write(self, chunk: bytes) -> None:
+        n = len(chunk)
+        if self.buffer is not None and n <= CHUNK and n % ALIGN == 0:
+            view = memoryview(self.buffer)
+            try:
+                view[:n] = chunk
+                try:
+                    self._write_all(view[:n])
+                    return
+                except OSError as err:
+                    if err.errno != errno.EINVAL:
+                        raise
+            finally:
+                view.release()
+        if self.buffer is not None:
+            self._buffered()
+        self._write_all(memoryview(chunk))
+
+    def _buffered(self) -> None:
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def _write_all(self, data: memoryview) -> None:
+        done = 0
+        while done < len(data):
+            done += os.write(self.fd, data[done:])
+
+    def close(self, *, sync: bool) -> None:
+        try:
+            if sync:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            if self.buffer is not None:
+                self.buffer.close()
+                self.buffer = None
+
+
 def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int], None]) -> tuple[Path, str, str]:
     """Copy ``item`` into ``folder`` under a temporary name, hashing as it goes; check size and digest.
 
@@ -420,16 +486,20 @@ def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int],
     h = new_hash(algo)
     read = 0
     try:
-        with fs.open(item.path, "rb", block_size=CHUNK, cache_type="none") as src, tmp.open("wb") as out:
-            while chunk := src.read(CHUNK):
-                h.update(chunk)
-                out.write(chunk)
-                read += len(chunk)
-                progress(len(chunk))
-                if read > item.size:
-                    break
-            out.flush()
-            os.fsync(out.fileno())
+        with fs.open(item.path, "rb", block_size=CHUNK, cache_type="none") as src:
+            out = _Sink(tmp)
+            try:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    read += len(chunk)
+                    progress(len(chunk))
+                    if read > item.size:
+                        break
+            except BaseException:
+                out.close(sync=False)
+                raise
+            out.close(sync=True)
     except StageError:
         tmp.unlink(missing_ok=True)
         raise
@@ -498,6 +568,7 @@ class Stager:
         self._done = 0
         self._total = 0
         self._lock = threading.Lock()
+        self._heads: dict[str, Future[dict[str, Any] | None]] = {}
 
     def _advance(self, n: int) -> None:
         with self._lock:
@@ -535,6 +606,7 @@ class Stager:
         if shared:
             _sweep_parts(self.cache_root / "blobs")
         one = self._one_shared if shared else self._one_scratch
+        self._heads = {} if shared else prefetch_checksums(fs, listed)  # shared blobs are named by the MD5
         try:
             with ThreadPoolExecutor(max_workers=self.policy.workers, thread_name_prefix="gpufleet-stage") as pool:
                 futures = {pool.submit(one, fs, item, dest, manifest): item for item in listed}
@@ -554,11 +626,17 @@ class Stager:
                         future.cancel()
                     raise
         finally:
+            for pending in self._heads.values():
+                pending.cancel()
+            self._heads = {}
             manifest.close()
 
     # -- scratch: files in the job's folder, one manifest per destination --------------------
 
     def _one_scratch(self, fs: Any, item: Listed, dest: Path, manifest: Manifest) -> tuple[bool, str]:
+        head = self._heads.get(item.path)
+        if head is not None:
+            item = _with_checksum(item, head.result())
         final = dest / item.rel
         entry = manifest.entries.get(item.rel)
         algo = item.algo or "sha256"
@@ -672,5 +750,6 @@ __all__ = [
     "list_source",
     "locked",
     "open_source",
+    "prefetch_checksums",
     "stage_for_attempt",
 ]
