@@ -413,6 +413,18 @@ ALIGN = 4096
 """O_DIRECT writes: buffer address, file offset and length a multiple of this (any logical block size up to 4 KiB)."""
 
 
+_THREAD = threading.local()
+
+
+def _aligned_buffer() -> mmap.mmap:
+    """This thread's page-aligned buffer of ``CHUNK`` bytes, made once: a fresh one per file would fault in
+    (and zero) every page again, a cost as large as the copy itself."""
+    buffer: mmap.mmap | None = getattr(_THREAD, "buffer", None)
+    if buffer is None:
+        buffer = _THREAD.buffer = mmap.mmap(-1, CHUNK)
+    return buffer
+
+
 class _Sink:
     """The file a copy is written to: with ``O_DIRECT`` where the file system takes it, else through the page cache.
 
@@ -430,7 +442,7 @@ class _Sink:
         if direct:
             with contextlib.suppress(OSError):
                 self.fd = os.open(path, flags | direct, 0o644)
-                self.buffer = mmap.mmap(-1, CHUNK)  # page-aligned
+                self.buffer = _aligned_buffer()
         if self.fd < 0:
             self.fd = os.open(path, flags, 0o644)
 
@@ -454,9 +466,7 @@ class _Sink:
 
     def _buffered(self) -> None:
         fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
+        self.buffer = None
 
     def _write_all(self, data: memoryview) -> None:
         done = 0
@@ -469,9 +479,7 @@ class _Sink:
                 os.fsync(self.fd)
         finally:
             os.close(self.fd)
-            if self.buffer is not None:
-                self.buffer.close()
-                self.buffer = None
+            self.buffer = None
 
 
 def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int], None]) -> tuple[Path, str, str]:
