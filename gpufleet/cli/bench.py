@@ -174,7 +174,7 @@ def stage_command(
         (
             "stage-in",
             f"{found.stage_bytes_per_s / 1e6:,.1f}",
-            f"{report.files_copied} files, {format_bytes(report.bytes_copied)} in {report.seconds:.2f} s",
+            f"{report.files_copied} files, {format_bytes(report.bytes_copied)} in {report.seconds:.3g} s",
         ),
     ]
     if found.disk_write_bytes_per_s:
