@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gpufleet.data.stage import StageError, default_cache, stage_for_attempt
-from gpufleet.jobs.events import EventKind, EventLog
+from gpufleet.jobs.events import EventKind, append_event
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_DATA_DIR, ENV_EVENTS, ENV_JOB_DIR, ENV_SPEC
 from gpufleet.spec import parse_spec
 
@@ -63,25 +63,14 @@ def main(argv: list[str]) -> int:
         started = time.perf_counter()
         try:
             report = stage_for_attempt(spec.data, data_root, attempt, cache_root=default_cache(home), progress=_Lines())
-        except StageError as err:
+        except (StageError, OSError) as err:
             print(f"gpufleet: data staging failed: {err}", file=sys.stderr, flush=True)
-            _emit(
+            append_event(
                 events_path,
                 attempt,
                 EventKind.DATA_STAGE_FAILED,
                 error=str(err),
-                file=err.file,
-                seconds=time.perf_counter() - started,
-            )
-            return 1
-        except OSError as err:
-            print(f"gpufleet: data staging failed: {err}", file=sys.stderr, flush=True)
-            _emit(
-                events_path,
-                attempt,
-                EventKind.DATA_STAGE_FAILED,
-                error=str(err),
-                file=err.filename,
+                file=err.file if isinstance(err, StageError) else err.filename,
                 seconds=time.perf_counter() - started,
             )
             return 1
@@ -94,7 +83,7 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            _emit(events_path, attempt, EventKind.DATA_STAGED, **report.to_json())
+            append_event(events_path, attempt, EventKind.DATA_STAGED, **report.to_json())
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -103,16 +92,6 @@ def main(argv: list[str]) -> int:
         print(f"gpufleet: cannot start {args[0]!r}: {err.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
-
-
-def _emit(path: str | None, attempt: int, kind: str, **data: object) -> None:
-    if not path:
-        return
-    log = EventLog(Path(path), attempt=attempt)
-    try:
-        log.emit(kind, **data)
-    finally:
-        log.close()
 
 
 if __name__ == "__main__":

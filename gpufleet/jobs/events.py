@@ -179,6 +179,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def append_event(path: str | Path | None, attempt: int, kind: str, **data: Any) -> None:
+    """Append one event to the log at ``path`` (none: nothing), from a process that writes only that one."""
+    if not path:
+        return
+    log = EventLog(Path(path), attempt=attempt)
+    try:
+        log.emit(kind, **data)
+    finally:
+        log.close()
+
+
 class EventLog:
     """Append-only JSONL sink; without a path it keeps events in memory (tests, plain scripts)."""
 
@@ -405,6 +416,7 @@ __all__ = [
     "EventKind",
     "EventLog",
     "RejectedLine",
+    "append_event",
     "event_problem",
     "exit_from_events",
     "iter_events",

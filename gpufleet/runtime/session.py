@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import math
@@ -38,7 +39,7 @@ from gpufleet.cost.rates import load_rates
 from gpufleet.errors import CheckpointError, CheckpointSpaceError, GpufleetError, HealthError, SpecError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
-from gpufleet.jobs.events import EventKind, EventLog
+from gpufleet.jobs.events import EventKind, EventLog, append_event
 from gpufleet.jobs.protocol import ENV_STRATEGY, REQUEUE_EXIT_CODE
 from gpufleet.runtime.checkpoint import (
     CheckpointDir,
@@ -1216,17 +1217,7 @@ def _attempt(events: EventLog | None) -> int:
 def _job_event_writer(attempt: int) -> Any:
     """For a rank other than 0: append one event to the job's log (a watchdog report), if there is one."""
     path = os.environ.get("GPUFLEET_EVENTS")
-
-    def emit(kind: str, **data: Any) -> None:
-        if not path:
-            return
-        log = EventLog(Path(path), attempt=attempt)
-        try:
-            log.emit(kind, **data)
-        finally:
-            log.close()
-
-    return emit
+    return functools.partial(append_event, path, attempt)
 
 
 def _local(value: Any) -> Any:
