@@ -83,6 +83,7 @@ bench: dev tools
 	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/sweep_overhead.py
 	$(BIN)/python bench/stage_throughput.py
+	$(BIN)/python bench/rl_actors.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -88,6 +88,12 @@ class EventKind(StrEnum):
     SESSION_END = "session_end"
     DATA_STAGED = "data_staged"
     """An attempt's data was staged in before its first step: seconds, files and bytes copied and reused."""
+    RL = "rl"
+    """A reinforcement-learning learner's rates: env steps/s, updates/s, reuse, lag, buffer fill, return, restarts."""
+    RL_RESTORED = "rl_restored"
+    """A resumed learner's replay buffer: its size and SHA-256, to compare with the checkpoint's."""
+    RL_DONE = "rl_done"
+    """A learner ended: the environment step it was solved at (or null), the mean return of the last 100 episodes."""
     DATA_STAGE_FAILED = "data_stage_failed"
     """Staging the data failed (the file and why); the attempt exits without training."""
     """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
@@ -138,6 +144,8 @@ class EventKind(StrEnum):
 NOTABLE: tuple[EventKind, ...] = (
     EventKind.DATA_STAGED,
     EventKind.DATA_STAGE_FAILED,
+    EventKind.RL_RESTORED,
+    EventKind.RL_DONE,
     EventKind.QUEUED,
     EventKind.ATTEMPT_START,
     EventKind.SIGTERM,

@@ -1,0 +1,1 @@
+"""Reinforcement learning on the fleet: actor-learner DQN with a checkpointed replay buffer."""
