@@ -14,6 +14,7 @@ Rank and world size come from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MA
 
 from __future__ import annotations
 
+import gc
 import io
 import sys
 from datetime import timedelta
@@ -27,7 +28,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from gpufleet.runtime.checkpoint import CheckpointDir
-from gpufleet.runtime.group import Group, current_group
+from gpufleet.runtime.group import Group, current_group, import_world_defaults
 from gpufleet.runtime.sharded import load_sharded, save_sharded, sharded_candidate
 
 KINDS = ("fsdp", "ddp")
@@ -148,6 +149,7 @@ def load(root: Path, out: Path, kinds: list[str], group: Group) -> None:
 
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
+    import_world_defaults()  # as the runtime does: no module default holds the world group past its end
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     group = current_group()
     try:
@@ -158,6 +160,7 @@ def main(argv: list[str]) -> None:
         group.barrier()
     finally:
         dist.destroy_process_group()
+        gc.collect()  # DDP's and FSDP's reference cycles hold the group: free it while the interpreter is whole
 
 
 if __name__ == "__main__":
