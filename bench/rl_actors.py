@@ -5,7 +5,9 @@
 Each side runs ``--seconds``: the baseline is ``gpufleet.rl.dqn.Rollout`` stepped in this process (the
 policy network's forward pass for each action, epsilon 0.1, pushes of 64 transitions); each actor
 count starts ``Actors`` (spawned processes, the same code) and counts the transitions the learner
-receives from the queue, after the actors' start-up. The learner's updates/s (a double-DQN step on a
+receives from the queue, after the actors' start-up. Where a Ray cluster answers (``scripts/dev-ray
+up``), 1, 2 and 4 Ray environment actors (``gpufleet.rl.on_ray``) are measured too: the transitions
+that land in the buffer actor, the learner keeping every actor busy. The learner's updates/s (a double-DQN step on a
 batch of 64) are measured in this process too. Target: 2 actors at least 1.5x one process (the
 machine has 2 cores; 4 actors share them).
 """
@@ -38,7 +40,7 @@ def with_actors(env: str, count: int, seconds: float) -> float:
 
     pool = Actors(count, env, 0, 64, 64)
     try:
-        pool.broadcast((0, 0.1, QNet(4, 2, 64).state_dict()))  # epsilon 0.1, as the baseline: a forward pass a step
+        pool.publish((0, 0.1, QNet(4, 2, 64).state_dict()))  # epsilon 0.1, as the baseline: a forward pass a step
         pool.out.get(timeout=120)  # the first push: the actors are up
         time.sleep(0.5)
         while True:  # drop what was stepped before the weights arrived
@@ -56,6 +58,42 @@ def with_actors(env: str, count: int, seconds: float) -> float:
         return steps / (time.monotonic() - t0)
     finally:
         pool.close()
+
+
+def ray_cluster() -> bool:
+    """Join the Ray cluster gpufleet would use (``$GPUFLEET_RAY_ADDRESS``, else the dev one); False if none."""
+    import tempfile
+    from pathlib import Path
+
+    from gpufleet.backends.ray.backend import RayCluster, cluster_problem
+    from gpufleet.errors import ServiceUnavailable
+
+    if cluster_problem() is not None:
+        return False
+    try:
+        RayCluster.connect(Path(tempfile.mkdtemp(prefix="rl-bench-")))
+    except ServiceUnavailable:
+        return False
+    return True
+
+
+def with_ray_actors(env: str, count: int, seconds: float) -> float:
+    """Environment steps/s landing in the buffer actor from ``count`` Ray environment actors, kept busy."""
+    from gpufleet.rl.dqn import QNet
+    from gpufleet.rl.on_ray import RayActors, RemoteExperience
+
+    experience = RemoteExperience.start(1_000_000, 4, prioritized=False)
+    actors = RayActors(count, env, 0, 64, 64, experience, 0.0)
+    try:
+        actors.publish((0, 0.1, QNet(4, 2, 64).state_dict()))
+        actors.fill(64 * count)  # the first pushes: the actors are up
+        start, t0 = experience.refresh().env_steps, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            actors.fill(experience.env_steps + 64 * count)
+        return (experience.refresh().env_steps - start) / (time.monotonic() - t0)
+    finally:
+        actors.close()
+        experience.close()
 
 
 def updates_per_s(seconds: float) -> float:
@@ -97,6 +135,12 @@ def main(argv: Sequence[str]) -> int:
     for count in (1, 2, 4):
         common.progress(f"{count} actor(s)")
         rates[f"{count} actor(s)"] = with_actors(args.env, count, args.seconds)
+    if ray_cluster():
+        for count in (1, 2, 4):
+            common.progress(f"{count} Ray actor(s)")
+            rates[f"{count} Ray actor(s)"] = with_ray_actors(args.env, count, args.seconds)
+    else:
+        common.progress("no Ray cluster (scripts/dev-ray up): Ray actors not measured")
     learner = updates_per_s(args.seconds)
     base = rates["1 process"]
     rows = [[k, f"{v:,.0f}", f"{v / base:.2f}x"] for k, v in rates.items()]

@@ -24,6 +24,8 @@ from gpufleet.jobs.protocol import check_environment
 from gpufleet.jobs.store import Job, Store, latest_step
 from gpufleet.outfiles import check_output_dir, read_tail
 from gpufleet.paths import attempt_log, checkpoints_dir, gpufleet_home
+from gpufleet.rl.report import describe as describe_rl
+from gpufleet.rl.report import summarize as summarize_rl
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.spec import JobSpec, load_spec
 
@@ -180,6 +182,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         for a, gpus in ran
     ]
     events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, NOTABLE)]
+    rl = summarize_rl({"kind": e.kind, "attempt": e.attempt, **e.data} for e in store.events(job_id, (EventKind.RL,)))
     ckpt_dir = checkpoints_dir(gpufleet_home(), job_id)
     ckpts = [
         {
@@ -192,7 +195,14 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     ]
     if json_out:
         emit_json(
-            {**summary, "spec": job.spec.model_dump(), "attempts": attempts, "events": events, "checkpoints": ckpts}
+            {
+                **summary,
+                "spec": job.spec.model_dump(),
+                "attempts": attempts,
+                "events": events,
+                "checkpoints": ckpts,
+                "rl": rl,
+            }
         )
         return
     console.print(
@@ -209,6 +219,8 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
         )
     )
+    if rl is not None:
+        console.print(escape("rl: " + describe_rl(rl)))
     t0 = job.submitted_at
     console.print(
         table(

@@ -1,12 +1,14 @@
 """An actor-learner DQN job: actor processes step environments, the learner trains from a replay buffer.
 
-``gpufleet.rl.dqn:train`` is a JobSpec entrypoint (``examples/rl-cartpole.yaml``). ``actors`` processes
-(multiprocessing, spawned) each step a Gymnasium environment with the newest policy weights they were
-sent, epsilon-greedy, and push their transitions, tagged with the policy version that chose them, to
-the learner. The learner (this process) keeps the :class:`~gpufleet.rl.replay.ReplayBuffer`, samples
-batches and takes a double-DQN step against a target network (Mnih et al. 2015; van Hasselt et al. 2016),
-and sends its weights to the actors every ``broadcast_every`` updates. With ``actors: 0`` the learner
-steps the environment itself, in order, so a run is a function of its seed.
+``gpufleet.rl.dqn:train`` is a JobSpec entrypoint (``examples/rl-cartpole.yaml``). ``actors`` actors
+each step a Gymnasium environment with the newest policy weights they were sent, epsilon-greedy, and
+push their transitions, tagged with the policy version that chose them, to the replay buffer (an
+:class:`~gpufleet.rl.replay.Experience`). The learner (this process) samples batches and takes a
+double-DQN step against a target network (Mnih et al. 2015; van Hasselt et al. 2016), and publishes its
+weights every ``broadcast_every`` updates. Where the actors run is a :class:`Collector`: spawned
+processes feeding the learner's buffer (:class:`Actors`), or on the Ray backend Ray actors pushing to a
+buffer that is a Ray actor too (:mod:`gpufleet.rl.on_ray`). With ``actors: 0`` the learner steps the
+environment itself (:class:`Inline`), in order, so a run is a function of its seed.
 
 The learner is a ``TrainSession``: a step is one update, and a checkpoint holds the Q-network, the target
 network, the optimizer, the counters and the whole replay buffer, so a preempted job resumes with the
@@ -23,16 +25,18 @@ import multiprocessing as mp
 import os
 import queue
 import time
-from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from gpufleet.errors import SpecError
 from gpufleet.jobs.events import EventKind
-from gpufleet.rl.replay import ReplayBuffer
+from gpufleet.rl.replay import RETURNS_KEPT, Experience, ReplayBuffer
 from gpufleet.runtime import TrainSession
+
+if TYPE_CHECKING:
+    from gpufleet.rl.on_ray import RemoteExperience
 
 SOLVED_RETURN = 195.0
 """CartPole's classic bar: a mean return of 195 over 100 consecutive episodes."""
@@ -129,24 +133,77 @@ def _actor(actor_id: int, env_id: str, seed: int, hidden: int, push: int, weight
                 continue
 
 
-class Actors:
-    """The actor processes, started again when one dies."""
+Message = tuple[int, float, dict[str, torch.Tensor]]
+"""What the learner publishes: its version (updates done), the exploration epsilon, the Q-network's weights."""
 
-    def __init__(self, count: int, env_id: str, seed: int, hidden: int, push: int) -> None:
+
+class Collector(Protocol):
+    """Where transitions come from: the learner itself, actor processes, or Ray actors."""
+
+    kind: str
+    restarts: int
+
+    def publish(self, message: Message) -> None:
+        """Send the newest weights and epsilon; actors pick them up before their next rollout."""
+
+    def fill(self, need: int) -> int:
+        """Return once the experience holds ``need`` environment steps; the actors restarted meanwhile."""
+
+    def pids(self) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class Inline:
+    """No actors: the learner steps the environment itself, in order, so a run is a function of its seed."""
+
+    kind = "inline"
+    restarts = 0
+
+    def __init__(self, rollout: Rollout, experience: Experience, push: int) -> None:
+        self.rollout, self.experience, self.push = rollout, experience, push
+        self.epsilon = 1.0
+
+    def publish(self, message: Message) -> None:
+        self.rollout.version, self.epsilon = message[0], message[1]
+        self.rollout.policy.load_state_dict(message[2])
+
+    def fill(self, need: int) -> int:
+        while self.experience.env_steps < need:
+            self.experience.add(*self.rollout.run(min(self.push, need - self.experience.env_steps), self.epsilon))
+        return 0
+
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class Actors:
+    """Actor processes (spawned), started again when one dies; the learner adds what they send."""
+
+    kind = "process"
+
+    def __init__(
+        self, count: int, env_id: str, seed: int, hidden: int, push: int, experience: Experience | None = None
+    ) -> None:
         self.ctx = mp.get_context("spawn")
         self.env_id, self.seed, self.hidden, self.push = env_id, seed, hidden, push
+        self.experience = experience
         self.out = self.ctx.Queue(maxsize=4 * max(1, count))
         self.stop = self.ctx.Event()
         self.weights = [self.ctx.Queue() for _ in range(count)]
         self.procs: list[Any] = [None] * count
         self.starts = [0] * count
         self.restarts = 0
+        self.last: Message | None = None
         for i in range(count):
             self._start(i)
 
     def _start(self, i: int) -> None:
         self.starts[i] += 1
-        seed = self.seed + 1000 * (i + 1) + self.starts[i]
+        seed = actor_seed(self.seed, i, self.starts[i])
         proc = self.ctx.Process(
             target=_actor,
             args=(i, self.env_id, seed, self.hidden, self.push, self.weights[i], self.out, self.stop),
@@ -156,23 +213,36 @@ class Actors:
         proc.start()
         self.procs[i] = proc
 
-    def check(self, last: tuple[int, float, dict[str, torch.Tensor]] | None) -> int:
+    def check(self) -> int:
         """Start again every actor that died; give it the newest weights. Returns how many were restarted."""
         restarted = 0
         for i, proc in enumerate(self.procs):
             if not proc.is_alive():
                 proc.join(0)
                 self.weights[i] = self.ctx.Queue()
-                if last is not None:
-                    self.weights[i].put(last)
+                if self.last is not None:
+                    self.weights[i].put(self.last)
                 self._start(i)
                 restarted += 1
         self.restarts += restarted
         return restarted
 
-    def broadcast(self, message: tuple[int, float, dict[str, torch.Tensor]]) -> None:
+    def publish(self, message: Message) -> None:
+        self.last = message
         for q in self.weights:
             q.put(message)
+
+    def fill(self, need: int) -> int:
+        assert self.experience is not None
+        restarted = 0
+        while self.experience.env_steps < need:
+            try:
+                _, _, arrays, got = self.out.get(timeout=1.0)
+                self.experience.add(arrays, got)
+            except queue.Empty:
+                pass
+            restarted += self.check()
+        return restarted
 
     def pids(self) -> list[int]:
         return [int(p.pid) for p in self.procs]
@@ -186,9 +256,19 @@ class Actors:
                 proc.join(5)
 
 
+def actor_seed(seed: int, actor: int, start: int) -> int:
+    """Each actor, and each restart of it, explores with its own seed."""
+    return seed + 1000 * (actor + 1) + start
+
+
+ACTOR_BACKENDS = ("auto", "process", "ray")
+
+
 def train(
     env_id: str = "CartPole-v1",
     actors: int = 2,
+    actor_backend: str = "auto",
+    actor_cpus: float = 0.0,
     updates: int = 50_000,
     env_steps_per_update: int = 1,
     learning_starts: int = 1_000,
@@ -217,6 +297,13 @@ def train(
         )
     if actors < 0 or updates < 1 or env_steps_per_update < 1 or push < 1:
         raise SpecError("args.actors must be 0 or more, and updates, env_steps_per_update and push at least 1")
+    if actor_backend not in ACTOR_BACKENDS:
+        raise SpecError(f"args.actor_backend={actor_backend!r} is not one of {', '.join(ACTOR_BACKENDS)}")
+    if actor_cpus < 0:
+        raise SpecError(f"args.actor_cpus={actor_cpus} must be 0 or more (CPUs each Ray actor reserves)")
+    on_ray = actors > 0 and (
+        actor_backend == "ray" or (actor_backend == "auto" and os.environ.get("GPUFLEET_BACKEND") == "ray")
+    )
     torch.manual_seed(seed)
     probe = make_env(env_id, seed)
     obs_dim, n_actions = int(probe.observation_space.shape[0]), int(probe.action_space.n)
@@ -225,69 +312,62 @@ def train(
     target = QNet(obs_dim, n_actions, hidden)
     target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=lr)
-    buffer = ReplayBuffer(buffer_capacity, obs_dim, prioritized=prioritized)
+    experience: Experience | RemoteExperience
+    if on_ray:
+        from gpufleet.rl import on_ray as ray_side
+
+        remote = ray_side.RemoteExperience.start(buffer_capacity, obs_dim, prioritized=prioritized)
+        experience = remote
+
+        def start_collector() -> Collector:
+            return ray_side.RayActors(actors, env_id, seed, hidden, push, remote, actor_cpus)
+
+    else:
+        local = Experience(ReplayBuffer(buffer_capacity, obs_dim, prioritized=prioritized))
+        experience = local
+
+        def start_collector() -> Collector:
+            if actors:
+                return Actors(actors, env_id, seed, hidden, push, local)
+            return Inline(Rollout(env_id, seed, hidden), local, push)
+
     sess = TrainSession.from_env(
         model=q,
         optimizer=optimizer,
-        extra={"target": target, "replay": buffer, "rl": {"env_steps": 0, "episodes": 0, "returns": []}},
+        extra={"target": target, "replay": experience, "rl": {"solved_at": None}},
         total_steps=updates,
         ckpt_dir=ckpt_dir,
     )
-    inline = Rollout(env_id, seed, hidden) if actors == 0 else None
-    pool: Actors | None = None
-    sampler = torch.Generator()
-    with sess:
-        counters = sess.values["rl"]
-        returns: deque[float] = deque(counters["returns"], maxlen=100)
-        sampler.manual_seed(seed * 1_000_003 + sess.step)
-        if sess.step > 0:  # resumed: say what the buffer holds, so that it can be compared with the checkpoint
-            sess.log(
-                "rl_restored", buffer_size=len(buffer), buffer_sha256=buffer.digest(), env_steps=counters["env_steps"]
-            )
-        pool = Actors(actors, env_id, seed, hidden, push) if actors else None
-        if pool is not None:
-            sess.log(EventKind.RL, actor_pids=pool.pids(), actor_restarts=0)
-        t0, steps0, updates0 = time.monotonic(), counters["env_steps"], sess.step
-        lags: list[float] = []
-        solved_at: int | None = counters.get("solved_at")
-        last: tuple[int, float, dict[str, torch.Tensor]] | None = None
+    collector: Collector | None = None
+    try:
+        with sess:
+            state = sess.values["rl"]
+            experience.reseed(seed * 1_000_003 + sess.step)
+            if sess.step > 0:  # resumed: say what the buffer holds, so that it can be compared with the checkpoint
+                sess.log(
+                    EventKind.RL_RESTORED,
+                    buffer_size=len(experience),
+                    buffer_sha256=experience.digest(),
+                    env_steps=experience.env_steps,
+                )
+            collector = start_collector()
+            if actors:
+                sess.log(EventKind.RL, actor_kind=collector.kind, actor_pids=collector.pids(), actor_restarts=0)
+            t0, steps0, updates0 = time.monotonic(), experience.env_steps, sess.step
+            lags: list[float] = []
+            solved_at: int | None = state.get("solved_at")
 
-        def epsilon() -> float:
-            share = min(1.0, counters["env_steps"] / max(1, epsilon_steps))
-            return float(epsilon_start + share * (epsilon_end - epsilon_start))
+            def publish() -> None:
+                share = min(1.0, experience.env_steps / max(1, epsilon_steps))
+                epsilon = float(epsilon_start + share * (epsilon_end - epsilon_start))
+                assert collector is not None
+                collector.publish((sess.step, epsilon, {k: v.clone() for k, v in q.state_dict().items()}))
 
-        def publish() -> tuple[int, float, dict[str, torch.Tensor]]:
-            message = (sess.step, epsilon(), {k: v.clone() for k, v in q.state_dict().items()})
-            if pool is not None:
-                pool.broadcast(message)
-            if inline is not None:
-                inline.policy.load_state_dict(message[2])
-                inline.version = sess.step
-            return message
-
-        def take(rows: dict[str, torch.Tensor], got: list[float]) -> None:
-            buffer.add(rows["obs"], rows["actions"], rows["rewards"], rows["next_obs"], rows["dones"], rows["versions"])
-            counters["env_steps"] += int(rows["obs"].shape[0])
-            counters["episodes"] += len(got)
-            returns.extend(got)
-
-        last = publish()
-        try:
+            publish()
             for _ in sess.steps():
-                need = max(learning_starts, (sess.step + 1) * env_steps_per_update)
-                while counters["env_steps"] < need:
-                    if inline is not None:
-                        take(*inline.run(min(push, need - counters["env_steps"]), epsilon()))
-                        continue
-                    assert pool is not None
-                    try:
-                        _, _, arrays, got = pool.out.get(timeout=1.0)
-                        take({k: torch.from_numpy(v) for k, v in arrays.items()}, got)
-                    except queue.Empty:
-                        pass
-                    if pool.check(last):
-                        sess.log(EventKind.RL, actor_restarts=pool.restarts, actor_pids=pool.pids())
-                batch = buffer.sample(batch_size, sampler)
+                if collector.fill(max(learning_starts, (sess.step + 1) * env_steps_per_update)):
+                    sess.log(EventKind.RL, actor_restarts=collector.restarts, actor_pids=collector.pids())
+                batch = experience.sample(batch_size)
                 with torch.no_grad():
                     best = q(batch.next_obs).argmax(dim=1, keepdim=True)
                     bootstrap = target(batch.next_obs).gather(1, best).squeeze(1)
@@ -299,53 +379,65 @@ def train(
                 loss.backward()  # type: ignore[no-untyped-call]
                 nn.utils.clip_grad_norm_(q.parameters(), 10.0)
                 optimizer.step()
-                buffer.update_priorities(batch.indices, td)
+                experience.update_priorities(batch.indices, td.detach())
                 lags.append(float((sess.step - batch.versions).float().mean()))
-                mean_return = sum(returns) / len(returns) if returns else 0.0
-                if solved_at is None and len(returns) == 100 and mean_return >= SOLVED_RETURN:
-                    solved_at = counters["env_steps"]
-                    counters["solved_at"] = solved_at
-                counters["returns"] = list(returns)
+                stats = experience.stats()
+                if solved_at is None and len(stats.returns) == RETURNS_KEPT and stats.mean_return >= SOLVED_RETURN:
+                    solved_at = stats.env_steps
+                    state["solved_at"] = solved_at
                 sess.report(float(loss.detach()))
                 if sess.step % target_every == 0:
                     target.load_state_dict(q.state_dict())
                 if sess.step % broadcast_every == 0:
-                    last = publish()
+                    publish()
                 if sess.step % log_every == 0 or sess.step == updates:
                     seconds = max(1e-9, time.monotonic() - t0)
                     sess.log(
                         EventKind.RL,
-                        env_steps=counters["env_steps"],
-                        env_steps_per_s=(counters["env_steps"] - steps0) / seconds,
+                        env_steps=stats.env_steps,
+                        env_steps_per_s=(stats.env_steps - steps0) / seconds,
                         updates_per_s=(sess.step - updates0) / seconds,
-                        sample_reuse=sess.step * batch_size / max(1, buffer.added),
+                        sample_reuse=sess.step * batch_size / max(1, stats.env_steps),
                         policy_lag=sum(lags) / len(lags) if lags else 0.0,
-                        buffer_fill=len(buffer) / buffer.capacity,
-                        mean_return_100=mean_return,
-                        episodes=counters["episodes"],
-                        actor_restarts=pool.restarts if pool is not None else 0,
+                        buffer_fill=stats.size / stats.capacity,
+                        mean_return_100=stats.mean_return,
+                        episodes=stats.episodes,
+                        actor_restarts=collector.restarts,
                     )
                     lags.clear()
-                if stop_at_return is not None and solved_at is not None and mean_return >= stop_at_return:
+                if stop_at_return is not None and solved_at is not None and stats.mean_return >= stop_at_return:
                     break
+            stats = experience.stats()
             sess.log(
                 EventKind.RL_DONE,
                 solved_at_env_step=solved_at,
-                env_steps=counters["env_steps"],
-                mean_return_100=sum(returns) / len(returns) if returns else 0.0,
+                env_steps=stats.env_steps,
+                mean_return_100=stats.mean_return,
             )
-        finally:
-            if pool is not None:
-                pool.close()
-    mean = sum(returns) / len(returns) if returns else math.nan
+    finally:  # after the session's last save, which reads the buffer
+        if collector is not None:
+            collector.close()
+        experience.close()
+    stats = experience.stats()
     return {
         "updates": sess.step,
-        "env_steps": counters["env_steps"],
-        "episodes": counters["episodes"],
-        "mean_return_100": mean,
+        "env_steps": stats.env_steps,
+        "episodes": stats.episodes,
+        "mean_return_100": stats.mean_return if stats.returns else math.nan,
         "solved_at_env_step": solved_at,
-        "actor_restarts": pool.restarts if pool is not None else 0,
+        "actor_restarts": collector.restarts if collector is not None else 0,
     }
 
 
-__all__ = ["SOLVED_RETURN", "QNet", "Rollout", "train"]
+__all__ = [
+    "ACTOR_BACKENDS",
+    "SOLVED_RETURN",
+    "Actors",
+    "Collector",
+    "Inline",
+    "Message",
+    "QNet",
+    "Rollout",
+    "actor_seed",
+    "train",
+]

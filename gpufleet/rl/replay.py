@@ -14,9 +14,13 @@ layout (capacity, observation size, prioritized or not) before it changes anythi
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -123,14 +127,7 @@ class ReplayBuffer:
 
     def digest(self) -> str:
         """SHA-256 of the filled rows and the counters: equal for equal contents."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for name, value in self.state_dict().items():
-            if isinstance(value, torch.Tensor):
-                h.update(name.encode())
-                h.update(value.contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return _digest(self.state_dict())
 
     # -- checkpointing --------------------------------------------------------------------------
 
@@ -173,4 +170,100 @@ class ReplayBuffer:
         self.max_priority = float(state["max_priority"])
 
 
-__all__ = ["Batch", "ReplayBuffer"]
+RETURNS_KEPT = 100
+"""Episode returns an :class:`Experience` keeps: the window of the "mean return over 100 episodes"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """What a learner reads of an :class:`Experience` between updates (sent whole across processes)."""
+
+    env_steps: int
+    episodes: int
+    size: int
+    capacity: int
+    returns: tuple[float, ...]
+
+    @property
+    def mean_return(self) -> float:
+        return sum(self.returns) / len(self.returns) if self.returns else 0.0
+
+
+class Experience:
+    """A :class:`ReplayBuffer` with the counts a learner reports, and the generator it samples with.
+
+    Environment steps are the transitions ever added (``buffer.added``); the episodes finished and the
+    last :data:`RETURNS_KEPT` returns arrive with the transitions that ended them. ``state_dict`` is the
+    buffer's plus those counts, so a checkpoint's buffer and its counts always agree; ``load_state_dict``
+    checks everything before it changes anything.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, seed: int = 0) -> None:
+        self.buffer = buffer
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=RETURNS_KEPT)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    @property
+    def env_steps(self) -> int:
+        return self.buffer.added
+
+    def stats(self) -> Stats:
+        b = self.buffer
+        return Stats(b.added, self.episodes, len(b), b.capacity, tuple(self.returns))
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def add(self, rows: Mapping[str, Any], returns: Sequence[float]) -> Stats:
+        """Add transitions (tensors or numpy arrays by column) and the returns of the episodes they ended."""
+        t = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in rows.items()}
+        self.buffer.add(t["obs"], t["actions"], t["rewards"], t["next_obs"], t["dones"], t["versions"])
+        self.episodes += len(returns)
+        self.returns.extend(float(r) for r in returns)
+        return self.stats()
+
+    def sample(self, batch_size: int) -> Batch:
+        return self.buffer.sample(batch_size, self.generator)
+
+    def update_priorities(self, indices: torch.Tensor, td_errors: torch.Tensor) -> None:
+        self.buffer.update_priorities(indices, td_errors)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **self.buffer.state_dict(),
+            "episodes": torch.tensor(self.episodes, dtype=torch.int64),
+            "returns": torch.tensor(list(self.returns), dtype=torch.float64),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        episodes, returns = state.get("episodes"), state.get("returns")
+        if not isinstance(episodes, torch.Tensor) or not isinstance(returns, torch.Tensor) or returns.dim() != 1:
+            raise ValueError("replay snapshot has no episode counts: it was not saved by an Experience")
+        if int(episodes) < 0 or int(returns.shape[0]) > RETURNS_KEPT:
+            raise ValueError(f"replay snapshot has inconsistent episode counts ({int(episodes)}, {returns.shape[0]})")
+        self.buffer.load_state_dict(state)  # checks its own part before it changes anything
+        self.episodes = int(episodes)
+        self.returns = deque((float(r) for r in returns.tolist()), maxlen=RETURNS_KEPT)
+
+    def close(self) -> None:
+        """Nothing to release here (the Ray actor's proxy stops the actor)."""
+
+    def digest(self) -> str:
+        """SHA-256 of the buffer's rows and counters and the episode counts: equal for equal contents."""
+        return _digest(self.state_dict())
+
+
+def _digest(state: Mapping[str, Any]) -> str:
+    h = hashlib.sha256()
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            h.update(name.encode())
+            h.update(value.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+__all__ = ["RETURNS_KEPT", "Batch", "Experience", "ReplayBuffer", "Stats"]

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.jobs.events import EventKind
+from gpufleet.rl.report import FIGURES as RL_FIGURES
+from gpufleet.rl.report import number as rl_number
 
 if TYPE_CHECKING:
     from gpufleet.telemetry.exporter import ExpositionServer
@@ -120,6 +122,9 @@ class JobMetrics:
             "gpufleet_data_stage_bytes_per_second",
             "Copy throughput of this attempt's staging (0 when it copied nothing).",
         )
+        self.rl: dict[str, Any] = {}
+        """RL's gauges (``rl`` events), made at the first: other jobs do not export them."""
+        self._gauge = gauge
         self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
         if gpus > 0:
             self.registry.register(_GpuTimeCollector(self))
@@ -150,6 +155,13 @@ class JobMetrics:
             ):
                 value = event.get(key)
                 gauge.set(float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0)
+        elif kind == EventKind.RL:
+            if not self.rl:
+                self.rl = {key: self._gauge(name, doc) for key, name, doc in RL_FIGURES}
+            for key, rl_gauge in self.rl.items():
+                value = rl_number(event.get(key))
+                if value is not None:
+                    rl_gauge.set(value)
         elif kind == EventKind.CHECKPOINT:
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))

@@ -37,6 +37,17 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str, sou
     }
 
 
+RL_PANELS: dict[str, tuple[str, str]] = {
+    "env_steps_per_second": ("environment steps/s per job", "short"),
+    "updates_per_second": ("learner updates/s per job", "short"),
+    "policy_lag": ("policy lag (updates)", "short"),
+    "episode_return": ("episode return (mean of 100)", "short"),
+    "buffer_fill": ("replay buffer fill", "percentunit"),
+    "sample_reuse": ("sample reuse", "short"),
+}
+"""``gpufleet_rl_<name>`` gauges of actor-learner jobs (:mod:`gpufleet.rl.report`), a panel each: title and unit."""
+
+
 def recording_rules() -> list[dict[str, str]]:
     return [
         {"record": "gpufleet:gpu_sm_active:avg5m", "expr": f"avg by ({GPU_KEYS}) (avg_over_time({SM}[5m]))"},
@@ -51,6 +62,13 @@ def recording_rules() -> list[dict[str, str]]:
             "record": "gpufleet:job_mfu:avg5m",
             "expr": "avg by (job_id, job_name, team) (avg_over_time(gpufleet_job_mfu[5m]))",
         },
+        *(
+            {
+                "record": f"gpufleet:job_rl_{name}:avg5m",
+                "expr": f"avg by (job_id, job_name, team) (avg_over_time(gpufleet_rl_{name}[5m]))",
+            }
+            for name in RL_PANELS
+        ),
         {
             "record": "gpufleet:team_preemptions:increase1h",
             "expr": "sum by (team) (increase(gpufleet_job_preemptions_total[1h]))",
@@ -191,6 +209,10 @@ def dashboard() -> dict[str, Any]:
         ("GPUs in use per team", "gpufleet:team_gpus_in_use", "{{team}}", "short"),
         ("GPU-hours per team (1h)", "gpufleet:team_gpu_hours:increase1h", "{{team}}", "short"),
         ("Cost per team (per hour)", "gpufleet:team_cost_per_hour:rate5m", "{{team}} {{currency}}", "currencyUSD"),
+        *(
+            (f"RL {title}", f"gpufleet:job_rl_{name}:avg5m", "#{{job_id}} {{job_name}}", unit)
+            for name, (title, unit) in RL_PANELS.items()
+        ),
     ]
     panels = [
         _panel(i + 1, title, expr, legend, unit, 12 * (i % 2), 8 * (i // 2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 from conftest import drive
+from typer.testing import CliRunner
 
+from gpufleet.cli.app import app
 from gpufleet.jobs.store import latest_step
-from gpufleet.rl.replay import ReplayBuffer
+from gpufleet.rl.replay import Experience, ReplayBuffer
 from gpufleet.runtime import CheckpointDir
 from gpufleet.spec import parse_spec
 
@@ -55,7 +58,7 @@ def test_cartpole_is_solved_through_two_preemptions_and_each_resume_has_the_save
         restored = next(e for e in events if e.kind == "restore" and e.attempt == attempt)
         said = next(e for e in events if e.kind == "rl_restored" and e.attempt == attempt)
         _, state = ckpts.load(Path(restored.data["path"]))
-        saved = ReplayBuffer(50_000, 4)
+        saved = Experience(ReplayBuffer(50_000, 4))
         saved.load_state_dict(state["replay"])
         assert said.data["buffer_sha256"] == saved.digest() and said.data["buffer_size"] == len(saved) > 0
     (done,) = [e for e in events if e.kind == "rl_done"]
@@ -82,6 +85,12 @@ def test_a_killed_actor_is_restarted_and_the_learner_goes_on(local: Any, home: P
     assert max(restarts) >= 1
     (done,) = [e for e in backend.store.events(job) if e.kind == "rl_done"]
     assert done.data["env_steps"] >= 3_000
+    shown = CliRunner().invoke(app, ["show", str(job), "--json"])
+    assert shown.exit_code == 0, shown.output
+    rl = json.loads(shown.stdout)["rl"]
+    assert rl["actor_kind"] == "process" and rl["actor_restarts"] >= 1 and rl["env_steps"] >= 3_000
+    text = CliRunner().invoke(app, ["show", str(job)]).stdout
+    assert "rl: env steps/s" in text and "actors: process" in text
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpufleet.rl.replay import ReplayBuffer
+from gpufleet.rl.replay import Experience, ReplayBuffer
 
 
 def fill(buffer: ReplayBuffer, n: int, start: int = 0) -> None:
@@ -68,3 +68,49 @@ def test_a_batch_larger_than_the_capacity_is_refused() -> None:
     fill(buffer, 8)
     with pytest.raises(ValueError, match="batch_size=16 is larger than the buffer's capacity=8"):
         buffer.sample(16, torch.Generator())
+
+
+def test_experience_counts_episodes_and_restores_them_with_the_buffer() -> None:
+    a = Experience(ReplayBuffer(16, 2), seed=3)
+    rows = {
+        "obs": torch.ones(5, 2).numpy(),  # numpy columns, as actors send them
+        "actions": torch.zeros(5, dtype=torch.int64).numpy(),
+        "rewards": torch.ones(5).numpy(),
+        "next_obs": torch.ones(5, 2).numpy(),
+        "dones": torch.zeros(5).numpy(),
+        "versions": torch.full((5,), 4).numpy(),
+    }
+    for returns in ([10.0], [], [20.0, 30.0]):
+        stats = a.add(rows, returns)
+    assert (stats.env_steps, stats.episodes, stats.size, stats.returns) == (15, 3, 15, (10.0, 20.0, 30.0))
+    assert stats.mean_return == 20.0
+    b = Experience(ReplayBuffer(16, 2))
+    b.load_state_dict(a.state_dict())
+    assert b.stats() == a.stats() and b.digest() == a.digest()
+    a.reseed(7)
+    b.reseed(7)
+    assert torch.equal(a.sample(8).indices, b.sample(8).indices)
+
+
+def test_experience_refuses_a_bare_buffer_snapshot_and_keeps_its_own() -> None:
+    bare = ReplayBuffer(16, 2)
+    fill(bare, 4)
+    target = Experience(ReplayBuffer(16, 2))
+    target.add(_one(), [5.0])
+    before = target.digest()
+    with pytest.raises(ValueError, match="not saved by an Experience"):
+        target.load_state_dict(bare.state_dict())
+    with pytest.raises(ValueError, match="capacity"):
+        target.load_state_dict(Experience(ReplayBuffer(8, 2)).state_dict())
+    assert target.digest() == before
+
+
+def _one() -> dict[str, torch.Tensor]:
+    return {
+        "obs": torch.zeros(1, 2),
+        "actions": torch.zeros(1, dtype=torch.int64),
+        "rewards": torch.zeros(1),
+        "next_obs": torch.zeros(1, 2),
+        "dones": torch.zeros(1),
+        "versions": torch.zeros(1, dtype=torch.int64),
+    }

@@ -74,3 +74,29 @@ def test_http_endpoint_on_loopback_during_training(tmp_path: Path, monkeypatch: 
     assert 'team="vision"' in scraped["text"]
     textfile = (tmp_path / "job.prom").read_text()
     assert value(textfile, "gpufleet_job_step") == 8
+
+
+def test_rl_events_export_rl_gauges_and_other_jobs_export_none() -> None:
+    metrics = JobMetrics(LABELS)
+    metrics({"kind": "step", "step": 3, "loss": 1.0})
+    assert "gpufleet_rl_" not in metrics.exposition().decode()
+    metrics({"kind": "rl", "actor_kind": "ray", "actor_pids": [5, 6], "actor_restarts": 0})
+    metrics(
+        {
+            "kind": "rl",
+            "env_steps": 4096,
+            "env_steps_per_s": 630.5,
+            "updates_per_s": 547.0,
+            "sample_reuse": 55.5,
+            "policy_lag": 424.0,
+            "buffer_fill": 0.25,
+            "mean_return_100": 21.75,
+            "actor_restarts": 1,
+        }
+    )
+    text = metrics.exposition().decode()
+    assert value(text, "gpufleet_rl_env_steps_per_second") == 630.5
+    assert value(text, "gpufleet_rl_updates_per_second") == 547.0
+    assert value(text, "gpufleet_rl_sample_reuse") == 55.5 and value(text, "gpufleet_rl_policy_lag") == 424.0
+    assert value(text, "gpufleet_rl_buffer_fill") == 0.25 and value(text, "gpufleet_rl_episode_return") == 21.75
+    assert value(text, "gpufleet_rl_env_steps") == 4096 and value(text, "gpufleet_rl_actor_restarts") == 1
