@@ -34,11 +34,12 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-# fio and iperf3 (Debian) for `gpufleet bench disk|net` and their tests; installed once, as root.
+# fio and iperf3 (Debian) for `gpufleet bench disk|net`, Chromium for the browser tests of `gpufleet serve`;
+# installed once, as root.
 tools:
-	@command -v fio >/dev/null && command -v iperf3 >/dev/null || { \
+	@command -v fio >/dev/null && command -v iperf3 >/dev/null && command -v chromium >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
-	    --no-install-recommends fio iperf3 >/dev/null; }
+	    --no-install-recommends fio iperf3 chromium fonts-dejavu-core >/dev/null; }
 
 # Real services the integration tests need (a single-node Slurm, Prometheus, Ray); they stay up for the next run.
 services: dev tools
@@ -84,6 +85,7 @@ bench: dev tools
 	$(BIN)/python bench/sweep_overhead.py
 	$(BIN)/python bench/stage_throughput.py
 	$(BIN)/python bench/rl_actors.py
+	$(BIN)/python bench/serve_load.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -116,6 +116,14 @@ def replace_output(tmp: Path, path: Path, flag: str = "output") -> None:
     os.replace(tmp, path)
 
 
+def write_port_file(path: Path, port: int) -> None:
+    """Write the port a server listens on, by a temporary and a rename: a reader never sees half of it,
+    and its appearance says the server is ready."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(str(port), encoding="utf-8")
+    tmp.replace(path)
+
+
 __all__ = [
     "PLOT_SUFFIXES",
     "check_output_dir",
@@ -125,4 +133,5 @@ __all__ = [
     "is_char_device",
     "read_tail",
     "replace_output",
+    "write_port_file",
 ]

@@ -114,6 +114,14 @@ def attempt_log(home: Path, job_id: int, attempt: int) -> Path:
     return job_dir(home, job_id) / "logs" / f"attempt-{attempt}.log"
 
 
+def has_store(home: Path) -> bool:
+    """Whether ``home`` holds a state store: an empty ``state.db`` (0 bytes, never initialised) is none."""
+    try:
+        return os.stat(state_db(home)).st_size > 0
+    except OSError:
+        return False
+
+
 __all__ = [
     "NAME_HINT",
     "NAME_RE",
@@ -123,6 +131,7 @@ __all__ = [
     "dev_services_dir",
     "events_file",
     "gpufleet_home",
+    "has_store",
     "job_dir",
     "notes_dir",
     "private_dir",

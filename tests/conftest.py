@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -46,6 +47,45 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("GPUFLEET_HOME", str(path))
     monkeypatch.delenv("GPUFLEET_LOCAL_SLOTS", raising=False)
     yield path
+
+
+@pytest.fixture
+def local_daemon(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalBackend]:
+    """The local backend with its real detached scheduler, shared by the test, the CLI and a server as by a user.
+
+    At the end its jobs are cancelled and the scheduler, idle, exits (after 2 s here).
+    """
+    from gpufleet.backends.local import scheduler_pid
+
+    monkeypatch.setenv("GPUFLEET_SCHEDULER_IDLE_S", "2")
+    backend = LocalBackend(home)
+    yield backend
+    for job in backend.store.jobs():
+        if job.state not in ("completed", "failed", "cancelled"):
+            backend.cancel(job.id)
+    follow(backend, lambda: scheduler_pid(home) is None, timeout=120)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (no such process, or a zombie or dead one)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+@pytest.fixture
+def ray_backend(ray: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A Ray backend on the dev cluster; at the end no job of the test is left running on the shared cluster."""
+    from gpufleet.backends.ray.backend import RayBackend
+
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
+    backend = RayBackend(home)
+    yield backend
+    for job in backend.store.jobs():
+        if job.state not in ("completed", "failed", "cancelled"):
+            backend.cancel(job.id)
 
 
 def slurm_is_up() -> str | None:
@@ -335,3 +375,93 @@ def shards(count: int, size: int, seed: int = 0) -> dict[str, bytes]:
 
     rng = random.Random(seed)
     return {f"shard-{i:03d}.bin": rng.randbytes(size) for i in range(count)}
+
+
+@contextlib.contextmanager
+def served(app: Any) -> Iterator[str]:
+    """Run an ASGI ``app`` under uvicorn on a free loopback port in a thread; yield its base URL."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True, name="uvicorn")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def http(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[int, Any]:
+    """One request with urllib; the status and the JSON body (or the text when it is not JSON)."""
+    import urllib.error
+
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            status, raw = reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode("utf-8", errors="replace")
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+"""Debian's Chromium, headless, with nothing that reaches for the network on its own."""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """A headless Chromium driven by Playwright (``make tools`` installs Debian's; Playwright downloads nothing)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        service_missing("Playwright is not installed: `make dev` installs the dev extras")
+    if not os.path.exists(CHROMIUM):
+        service_missing(f"{CHROMIUM} is missing: `make tools` installs Debian's chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def browser_page(chromium: Any) -> Iterator[Any]:
+    """A fresh page (its own context: no cookies or storage from another test), 1280x900."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def screenshot(page: Any, name: str, tmp_path: Path) -> Path:
+    """Save the page, whole, to ``$GPUFLEET_SCREENSHOTS/<name>.png`` (the docs' images), else under ``tmp_path``."""
+    folder = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

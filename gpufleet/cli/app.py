@@ -30,6 +30,7 @@ from gpufleet.cli.profile import profile_command
 from gpufleet.cli.quality import drift_command, embedding_lab_command, quality_app, seasonal_lab_command
 from gpufleet.cli.registry import registry_app
 from gpufleet.cli.render import err_console
+from gpufleet.cli.serve import serve_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.sweep import sweep_app
@@ -71,6 +72,7 @@ quality_app.command("lab-seasonal")(seasonal_lab_command)
 quality_app.command("lab-embeddings")(embedding_lab_command)
 app.add_typer(quality_app, name="quality")
 app.add_typer(registry_app, name="registry")
+app.command("serve")(serve_command)
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

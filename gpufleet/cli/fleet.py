@@ -2,74 +2,21 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from gpufleet.backends.pools import active_fleet, drop_fleet, mark, matches, read_failover, read_marks, use_fleet
+from gpufleet.backends.pools import drop_fleet, mark, use_fleet
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, table
-from gpufleet.jobs.events import EventKind
-from gpufleet.jobs.store import Store
-from gpufleet.paths import gpufleet_home, state_db
+from gpufleet.paths import gpufleet_home
+from gpufleet.views import fleet_status
 
 fleet_app = typer.Typer(
     help="The local backend's fleet: pools of offers, team quotas, outages and failover.", no_args_is_help=True
 )
-
-
-def _running_on(home: Path) -> dict[str, list[int]]:
-    """Offer -> the jobs whose latest attempt was placed there and still runs."""
-    if not state_db(home).exists():
-        return {}
-    store = Store(state_db(home))
-    where: dict[str, list[int]] = {}
-    for job in store.jobs(states=("running",)):
-        placed = store.last_event(job.id, EventKind.PLACED)
-        if placed is not None and isinstance(placed.data.get("offer"), str):
-            where.setdefault(placed.data["offer"], []).append(job.id)
-    return where
-
-
-def _status(home: Path) -> dict[str, Any]:
-    fleet = active_fleet(home)
-    if fleet is None:
-        return {"fleet": None}
-    marks = read_marks(home)
-    now = time.time()
-    seconds, hours = marks.seconds(now), marks.seconds(now) / 3600
-    blocks = read_failover(home, fleet).active(hours)
-    running = _running_on(home)
-    pools = []
-    for o in fleet.catalog.offers:
-        outage = fleet.outage(o.key, seconds)
-        down = [t for t in marks.down if matches(t, o.key)]
-        blocked = [b.to_dict() for b in blocks if matches(b.target, o.key)]
-        state = "down" if down or outage is not None else "blocked" if blocked else "up"
-        pools.append(
-            {
-                "offer": o.key,
-                "slots": o.capacity_gpus,
-                "on_demand_per_gpu_hour": o.on_demand_per_gpu_hour,
-                "spot_per_gpu_hour": o.spot_per_gpu_hour,
-                "state": state,
-                "storm_per_hour": fleet.storm_rate(o.key, seconds),
-                "jobs": running.get(o.key, []),
-                "blocks": blocked,
-            }
-        )
-    quotas = [q.model_dump() for q in fleet.catalog.quotas]
-    return {
-        "fleet": str(home / "fleet" / "fleet.yaml"),
-        "seconds": seconds,
-        "down": marks.down,
-        "pools": pools,
-        "quotas": quotas,
-        "failover": fleet.failover.model_dump(),
-    }
 
 
 @fleet_app.command("use")
@@ -81,7 +28,7 @@ def use_command(
     home = gpufleet_home()
     fleet = use_fleet(home, file)
     if json_out:
-        emit_json(_status(home))
+        emit_json(fleet_status(home))
         return
     slots = sum(o.capacity_gpus for o in fleet.catalog.offers)
     console.print(
@@ -103,7 +50,7 @@ def off_command(json_out: JsonOpt = False) -> None:
 @fleet_app.command("show")
 def show_command(json_out: JsonOpt = False) -> None:
     """Pools (up, down, blocked by failover), their prices, storms and jobs; quotas."""
-    status = _status(gpufleet_home())
+    status = fleet_status(gpufleet_home())
     if json_out:
         emit_json(status)
         return

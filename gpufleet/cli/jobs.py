@@ -17,46 +17,13 @@ from gpufleet.backends.base import MAX_RESOURCE
 from gpufleet.backends.local import ensure_scheduler
 from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_store, job_store, open_store
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
-from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
-from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.protocol import check_environment
-from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.outfiles import check_output_dir, read_tail
-from gpufleet.paths import attempt_log, checkpoints_dir, gpufleet_home
+from gpufleet.outfiles import check_output_dir
+from gpufleet.paths import gpufleet_home
 from gpufleet.rl.report import describe as describe_rl
-from gpufleet.rl.report import summarize as summarize_rl
-from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.spec import JobSpec, load_spec
-
-
-def job_summary(store: Store, job: Job) -> dict[str, Any]:
-    attempts = store.attempts(job.id)
-    spec = job.spec
-    placed = store.last_event(job.id, EventKind.PLACED)
-    offer = placed.data.get("offer") if placed is not None else None
-    return {
-        "id": job.id,
-        "name": job.name,
-        "team": job.team,
-        "priority": job.priority,
-        "state": job.state,
-        "reason": job.reason,
-        "backend": job.backend,
-        "gpu_type": str(placed.data.get("gpu_type") or spec.resources.gpu_type) if placed else spec.resources.gpu_type,
-        "gpus": spec.resources.gpus,
-        "nodes": spec.resources.nodes,
-        "world_size": spec.world_size,
-        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
-        "provider": spec.provider,
-        "offer": offer if isinstance(offer, str) else None,
-        "spot": spec.spot,
-        "attempts": len(attempts),
-        "restarts": job.restarts,
-        "step": latest_step(store, job.id),
-        "submitted_at": job.submitted_at,
-        "updated_at": job.updated_at,
-    }
+from gpufleet.views import job_summary, job_view, jobs_view, log_view
 
 
 def _backend_of(job_id: int) -> Backend:
@@ -132,10 +99,10 @@ def jobs(
 ) -> None:
     """List jobs."""
     store = existing_store()  # a home without a store has no jobs: listing them creates none
-    found = [] if store is None else store.jobs(team=team, states=(state,) if state else None)
-    rows = [job_summary(store, j) for j in found if store is not None]
+    view = jobs_view(store, team=team, state=state)
+    rows = view["jobs"]
     if json_out:
-        emit_json({"jobs": rows})
+        emit_json(view)
         return
     # Why a job waits (its quota, the capacity, a reclaim) or failed is worth a column when any has a reason.
     why = [r["reason"] if r["state"] in ("queued", "failed") and r["reason"] else "" for r in rows]
@@ -166,45 +133,11 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """One job: its attempts, notable events and checkpoints."""
     store = job_store(job_id)
     job = store.job(job_id)
-    summary = job_summary(store, job)
-    starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
-    ran = [(a, attempt_gpus(job, a, starts)) for a in store.attempts(job_id)]
-    attempts = [
-        {
-            "attempt": a.n,
-            "outcome": a.outcome or a.state,
-            "pid": a.pid,
-            "gpus": gpus,
-            "started_at": a.started_at,
-            "ended_at": a.ended_at,
-            "exit_code": a.exit_code,
-        }
-        for a, gpus in ran
-    ]
-    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, NOTABLE)]
-    rl = summarize_rl({"kind": e.kind, "attempt": e.attempt, **e.data} for e in store.events(job_id, (EventKind.RL,)))
-    ckpt_dir = checkpoints_dir(gpufleet_home(), job_id)
-    ckpts = [
-        {
-            "step": i.step,
-            "path": str(i.path),
-            "healthy": i.manifest.healthy if i.manifest else None,
-            "problem": i.problem,
-        }
-        for i in CheckpointDir(ckpt_dir).scan(verify=False)
-    ]
+    view = job_view(store, gpufleet_home(), job_id)
     if json_out:
-        emit_json(
-            {
-                **summary,
-                "spec": job.spec.model_dump(),
-                "attempts": attempts,
-                "events": events,
-                "checkpoints": ckpts,
-                "rl": rl,
-            }
-        )
+        emit_json(view)
         return
+    summary, events, ckpts, rl = view, view["events"], view["checkpoints"], view["rl"]
     console.print(
         f"[bold]job {job.id}[/] {escape(job.name)}  team={escape(job.team)}  priority={job.priority}  "
         f"state=[bold]{job.state}[/]" + (f"  ({escape(job.reason)})" if job.reason else "")
@@ -228,14 +161,14 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             ["attempt", "outcome", "gpus", "start", "wall", "exit"],
             [
                 [
-                    a.n,
-                    a.outcome or a.state,
-                    gpus,
-                    f"+{a.started_at - t0:.1f}s",
-                    duration((a.ended_at or time.time()) - a.started_at),
-                    a.exit_code,
+                    a["attempt"],
+                    a["outcome"],
+                    a["gpus"],
+                    f"+{a['started_at'] - t0:.1f}s",
+                    duration((a["ended_at"] or time.time()) - a["started_at"]),
+                    a["exit_code"],
                 ]
-                for a, gpus in ran
+                for a in view["attempts"]
             ],
         )
     )
@@ -274,23 +207,12 @@ def logs(
 ) -> None:
     """Print an attempt's stdout and stderr."""
     store = job_store(job_id)
-    attempts = store.attempts(store.job(job_id).id)
-    if not attempts:
-        raise UsageError(f"job {job_id} has not started yet: no logs")
-    n = attempt or attempts[-1].n
-    if n > len(attempts):
-        raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
-    path = attempt_log(gpufleet_home(), job_id, n)
-    text, size = "", 0
-    if os.path.lexists(path):
-        tail = read_tail(path, LOG_MAX_BYTES)  # a regular file only, its end: never a device or a FIFO
-        if tail is None:
-            raise UsageError(f"cannot read {path}: not a regular file; remove it or point it at the attempt's log")
-        text, size = tail[0].decode("utf-8", errors="replace"), tail[1]
+    view = log_view(store, gpufleet_home(), job_id, attempt, LOG_MAX_BYTES)
+    n, path, text, size = view["attempt"], view["path"], view["log"], view["size"]
     if size > LOG_MAX_BYTES and not json_out:
         err_console.print(f"(the last {LOG_MAX_BYTES >> 20} MiB of {size:,} bytes)", highlight=False, markup=False)
     if json_out:
-        emit_json({"id": job_id, "attempt": n, "path": str(path), "log": text})
+        emit_json({k: v for k, v in view.items() if k != "size"})
     elif not text:
         console.print(
             f"(empty: attempt {n} of job {job_id} has written nothing to {path})", highlight=False, markup=False

@@ -7,7 +7,6 @@ money per team, the jobs that wasted the most GPU time)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -172,49 +171,18 @@ def diagnose_job_command(
     """Find what holds a job back: GPU bottlenecks in its own GPU series (recorded by every attempt) and,
     for a distributed job, a rank that hung or holds the others up; each finding with its evidence."""
     from gpufleet.cli.options import job_store
-    from gpufleet.errors import UsageError
-    from gpufleet.jobs.events import iter_events
-    from gpufleet.paths import events_file, gpufleet_home, job_dir
-    from gpufleet.telemetry import DiagnosisConfig, JobContext, diagnose, series_from_samples
-    from gpufleet.telemetry.gpu import job_gpu_samples
-    from gpufleet.telemetry.ranks import rank_findings
+    from gpufleet.paths import gpufleet_home
+    from gpufleet.telemetry import DiagnosisConfig
+    from gpufleet.views import job_diagnosis
 
     with parameters_as_flags({"window_s": "--window", "min_duration_s": "--min-duration"}):
         config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
-    home = gpufleet_home()
     store = job_store(job_id, sync=False)
     try:
         job = store.job(job_id)
     finally:
         store.close()
-    folder = job_dir(home, job_id)
-    samples = job_gpu_samples(folder)
-    telemetry = job.spec.telemetry
-    ranked = rank_findings(iter_events(events_file(home, job_id))) if job.spec.world_size > 1 else []
-    if not samples and job.spec.world_size > 1:
-        source = f"job {job_id} {job.name}: {job.spec.world_size} ranks, no GPU series"
-        note = f"no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}): only the ranks were judged"
-        print_findings(source, ranked, [note], json_out)
-        return
-    if not samples:
-        raise UsageError(
-            f"job {job_id} has no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}); set "
-            "telemetry.gpu_source to nvml, scrape:<url> or synthetic:<pattern> in its spec"
-        )
-    attempts = sorted({s.labels.get("attempt", "?") for s in samples})
-    gpus = sorted({s.labels.get("gpu", "?") for s in samples}, key=lambda g: (len(g), g))
-    series = series_from_samples(samples)
-    source = (
-        f"job {job_id} {job.name}: {len(gpus)} GPU(s), {len(attempts)} attempt(s), "
-        f"{series.duration_s:.0f} s of GPU series"
-    )
-    findings = ranked + diagnose(series, JobContext(precision=telemetry.precision), config)
-    notes = []
-    if series.duration_s < min_duration:
-        notes.append(
-            f"the series cover {series.duration_s:.0f} s, less than the {min_duration:g} s a condition must hold; "
-            "lower --min-duration (and --window) to judge a short job"
-        )
+    source, findings, notes = job_diagnosis(gpufleet_home(), job, config)
     print_findings(source, findings, notes, json_out)
 
 
@@ -293,9 +261,9 @@ def exporter_command(
             soft_wrap=True,
         )
         if port_file is not None:  # last: its appearance says the exporter is ready
-            tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(str(bound), encoding="utf-8")
-            tmp.replace(port_file)  # a reader never sees a half-written port
+            from gpufleet.outfiles import write_port_file
+
+            write_port_file(port_file, bound)
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from gpufleet.backends import sync_remote
 from gpufleet.cli.render import err_console
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.store import Store
-from gpufleet.paths import gpufleet_home, state_db
+from gpufleet.paths import gpufleet_home, has_store, state_db
 from gpufleet.yamlio import shown_path
 
 try:  # Typer runs commands in its own copy of Click: their context is that copy's
@@ -100,14 +100,6 @@ def warn_on_success(message: str) -> None:
         _print_warning(message)
     else:
         ctx.with_resource(_DeferredWarning(message))
-
-
-def has_store(home: Path) -> bool:
-    """Whether ``home`` holds a state store: an empty ``state.db`` (0 bytes, never initialised) is none."""
-    try:
-        return os.stat(state_db(home)).st_size > 0
-    except OSError:
-        return False
 
 
 def existing_store(sync: bool = True) -> Store | None:

@@ -1,4 +1,4 @@
-"""``gpufleet drift REF CUR``, ``gpufleet quality demo|doc`` and the quality labs: parse, call, render.
+"""``gpufleet drift REF CUR``, ``gpufleet quality demo|doc|monitor`` and the quality labs: parse, call, render.
 
 pandas, numpy, scipy, MLflow and matplotlib are imported inside the commands so ``gpufleet --help``
 stays fast."""
@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.registry import print_alias_history, require_registered
-from gpufleet.cli.render import console, emit_json, err_console, styled, table
+from gpufleet.cli.render import console, duration, emit_json, err_console, styled, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.outfiles import check_output_file, check_plot_file
 from gpufleet.paths import gpufleet_home
@@ -404,8 +404,180 @@ def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
         console.print(f"{kind}: " + " | ".join(texts), highlight=False, soft_wrap=True, markup=False)
 
 
+monitor_app = typer.Typer(
+    help="The standing monitor: each new window's drift, the policy's decision, the retraining job.",
+    no_args_is_help=True,
+)
+quality_app.add_typer(monitor_app, name="monitor")
+ConfigArg = Annotated[
+    Path, typer.Argument(metavar="CONFIG", help="Monitor file (YAML): the models, their data and policy.")
+]
+SAMPLE_WINDOWS = (("window-1.csv", 12, 0.0), ("window-2.csv", 13, 1.0), ("window-3.csv", 14, 1.0))
+"""The sample windows: (file, seed, drift): one like the reference, then two shifted ones."""
+
+
+@monitor_app.command("run")
+def monitor_run_command(
+    config: ConfigArg,
+    once: Annotated[
+        bool, typer.Option("--once", help="Run one round, print what it checked, exit (1 if a check failed).")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help='Print {"rounds": [...]}: once, or one such line per round.')
+    ] = False,
+) -> None:
+    """Check every new window of the models in CONFIG: drift, decision, retraining job; a round every `every`.
+
+    Without --once it runs until Ctrl-C (or SIGTERM), which lets the round in progress finish.
+    """
+    import signal
+    import threading
+
+    from gpufleet.quality.standing import StandingMonitor, load_monitor_config
+
+    monitor = StandingMonitor(load_monitor_config(check_path_name(config, "CONFIG")), gpufleet_home())
+    if once:
+        checks = monitor.run_round()
+        if json_out:
+            emit_json({"rounds": [_round(checks)]})
+        else:
+            _print_checks(checks, len(monitor.config.models))
+        if any(c["error"] for c in checks):
+            raise typer.Exit(1)
+        return
+    stop = threading.Event()
+
+    def on_round(checks: list[dict[str, Any]]) -> None:
+        if json_out:
+            _json_line({"rounds": [_round(checks)]})
+        elif checks:
+            _print_checks(checks, len(monitor.config.models))
+
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if not json_out:
+            every = duration(monitor.config.every)
+            console.print(f"monitoring {len(monitor.config.models)} model(s), a round every {every}; Ctrl-C stops")
+        monitor.run_forever(stop, on_round)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not json_out:
+        console.print("stopped")
+
+
+def _round(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    import time
+
+    return {"at": time.time(), "checks": checks}
+
+
+def _json_line(obj: Any) -> None:
+    """``obj`` as one line of JSON: the rounds of a monitor that keeps running are JSON Lines."""
+    import json
+    import sys
+
+    from gpufleet.fmt import finite_json
+
+    sys.stdout.write(json.dumps(finite_json(obj), allow_nan=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _print_checks(checks: list[dict[str, Any]], models: int) -> None:
+    if not checks:
+        console.print(f"nothing new: no window to check for {models} model(s)")
+        return
+    action_cell = {"pass": "[green]pass[/]", "alert": "[yellow]alert[/]", "retrain": "[red]retrain[/]"}
+    rows = []
+    for c in checks:
+        job = c["retrain_job"]
+        job_cell = "" if job is None else f"#{job}" + ("" if c["retrain_submitted"] else " (already submitted)")
+        reasons = "; ".join(c["reasons"]) + (f"{'; ' if c['reasons'] else ''}{c['error']}" if c["error"] else "")
+        action = action_cell.get(c["action"] or "", "[red]error[/]")
+        rows.append([c["model"], c["window"] or "-", styled(action), reasons, job_cell])
+    console.print(table(None, ["model", "window", "action", "reasons", "retrain job"], rows))
+
+
+@monitor_app.command("history")
+def monitor_history_command(json_out: JsonOpt = False) -> None:
+    """What the standing monitor recorded in $GPUFLEET_HOME: each window's drift and decision, the retraining jobs."""
+    from gpufleet.quality.standing import read_history
+
+    home = gpufleet_home()
+    history = read_history(home)
+    if json_out:
+        emit_json({"home": str(home), "models": history})
+        return
+    if not history:
+        console.print(f"no standing monitor has checked a window in {home}", highlight=False, markup=False)
+        return
+    for model, h in history.items():
+        decided = {(d["window"], d["at"]): d for d in h["decisions"]}
+        jobs = {r.get("key"): r.get("job_id") for r in h["retrains"] if r.get("job_id") is not None}
+        rows = []
+        for line in h["drift"]:
+            window, at = str(line.get("window")), line.get("at")
+            decision = decided.get((window, at)) if isinstance(at, int | float) else None
+            drifted = line.get("dataset_drift")
+            drift = "error" if line.get("error") else "yes" if drifted is True else "no" if drifted is False else "?"
+            why = line.get("error") or ("; ".join(decision["reasons"]) if decision else "")
+            job = jobs.get(f"{model}:{window}")
+            rows.append(
+                [
+                    window,
+                    _when(at),
+                    drift,
+                    line.get("share"),
+                    decision["action"] if decision else "",
+                    why,
+                    f"#{job}" if job is not None else "",
+                ]
+            )
+        head = ["window", "checked (UTC)", "drift", "share", "action", "reasons", "retrain job"]
+        console.print(table(f"monitor history of {model}", head, rows))
+        for r in h["retrains"]:
+            if r.get("job_id") is None:
+                console.print(f"retrain for key {r.get('key')!r} failed: {r.get('error')}", markup=False)
+
+
+def _when(at: Any) -> str:
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return "?"
+    try:
+        return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+@monitor_app.command("sample-data")
+def monitor_sample_data_command(
+    folder: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to write the tables into.")],
+) -> None:
+    """Write synthetic tables for examples/monitor.yaml: DIR/reference.csv and three windows in DIR/windows/.
+
+    The first window is drawn like the reference; the next two are shifted (x0's mean, x1's spread, the
+    segment mix), so with persistence 2 the third asks for a retrain.
+    """
+    from gpufleet.workloads.tabular import make_dataset
+
+    check_path_name(folder, "DIR")
+    targets = [folder / "reference.csv", *(folder / "windows" / name for name, _, _ in SAMPLE_WINDOWS)]
+    there = [t for t in targets if t.exists()]
+    if there:
+        raise UsageError(f"{there[0]} exists: give a new folder (a window rewritten would be checked again)")
+    try:
+        (folder / "windows").mkdir(parents=True, exist_ok=True)
+        make_dataset(4000, seed=11).to_csv(targets[0], index=False)
+        for target, (_, seed, drift) in zip(targets[1:], SAMPLE_WINDOWS, strict=True):
+            make_dataset(1000, seed=seed, drift=drift).to_csv(target, index=False)
+    except OSError as err:
+        raise UsageError(f"cannot write {folder}: {err.strerror}") from None
+    console.print(f"wrote {targets[0]} and {len(SAMPLE_WINDOWS)} windows in {folder / 'windows'}", markup=False)
+
+
 __all__ = [
     "ColumnsOpt",
+    "ConfigArg",
     "CorrectionOpt",
     "CurArg",
     "FailOpt",
@@ -421,6 +593,10 @@ __all__ = [
     "doc_command",
     "drift_command",
     "embedding_lab_command",
+    "monitor_app",
+    "monitor_history_command",
+    "monitor_run_command",
+    "monitor_sample_data_command",
     "quality_app",
     "seasonal_lab_command",
     "split_assignments",

@@ -118,9 +118,15 @@ def cost_report(
     rates_path: Path | None = None,
     out: Path | None = None,
     title: str = "Cost note",
+    since: float | None = None,
 ) -> CostReport:
+    """The ledger of the jobs asked for; with ``since``, of the jobs that ran after it (an attempt ending
+    then or later, or still running), each counted whole."""
     rates = load_rates(rates_path)
     usages = store_usages(store, team=team, job_ids=job_ids)
+    if since is not None:
+        active = {u.job_id for u in usages if u.end >= since or u.outcome == "running"}
+        usages = [u for u in usages if u.job_id in active]
     if job_ids:
         known = {j.id for j in store.jobs()}
         missing = [j for j in job_ids if j not in known]

@@ -144,6 +144,8 @@ class Case:
     """``cli`` runs ``gpufleet.cli.app.main``; ``webhook`` runs ``AlertReceiver.handle`` on the request files."""
     serves: str | None = None
     """A command that serves until SIGTERM: the runner stops it once this file (its port) appears."""
+    serves_path: str = "/metrics"
+    """What the runner GETs from a serving case; it must answer 200."""
     service_exit_ok: bool = False
     """Exit 3 (a network service is unreachable) is a legitimate outcome of this case."""
     notes: list[str] = field(default_factory=list)
@@ -1723,6 +1725,7 @@ class Draft:
     home: HomeRecipe | None = None
     target: str = "cli"
     serves: str | None = None
+    serves_path: str = "/metrics"
     service_exit_ok: bool = False
 
 
@@ -2798,6 +2801,47 @@ def surface_sweep(g: Gen) -> Draft:
     return Draft(argv, home=_home(g, hostile=False, p_empty=0.5))
 
 
+def surface_monitor(g: Gen) -> Draft:
+    """``gpufleet quality monitor run --once``: hostile monitor files over the drift surface's tables.
+
+    A valid file runs one round over a folder of up to three windows (or one table); a retrain decision
+    queues its spec in the case's home, as ``submit`` does (no scheduler runs it).
+    """
+    if g.chance(0.1):
+        return Draft(["quality", "monitor", "history", *_maybe(g, 0.5, "--json")], home=_home(g, p_empty=0.5))
+    if g.chance(0.08):  # into a new folder, one that exists, or a path that cannot be one
+        folder = g.pick(("sample", "sample/deeper", g.add_file("taken.csv", b"a\n1\n"), "/dev/null", ""))
+        return Draft(["quality", "monitor", "sample-data", folder, *_maybe(g, 0.5, "--json")])
+    ref, cols = table_file(g, "ref", shift=0.0, columns=None)
+    if g.chance(0.75):
+        current = g.add_file(g.name("windows", ""), Special("dir"))
+        for _ in range(g.rng.randint(0, 3)):
+            window, _ = table_file(g, "cur", shift=g.pick((0.0, 0.5, 3.0)), columns=cols if g.chance(0.8) else None)
+            if window in g.files:  # a file of the case: moved into the folder (a hostile path stays as it is)
+                g.add_file(f"{current}/{window}", g.files.pop(window))
+    else:
+        current, _ = table_file(g, "cur", shift=g.pick((0.0, 3.0)), columns=cols)
+    base = example("monitor.yaml")
+    model = base["models"][0]
+    model.update(reference=ref, current=current)
+    model.pop("columns")
+    if cols and g.chance(0.4):
+        model["columns"] = g.rng.sample(cols, g.rng.randint(1, len(cols)))
+    if cols and g.chance(0.3):
+        model["metric"] = {"name": g.pick(("auc", "accuracy")), "baseline": 0.9, "label": cols[0], "score": cols[-1]}
+    model["policy"]["persistence"] = g.pick((1, 2))
+    if g.chance(0.8):
+        toy = (EXAMPLES / "toy.yaml").read_bytes()
+        model["retrain"] = spec_path(g) if g.chance(0.3) else g.add_file("toy.yaml", toy)
+    else:
+        model.pop("retrain")
+    if g.chance(0.2):
+        base["models"].append({**copy.deepcopy(model), "name": g.arg_string(*MODEL_NAMES, p_valid=0.6)})
+    argv = ["quality", "monitor", "run", g.input_path("monitor", ".yaml", lambda: yaml_doc(g, base)), "--once"]
+    argv += _maybe(g, 0.4, "--json")
+    return Draft(argv, home=_home(g, hostile=False, p_empty=0.5))
+
+
 BENCH_SIZES: tuple[str, ...] = ("1MiB", "2M", "1048576", "4MiB", "1.5M")
 """Sizes of a ``bench disk`` test file that run: a few MiB, far below the cases' file-size limit."""
 BENCH_BAD_SIZES: tuple[str, ...] = (
@@ -2896,6 +2940,45 @@ def surface_bench_net(g: Gen) -> Draft:
     return Draft(argv)
 
 
+SERVE_HOSTS = (
+    "127.0.0.1",
+    "localhost",
+    "",
+    " ",
+    "256.1.1.1",
+    "no-such-host.invalid",
+    "127.0.0.1:80",
+    "[::1]",
+    "a" * 300,
+)
+"""``gpufleet serve --host`` values: loopback, or refused before anything listens (never every interface)."""
+
+
+def surface_serve(g: Gen) -> Draft:
+    """``gpufleet serve``: a server on a free loopback port that must answer ``GET /api/jobs`` with 200, or
+    options refused before it listens (a token file others may read, a bad monitor or secret, a bad host)."""
+    argv = ["serve", "--port", "0", "--port-file", "port.txt"]
+    token = g.pick(("none", "default", "default", "file"))
+    if token == "none":
+        argv.append("--no-token")
+    elif token == "file":  # written 0644 by the harness: refused, the server does not start
+        argv += ["--token-file", g.add_file("serve.token", g.pick((b"x" * 40 + b"\n", b"", b"short\n", b"\xff" * 64)))]
+    if g.chance(0.3):
+        argv += ["--host", g.pick(SERVE_HOSTS)]
+    if g.chance(0.3):
+        argv += ["--refresh", g.number_text("2", "0.5")]
+    if g.chance(0.3):
+        argv += ["--cache", g.number_text("1", "0")]
+    if g.chance(0.25):
+        secret = g.pick((b"s" * 40, b"short", b"", b"\x00" * 64))
+        argv += ["--webhook-secret-file", g.add_file("webhook.secret", secret)]
+    if g.chance(0.2):
+        monitor = g.pick((b"models: []\n", b"every: -1\nmodels: [{name: a}]\n", b"[", b"\xff\xfe", b"models: 7\n"))
+        argv += ["--monitor", g.add_file("monitor.yaml", monitor)]
+        g.note(f"monitor {_preview(monitor, 20)}")
+    return Draft(argv, home=_home(g, hostile=False, p_empty=0.5), serves="port.txt", serves_path="/api/jobs")
+
+
 SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "spec-submit": surface_spec_submit,
     "spec-export": surface_spec_export,
@@ -2926,9 +3009,11 @@ SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "out-paths": surface_out_paths,
     "long-parse": surface_long_parse,
     "sweep": surface_sweep,
+    "monitor": surface_monitor,
     "bench-disk": surface_bench_disk,
     "bench-net": surface_bench_net,
     "bench-stage": surface_bench_stage,
+    "serve": surface_serve,
 }
 SURFACE_WEIGHTS: dict[str, int] = {
     "spec-submit": 3,
@@ -2960,9 +3045,11 @@ SURFACE_WEIGHTS: dict[str, int] = {
     "out-paths": 1,
     "long-parse": 1,
     "sweep": 2,
+    "monitor": 2,
     "bench-disk": 1,
     "bench-net": 1,
     "bench-stage": 1,
+    "serve": 1,
 }
 
 
@@ -2995,6 +3082,7 @@ def make_case(seed: int, index: int, templates: Templates | None = None) -> Case
         env=g.env,
         target=draft.target,
         serves=draft.serves,
+        serves_path=draft.serves_path,
         service_exit_ok=draft.service_exit_ok,
         notes=g.notes,
     )

@@ -572,7 +572,7 @@ class Runner:
             return
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/metrics")
+            conn.request("GET", run.case.serves_path)
             response = conn.getresponse()
             response.read()
             run.served = f"{response.status}"
@@ -692,7 +692,9 @@ class Runner:
             if run.served is None and not v and code == 0:
                 v.append(Violation("serve", "exited 0 without ever writing its port file"))
             elif run.served is not None and (run.served != "200" or code != 0):
-                v.append(Violation("serve", f"GET /metrics answered {run.served}; after SIGTERM: {r.outcome}"))
+                v.append(
+                    Violation("serve", f"GET {case.serves_path} answered {run.served}; after SIGTERM: {r.outcome}")
+                )
         if left and not run.timed_out:
             v.append(Violation("left-process", "processes of the case were still running after it exited"))
         return v

@@ -29,7 +29,7 @@ from fuzz_runner import Limits, Result, Runner, Target, case_indices
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CASES = 6 * len(SURFACE_ORDER)
-"""Six turns of every surface (348 cases): 25 to 50 s of wall time on two busy cores when no case hangs."""
+"""Six turns of every surface (366 cases): 25 to 50 s of wall time on two busy cores when no case hangs."""
 CASES = int(os.environ.get("GPUFLEET_FUZZ_CASES", str(DEFAULT_CASES)))
 SEED = int(os.environ.get("GPUFLEET_FUZZ_SEED", "20261204"))
 

@@ -15,10 +15,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import follow
+from conftest import follow, process_gone
 
 from gpufleet.backends.ray.backend import RayBackend
 from gpufleet.backends.ray.runner import read_status, status_path
@@ -44,22 +43,9 @@ def toy(name: str, cpus: int = 1, steps: int = 150) -> JobSpec:
     )
 
 
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
-
-
 @pytest.fixture
-def backend(ray: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
-    backend = RayBackend(home)
-    yield backend
-    for job in backend.store.jobs():  # leave no actor of ours on the shared cluster
-        if job.state not in ("completed", "failed", "cancelled"):
-            backend.cancel(job.id)
+def backend(ray_backend: RayBackend) -> RayBackend:
+    return ray_backend
 
 
 @pytest.mark.timeout(240)
@@ -78,7 +64,7 @@ def test_actor_lost_with_its_node_is_restarted_and_resumes_from_the_checkpoint(b
     assert after is not None and after.actor_pid != before.actor_pid
     assert after.actor_id == before.actor_id  # the same actor, restarted by Ray
     assert [a.outcome for a in store.attempts(job)] == ["lost", "completed"]
-    assert gone(before.attempts[-1].pid), "the lost actor's attempt outlived it"
+    assert process_gone(before.attempts[-1].pid), "the lost actor's attempt outlived it"
     saved = [e.data["step"] for e in store.events(job, kinds=("checkpoint",)) if e.attempt == 1]
     restored = [e for e in store.events(job, kinds=("restore",)) if e.attempt == 2]
     assert saved and restored and restored[0].data["step"] == max(saved)
@@ -174,7 +160,7 @@ def test_dev_ray_up_status_down(tmp_path: Path) -> None:
     finally:
         down = dev_ray("down")
     assert down.returncode == 0, down.stdout + down.stderr
-    left = sorted(pid for pid in tree if not gone(pid))
+    left = sorted(pid for pid in tree if not process_gone(pid))
     assert left == [], f"processes of the stopped cluster still run: {left}"
     assert dev_ray("status").returncode == 1 and not (state / "address").exists()
     assert not any(Path("/tmp").glob(f"gpufleet-ray-{hashlib.sha256(str(state).encode()).hexdigest()[:10]}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_bitwise_equal, final_dcp_state, follow
+from conftest import assert_bitwise_equal, final_dcp_state, follow, process_gone
 from typer.testing import CliRunner
 
 from gpufleet.backends.ray.backend import RayBackend
@@ -51,14 +51,6 @@ def tinylm_ddp(name: str) -> JobSpec:
 
 def ended(backend: RayBackend, job: int) -> Callable[[], bool]:
     return lambda: backend.store.job(job).state in ("completed", "failed", "cancelled")
-
-
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
 
 
 def final_state(home: Path, job: int) -> dict[str, Any]:
@@ -121,7 +113,7 @@ def test_two_ranks_complete_and_a_preempted_pair_resumes_bit_identical(backend: 
     status = read_status(status_path(home, cut))
     assert status is not None and [len(a.ranks) for a in status.attempts] == [2, 2]
     first_pids = [r.pid for r in status.attempts[0].ranks]
-    assert all(pid is not None and gone(pid) for pid in first_pids), "a rank of the preempted attempt lives on"
+    assert all(pid is not None and process_gone(pid) for pid in first_pids), "a rank of the preempted attempt lives on"
     ends = [e for e in store.events(cut, kinds=("session_end",)) if e.attempt == 1]
     assert [e.data["status"] for e in ends] == ["requeue"]  # the ranks agreed, saved and asked to be requeued
     saved = [e.data["step"] for e in store.events(cut, kinds=("checkpoint",)) if e.attempt == 1]
@@ -152,7 +144,7 @@ def test_a_lost_actor_leaves_no_rank_alive_and_a_cancel_stops_every_rank(backend
     first = [r.pid for r in before.attempts[-1].ranks]
     os.kill(before.actor_pid, signal.SIGKILL)  # the job's actor dies as with its node
     follow(backend, lambda: any(e.attempt == 2 for e in store.events(job, kinds=("restore",))))
-    assert all(pid is not None and gone(pid) for pid in first), "a rank outlived its job's actor"
+    assert all(pid is not None and process_gone(pid) for pid in first), "a rank outlived its job's actor"
     assert [a.outcome for a in store.attempts(job)] == ["lost", None]
     saved = [e.data["step"] for e in store.events(job, kinds=("checkpoint",)) if e.attempt == 1]
     (restored,) = [e for e in store.events(job, kinds=("restore",)) if e.attempt == 2]
@@ -164,5 +156,5 @@ def test_a_lost_actor_leaves_no_rank_alive_and_a_cancel_stops_every_rank(backend
     follow(backend, ended(backend, job))
     assert store.job(job).state == "cancelled"
     assert [a.outcome for a in store.attempts(job)] == ["lost", "cancelled"]
-    assert all(pid is not None and gone(pid) for pid in second)
+    assert all(pid is not None and process_gone(pid) for pid in second)
     follow(backend, lambda: not placement_exists(job), timeout=30)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import follow
+from conftest import follow, process_gone
 from typer.testing import CliRunner
 
 from gpufleet.backends.ray.backend import RayBackend
@@ -29,22 +28,9 @@ from gpufleet.spec import parse_spec
 UPDATES = 6_000
 
 
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
-
-
 @pytest.fixture
-def backend(ray: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RayBackend]:
-    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
-    backend = RayBackend(home)
-    yield backend
-    for job in backend.store.jobs():  # leave no actor of ours on the shared cluster
-        if job.state not in ("completed", "failed", "cancelled"):
-            backend.cancel(job.id)
+def backend(ray_backend: RayBackend) -> RayBackend:
+    return ray_backend
 
 
 @pytest.mark.timeout(600)
@@ -102,4 +88,4 @@ def test_ray_actors_restart_after_kill9_and_a_preempted_learner_resumes_with_its
     assert summary["actor_kind"] == "ray" and summary["actor_restarts"] >= 1 and summary["env_steps"] >= UPDATES
     second = [int(p) for p in rl(2, "actor_pids")[0]["actor_pids"]]
     # Ray stops an owner's actors when it exits: wait for that (the timeout is only a safety net)
-    follow(backend, lambda: all(gone(pid) for pid in [*restarted["actor_pids"], *second]), timeout=60)
+    follow(backend, lambda: all(process_gone(pid) for pid in [*restarted["actor_pids"], *second]), timeout=60)

@@ -139,6 +139,16 @@ def current_actor_id() -> str | None:
     return actor_id
 
 
+def current_cluster_address() -> str | None:
+    """The GCS address of the cluster this code runs in (what a job's own Ray driver joins); ``None`` outside."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    address: str | None = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    return address
+
+
 class RankProcess:
     """One rank of one attempt: the actor in the rank's bundle that runs the rank as a subprocess.
 
@@ -397,6 +407,7 @@ __all__ = [
     "RankSlot",
     "RayPlacement",
     "current_actor_id",
+    "current_cluster_address",
     "group_exit",
     "rank_environments",
     "rank_order",

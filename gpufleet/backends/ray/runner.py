@@ -59,6 +59,7 @@ from gpufleet.backends.ray.ranks import (
     RankSlot,
     RayPlacement,
     current_actor_id,
+    current_cluster_address,
     rank_environments,
     rank_order,
 )
@@ -382,6 +383,9 @@ class JobRunner:
             "GPUFLEET_ATTEMPT": str(n),
             "GPUFLEET_BACKEND_JOB_ID": self.status.actor_id or "",
         }
+        cluster = current_cluster_address()
+        if cluster:  # a job that starts Ray actors of its own (gpufleet.rl) joins this cluster, not "auto"'s guess
+            env.setdefault("GPUFLEET_RAY_ADDRESS", cluster)
         cwd = self.spec.workdir or self.workdir or None
         if self.placement is not None:
             if placed is None or self._cancel:

@@ -1,0 +1,1 @@
+"""``gpufleet serve``: the fleet as a service (pages, a JSON API, the alert webhook, the standing monitor)."""

@@ -1,0 +1,555 @@
+"""``gpufleet serve``: one ASGI app over a ``$GPUFLEET_HOME``: pages, a JSON API, the alert webhook.
+
+The JSON API answers with the objects the CLI prints with ``--json``, built by the same functions
+(:mod:`gpufleet.views`, :func:`gpufleet.cost.gather.cost_report`, :func:`gpufleet.quality.standing.read_history`):
+``GET /api/jobs`` is ``gpufleet jobs --json``, ``GET /api/jobs/{id}`` is ``gpufleet show ID --json``,
+``GET /api/cost`` is ``gpufleet cost --json``, ``GET /api/fleet`` adds the counts and the queue to
+``gpufleet fleet show --json``. ``POST /api/jobs/{id}/preempt`` and ``/cancel``, and the registry's
+``promote`` and ``rollback``, act like the commands of the same name, behind the bearer token
+(:mod:`gpufleet.serve.auth`). ``POST /hooks/alerts`` is the signed webhook of
+:mod:`gpufleet.quality.webhook` (same signature, replay window and idempotency), whose retrain alerts
+submit the retraining job the monitor file names for the model, once per key.
+
+The pages (``/``, ``/jobs/{id}``, ``/cost``, ``/quality``) are static HTML and one script that reads
+the API, so what a person sees is what a program gets. Every route reads the store afresh, so the
+server needs no restart when jobs come and go, and a route never holds the store between requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.store import Store
+from gpufleet.paths import has_store, state_db
+from gpufleet.serve.auth import bearer_ok, cross_origin
+
+log = logging.getLogger("gpufleet.serve")
+T = TypeVar("T")
+
+LOG_TAIL_BYTES = 256 << 10
+"""A log page shows at most the last 256 KiB of an attempt's log."""
+
+SERIES_POINTS = 2_000
+"""Points of a job's curves at most: longer runs are thinned evenly (the last point is always kept)."""
+
+RECENT_KINDS = (
+    EventKind.PREEMPTED_BY,
+    EventKind.SIGTERM,
+    EventKind.ROLLBACK,
+    EventKind.FAILOVER,
+    EventKind.SPOT_PREEMPTED,
+    EventKind.FLEET_DOWN,
+    EventKind.RECLAIMED_BY,
+    EventKind.REQUEUED,
+)
+"""What the fleet page lists as recent: preemptions, rollbacks, failovers."""
+
+PERIODS = {"24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0, "all": None}
+DEMO_NAME = re.compile(r"^[0-9]{8}-[0-9]{6}$")
+"""The folders ``gpufleet quality demo`` makes under ``$GPUFLEET_HOME/quality-demo``."""
+
+
+@dataclass
+class ServeConfig:
+    """What ``gpufleet serve`` was started with."""
+
+    home: Path
+    token: str | None
+    """The bearer token for routes that change state; None: they are refused."""
+    monitor: Path | None = None
+    """The standing monitor's file: its models' retrain specs answer retrain alerts."""
+    webhook_secret: bytes | None = None
+    refresh_s: float = 2.0
+    """How often the pages poll the API."""
+    sync_remote: bool = True
+    """Refresh jobs of remote schedulers (Slurm, Ray) from a background thread."""
+    cache_s: float = 1.0
+    """How old the job list, the fleet view and the cost may be when served (:class:`ViewCache`)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ViewCache:
+    """The heavy views (every job's summary) computed at most once per ``ttl_s`` per query, and once at a time.
+
+    Twenty pages polling every 2 s would otherwise rebuild the same objects twenty times over; a
+    request that arrives while the same view is being built waits for that build instead of starting
+    its own. Objects are at most ``ttl_s`` old; 0 turns the cache off.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[Any, ...], threading.Lock] = {}
+        self._values: dict[tuple[Any, ...], tuple[float, Any]] = {}
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        if self.ttl_s <= 0:
+            return build()
+        with self._lock:
+            lock = self._keys.setdefault(key, threading.Lock())
+        with lock:
+            hit = self._values.get(key)
+            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+                cached: T = hit[1]
+                return cached
+            value = build()
+            self._values[key] = (time.monotonic(), value)
+            return value
+
+
+def _store(home: Path) -> Store | None:
+    return Store(state_db(home)) if has_store(home) else None
+
+
+def _job_store(home: Path, job_id: int) -> Store:
+    store = _store(home)
+    if store is None:
+        raise HTTPException(404, f"no job {job_id}: this home has no jobs")
+    try:
+        store.job(job_id)
+    except UsageError as err:
+        raise HTTPException(404, str(err)) from None
+    return store
+
+
+def fleet_view(home: Path) -> dict[str, Any]:
+    """The fleet page's data: counts by state and team, the queue and why each job waits, the pools, recent events."""
+    from gpufleet.views import fleet_status, job_summary
+
+    store = _store(home)
+    jobs = [] if store is None else [job_summary(store, j) for j in store.jobs()]
+    by_state = Counter(j["state"] for j in jobs)
+    by_team: dict[str, Counter[str]] = {}
+    for j in jobs:
+        by_team.setdefault(j["team"], Counter())[j["state"]] += 1
+    queue = [
+        {"id": j["id"], "name": j["name"], "team": j["team"], "priority": j["priority"], "reason": j["reason"]}
+        for j in sorted(jobs, key=lambda j: (-j["priority"], j["submitted_at"]))
+        if j["state"] == "queued"
+    ]
+    recent: list[dict[str, Any]] = []
+    if store is not None:
+        names = {j["id"]: j["name"] for j in jobs}
+        for j in jobs:
+            for e in store.events(j["id"], RECENT_KINDS):
+                recent.append({"job": j["id"], "name": names[j["id"]], "ts": e.ts, "kind": e.kind, **e.data})
+        recent.sort(key=lambda e: e["ts"], reverse=True)
+    return {
+        "jobs": jobs,
+        "states": dict(by_state),
+        "teams": {t: dict(c) for t, c in sorted(by_team.items())},
+        "queue": queue,
+        "recent": recent[:50],
+        "fleet": fleet_status(home),
+        "generated_at": time.time(),
+    }
+
+
+def series_view(store: Store, job_id: int) -> dict[str, Any]:
+    """A job's curves from its step events: loss, tokens/s, MFU, and the unhealthy steps and rollbacks."""
+    steps = store.events(job_id, (EventKind.STEP,))
+    if len(steps) > SERIES_POINTS:
+        stride = len(steps) / SERIES_POINTS
+        steps = [steps[int(i * stride)] for i in range(SERIES_POINTS - 1)] + [steps[-1]]
+    points = [
+        {
+            "step": e.data.get("step"),
+            "attempt": e.attempt,
+            "ts": e.ts,
+            "loss": e.data.get("loss"),
+            "tokens_per_s": e.data.get("tokens_per_s"),
+            "mfu": e.data.get("mfu"),
+        }
+        for e in steps
+    ]
+    unhealthy = [
+        {"step": e.data.get("step"), "attempt": e.attempt, "why": e.data.get("why") or e.data.get("reason")}
+        for e in store.events(job_id, (EventKind.UNHEALTHY,))
+    ]
+    rollbacks = [
+        {"from_step": e.data.get("from_step"), "to_step": e.data.get("to_step"), "attempt": e.attempt}
+        for e in store.events(job_id, (EventKind.ROLLBACK,))
+    ]
+    checkpoints = [
+        {"step": e.data.get("step"), "attempt": e.attempt, "ts": e.ts, "reason": e.data.get("reason")}
+        for e in store.events(job_id, (EventKind.CHECKPOINT,))
+    ]
+    return {"id": job_id, "points": points, "unhealthy": unhealthy, "rollbacks": rollbacks, "checkpoints": checkpoints}
+
+
+def quality_homes(home: Path) -> list[tuple[str, Path]]:
+    """The homes whose models the quality page shows: this one, and each ``quality demo`` run under it."""
+    out = [("", home)]
+    demos = home / "quality-demo"
+    if demos.is_dir():
+        runs = [p for p in sorted(demos.iterdir()) if p.is_dir() and DEMO_NAME.match(p.name)]
+        out += [(f"quality-demo/{p.name}", p) for p in runs]
+    return out
+
+
+def quality_home(home: Path, name: str) -> Path:
+    """The home a quality route acts on: ``""`` (this one) or ``quality-demo/<stamp>``, nothing else."""
+    for known, path in quality_homes(home):
+        if name == known:
+            return path
+    raise HTTPException(404, f"no quality home {name!r}: use one of those GET /api/quality lists")
+
+
+def quality_view(home: Path) -> dict[str, Any]:
+    """Per home: the registry's models, aliases and alias history, the policy's decisions, the monitor's history."""
+    from gpufleet.quality.policy import DecisionLog
+    from gpufleet.quality.registry import Registry, sqlite_path, tracking_uri
+    from gpufleet.quality.standing import read_history
+
+    homes = []
+    for name, path in quality_homes(home):
+        models = []
+        db = sqlite_path(tracking_uri(path))
+        if db is not None and db.exists():
+            registry = Registry(path)
+            for model in registry.models():
+                events, source = registry.history(model)
+                models.append(
+                    {
+                        "name": model,
+                        "aliases": registry.aliases(model),
+                        "history": [e.to_dict() for e in events],
+                        "history_source": source,
+                    }
+                )
+        decisions = [d.to_dict() for d in DecisionLog(path / "quality" / "decisions.jsonl").read()]
+        monitor = read_history(path)
+        if models or decisions or monitor or name == "":
+            homes.append({"home": name, "models": models, "decisions": decisions, "monitor": monitor})
+    return {"homes": homes}
+
+
+def _static(name: str) -> str:
+    return resources.files("gpufleet.serve").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _page(title: str, page: str, cfg: ServeConfig, **data: Any) -> HTMLResponse:
+    import html
+    import json
+
+    boot = json.dumps({"page": page, "refresh_s": cfg.refresh_s, "token": cfg.token is not None, **data})
+    body = (
+        _static("page.html").replace("{{title}}", html.escape(title)).replace("{{boot}}", html.escape(boot, quote=True))
+    )
+    return HTMLResponse(body, headers={"Cache-Control": "no-store"})
+
+
+class _Actions:
+    """State changes, each checked for the token and the origin first (see :mod:`gpufleet.serve.auth`)."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+
+    def check(self, request: Request) -> None:
+        host = request.headers.get("host", "")
+        why = cross_origin(request.headers, host)
+        if why is not None:
+            raise HTTPException(403, f"cross-origin request refused ({why})")
+        if self.cfg.token is None:
+            raise HTTPException(403, "this server was started without a token: it changes nothing")
+        if not bearer_ok(request.headers, self.cfg.token):
+            raise HTTPException(401, "give the server's token: Authorization: Bearer <token>")
+
+
+def create_app(cfg: ServeConfig) -> FastAPI:
+    home = cfg.home
+    actions = _Actions(cfg)
+    cache = ViewCache(cfg.cache_s)
+    stop = threading.Event()
+    receiver = _receiver(cfg)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        threads = []
+        if cfg.sync_remote:
+            threads.append(threading.Thread(target=_sync_loop, args=(home, stop), daemon=True, name="sync"))
+        if cfg.monitor is not None:
+            from gpufleet.quality.standing import StandingMonitor, load_monitor_config
+
+            monitor = StandingMonitor(load_monitor_config(cfg.monitor), home)
+            threads.append(threading.Thread(target=monitor.run_forever, args=(stop,), daemon=True, name="monitor"))
+        for t in threads:
+            t.start()
+        yield
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+
+    app = FastAPI(
+        title="gpufleet",
+        summary="The fleet's jobs, cost and model quality; the same objects as the CLI's --json.",
+        version=_version(),
+        openapi_url="/api/openapi.json",
+        docs_url="/api/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(GpufleetError)
+    async def _refused(_: Request, err: GpufleetError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, UsageError) else 400)
+
+    # ---- pages ----------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def fleet_page() -> HTMLResponse:
+        return _page("gpufleet: fleet", "fleet", cfg)
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job_page(job_id: int) -> HTMLResponse:
+        _job_store(home, job_id)
+        return _page(f"gpufleet: job {job_id}", "job", cfg, job=job_id)
+
+    @app.get("/cost", response_class=HTMLResponse, include_in_schema=False)
+    def cost_page() -> HTMLResponse:
+        return _page("gpufleet: cost", "cost", cfg)
+
+    @app.get("/quality", response_class=HTMLResponse, include_in_schema=False)
+    def quality_page() -> HTMLResponse:
+        return _page("gpufleet: quality", "quality", cfg)
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> Response:
+        types = {"app.js": "text/javascript", "style.css": "text/css"}
+        if name not in types:
+            raise HTTPException(404, "no such file")
+        return Response(_static(name), media_type=types[name], headers={"Cache-Control": "no-cache"})
+
+    # ---- the JSON API ---------------------------------------------------------------------------
+
+    @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json")
+    def api_jobs(team: str | None = None, state: str | None = None) -> dict[str, Any]:
+        from gpufleet.views import jobs_view
+
+        return cache.get(("jobs", team, state), lambda: jobs_view(_store(home), team=team, state=state))
+
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="gpufleet show ID --json")
+    def api_job(job_id: int) -> dict[str, Any]:
+        from gpufleet.views import job_view
+
+        return job_view(_job_store(home, job_id), home, job_id)
+
+    @app.get("/api/jobs/{job_id}/series", tags=["jobs"], summary="Loss, tokens/s and MFU per logged step")
+    def api_series(job_id: int) -> dict[str, Any]:
+        return series_view(_job_store(home, job_id), job_id)
+
+    @app.get("/api/jobs/{job_id}/logs", tags=["jobs"], summary="gpufleet logs ID --json (the last 256 KiB)")
+    def api_logs(job_id: int, attempt: int | None = Query(default=None, ge=1)) -> dict[str, Any]:
+        from gpufleet.views import log_view
+
+        return log_view(_job_store(home, job_id), home, job_id, attempt, LOG_TAIL_BYTES)
+
+    @app.get("/api/jobs/{job_id}/trace", tags=["jobs"], summary="The job's spans (gpufleet trace ID)")
+    def api_trace(job_id: int) -> dict[str, Any]:
+        from gpufleet.telemetry.tracing import job_trace
+
+        store = _job_store(home, job_id)
+        spans, _ = job_trace(store, home, job_id, now=time.time())
+        return {"id": job_id, "spans": [_span(s) for s in spans]}
+
+    @app.get("/api/jobs/{job_id}/diagnosis", tags=["jobs"], summary="gpufleet diagnose ID --json")
+    def api_diagnosis(
+        job_id: int,
+        window: float = Query(default=60.0, gt=0),
+        min_duration: float = Query(default=300.0, gt=0),
+    ) -> dict[str, Any]:
+        from gpufleet.telemetry import DiagnosisConfig
+        from gpufleet.views import job_diagnosis
+
+        job = _job_store(home, job_id).job(job_id)
+        config = DiagnosisConfig(window_s=window, min_duration_s=min_duration)
+        source, findings, notes = job_diagnosis(home, job, config)
+        return {"source": source, "findings": [f.to_dict() for f in findings], "warnings": notes}
+
+    @app.post("/api/jobs/{job_id}/preempt", tags=["actions"], summary="gpufleet preempt ID (token)")
+    def api_preempt(job_id: int, request: Request) -> dict[str, Any]:
+        actions.check(request)
+        _backend_of(home, job_id).preempt(job_id, None)
+        log.info("job %d: preemption requested through the API", job_id)
+        return {"id": job_id, "requested": "preempt", "grace": None}
+
+    @app.post("/api/jobs/{job_id}/cancel", tags=["actions"], summary="gpufleet cancel ID (token)")
+    def api_cancel(job_id: int, request: Request) -> dict[str, Any]:
+        actions.check(request)
+        _backend_of(home, job_id).cancel(job_id)
+        log.info("job %d: cancellation requested through the API", job_id)
+        return {"id": job_id, "requested": "cancel"}
+
+    @app.get("/api/fleet", tags=["fleet"], summary="Jobs by state and team, the queue, the pools, recent events")
+    def api_fleet() -> dict[str, Any]:
+        return cache.get(("fleet",), lambda: fleet_view(home))
+
+    @app.get("/api/cost", tags=["cost"], summary="gpufleet cost --json, optionally over a period")
+    def api_cost(team: str | None = None, period: str = "all") -> dict[str, Any]:
+        from gpufleet.cost.gather import cost_report
+
+        if period not in PERIODS:
+            raise HTTPException(422, f"period={period!r}: use one of {', '.join(PERIODS)}")
+        store = _store(home)
+        if store is None:
+            return {"currency": None, "total": None, "teams": {}, "jobs": [], "note": None, "period": period}
+        seconds = PERIODS[period]
+
+        def build() -> dict[str, Any]:
+            since = None if seconds is None else time.time() - seconds
+            return {**cost_report(store, team=team, since=since).to_dict(), "period": period}
+
+        return cache.get(("cost", team, period), build)
+
+    @app.get("/api/quality", tags=["quality"], summary="Registry aliases and history, decisions, the monitor")
+    def api_quality() -> dict[str, Any]:
+        return quality_view(home)
+
+    @app.post("/api/registry/{model}/promote", tags=["actions"], summary="gpufleet registry promote (token)")
+    def api_promote(
+        model: str, request: Request, version: str = Body(...), reason: str = Body(...), home_name: str = Body("")
+    ) -> dict[str, Any]:
+        from gpufleet.quality.registry import Registry
+
+        actions.check(request)
+        if not reason.strip():
+            raise HTTPException(422, "give a reason: it is recorded in the alias history")
+        events = Registry(quality_home(home, home_name)).promote(model, version, why=reason.strip())
+        return {"model": model, "events": [e.to_dict() for e in events]}
+
+    @app.post("/api/registry/{model}/rollback", tags=["actions"], summary="gpufleet registry rollback (token)")
+    def api_rollback(
+        model: str, request: Request, reason: str = Body(..., embed=True), home_name: str = Body("", embed=True)
+    ) -> dict[str, Any]:
+        from gpufleet.quality.registry import Registry
+
+        actions.check(request)
+        if not reason.strip():
+            raise HTTPException(422, "give a reason: it is recorded in the alias history")
+        events = Registry(quality_home(home, home_name)).rollback(model, why=reason.strip())
+        return {"model": model, "events": [e.to_dict() for e in events]}
+
+    # ---- the webhook ----------------------------------------------------------------------------
+
+    @app.post("/hooks/alerts", tags=["webhook"], summary="A signed alert (HMAC, replay window, idempotency)")
+    async def hooks_alerts(request: Request) -> JSONResponse:
+        from gpufleet.quality.webhook import LENGTH_DIGITS, ascii_int
+
+        if receiver is None:
+            return JSONResponse({"status": 503, "reason": "no webhook secret configured"}, status_code=503)
+        length = ascii_int(request.headers.get("content-length", "").strip(), LENGTH_DIGITS)
+        if length is None:
+            return JSONResponse({"status": 411, "reason": "a Content-Length is required"}, status_code=411)
+        if length > receiver.max_body:
+            reply = receiver.respond(413, f"body of {length} bytes exceeds {receiver.max_body}")
+            return JSONResponse(reply.body, status_code=reply.status)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > receiver.max_body:
+                break
+        reply = await run_in_threadpool(receiver.handle, dict(request.headers.items()), body)
+        return JSONResponse(reply.body, status_code=reply.status)
+
+    return app
+
+
+def _span(span: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out: dict[str, Any] = asdict(span)
+    return out
+
+
+def _backend_of(home: Path, job_id: int) -> Any:
+    from gpufleet.backends import get_backend
+
+    return get_backend(_job_store(home, job_id).job(job_id).backend, home)
+
+
+def _receiver(cfg: ServeConfig) -> Any:
+    """The alert receiver; its handler submits the monitor's retrain job for the model, once per key."""
+    if cfg.webhook_secret is None:
+        return None
+    from gpufleet.quality.webhook import AlertPayload, AlertReceiver
+
+    home = cfg.home
+
+    def handler(alert: AlertPayload, key: str) -> dict[str, Any]:
+        if alert.action != "retrain":
+            return {"acted": False}
+        if cfg.monitor is None:
+            raise UsageError(f"no retraining is configured for model {alert.model!r}: start with --monitor FILE")
+        from gpufleet.quality.standing import load_monitor_config, retrain_once
+
+        config = load_monitor_config(cfg.monitor)
+        model = next((m for m in config.models if m.name == alert.model), None)
+        if model is None or model.retrain is None:
+            raise UsageError(f"no retraining is configured for model {alert.model!r} in {cfg.monitor}")
+        job_id, submitted = retrain_once(home, model.name, key, model.retrain, backend=model.backend)
+        return {"acted": True, "job_id": job_id, "submitted": submitted}
+
+    return AlertReceiver(cfg.webhook_secret, handler, journal=home / "quality" / "webhook-keys.jsonl")
+
+
+def _sync_loop(home: Path, stop: threading.Event, every_s: float = 5.0) -> None:
+    """Refresh remote schedulers' jobs into the store while the server runs; one line per new problem."""
+    from gpufleet.backends import sync_remote
+
+    said = ""
+    while not stop.wait(every_s):
+        store = _store(home)
+        if store is None:
+            continue
+        try:
+            sync_remote(home, store)
+            said = ""
+        except GpufleetError as err:
+            if str(err) != said:
+                log.warning("states may be stale: %s", err)
+                said = str(err)
+        finally:
+            store.close()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpufleet")
+    except PackageNotFoundError:
+        return "0"
+
+
+def openapi_document(cfg: ServeConfig | None = None) -> dict[str, Any]:
+    """The OpenAPI document of the API (what ``GET /api/openapi.json`` serves)."""
+    app = create_app(cfg or ServeConfig(home=Path("."), token=None, sync_remote=False))
+    return app.openapi()
+
+
+__all__ = [
+    "PERIODS",
+    "ServeConfig",
+    "ViewCache",
+    "create_app",
+    "fleet_view",
+    "openapi_document",
+    "quality_view",
+    "series_view",
+]

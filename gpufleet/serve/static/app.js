@@ -1,0 +1,309 @@
+// gpufleet serve: every page reads the JSON API the CLI's --json mirrors, and polls it to stay live.
+"use strict";
+
+const boot = JSON.parse(document.body.dataset.boot);
+const main = document.getElementById("main");
+const tip = document.getElementById("tip");
+const tokenInput = document.getElementById("token");
+tokenInput.value = sessionStorage.getItem("gpufleet-token") || "";
+for (const ev of ["input", "change"]) tokenInput.addEventListener(ev, () => sessionStorage.setItem("gpufleet-token", tokenInput.value.trim()));
+for (const a of document.querySelectorAll("nav a")) if (a.dataset.nav === boot.page) a.classList.add("here");
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+function num(v, digits = 1) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "";
+  if (typeof v !== "number") return esc(v);
+  if (v !== 0 && Math.abs(v) < 0.1) return v.toPrecision(2);
+  return Math.abs(v) >= 1000 ? v.toLocaleString("en-US", { maximumFractionDigits: 0 }) : v.toFixed(digits);
+}
+function when(ts) { return ts ? new Date(ts * 1000).toLocaleString() : ""; }
+function dur(s) {
+  if (s === null || s === undefined) return "";
+  s = Math.max(0, s);
+  return s < 60 ? `${s.toFixed(1)}s` : s < 3600 ? `${Math.floor(s / 60)}m${Math.round(s % 60)}s` : `${(s / 3600).toFixed(1)}h`;
+}
+function state(s) { return `<span class="state ${esc(s)}">${esc(s)}</span>`; }
+function table(head, rows, attrs = "") {
+  const th = head.map((h) => `<th${h.num ? ' class="num"' : ""}>${esc(h.label ?? h)}</th>`).join("");
+  return `<table ${attrs}><thead><tr>${th}</tr></thead><tbody>${rows.join("") || `<tr><td colspan="${head.length}" class="muted">none</td></tr>`}</tbody></table>`;
+}
+async function api(path) {
+  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  if (!r.ok) throw new Error(`${path}: ${r.status} ${(await r.json().catch(() => ({}))).detail || ""}`);
+  return r.json();
+}
+async function act(path, body, out) {
+  const token = tokenInput.value.trim();
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
+  const data = await r.json().catch(() => ({}));
+  out.className = r.ok ? "ok" : "err";
+  out.textContent = r.ok ? `done: ${JSON.stringify(data.requested || data.model || "ok")}` : `refused (${r.status}): ${data.detail || data.reason || ""}`;
+  return r.ok;
+}
+function hover(el, text) {
+  el.addEventListener("mousemove", (e) => {
+    tip.hidden = false;
+    tip.textContent = text;
+    tip.style.left = `${e.clientX + 12}px`;
+    tip.style.top = `${e.clientY + 12}px`;
+  });
+  el.addEventListener("mouseleave", () => { tip.hidden = true; });
+}
+function live(fn) {
+  const tick = async () => {
+    try {
+      await fn();
+      document.getElementById("live").textContent = `live, updated ${new Date().toLocaleTimeString()}`;
+    } catch (err) {
+      document.getElementById("live").textContent = `update failed: ${err.message}`;
+    }
+  };
+  tick();
+  setInterval(tick, boot.refresh_s * 1000);
+}
+
+// ---- fleet -----------------------------------------------------------------------------------
+
+function fleetPage() {
+  main.innerHTML = `<h1>Fleet</h1><div class="cards" id="states"></div>
+    <h2>Jobs</h2><div id="jobs"></div><h2>Queue</h2><div id="queue"></div>
+    <h2>Teams</h2><div id="teams"></div><h2>Pools</h2><div id="pools"></div>
+    <h2>Recent preemptions, rollbacks and failovers</h2><div id="recent"></div>`;
+  live(async () => {
+    const f = await api("/api/fleet");
+    const order = ["running", "queued", "completed", "failed", "cancelled"];
+    document.getElementById("states").innerHTML = order
+      .map((s) => `<div class="card" data-state="${s}"><b>${f.states[s] || 0}</b>${s}</div>`).join("");
+    const jobs = [...f.jobs].sort((a, b) => b.id - a.id);
+    document.getElementById("jobs").innerHTML = table(
+      ["id", "name", "team", "state", { label: "attempts", num: 1 }, { label: "step", num: 1 }, "GPUs", "why"],
+      jobs.map((j) => `<tr data-job="${j.id}"><td><a href="/jobs/${j.id}">#${j.id}</a></td><td>${esc(j.name)}</td>
+        <td>${esc(j.team)}</td><td>${state(j.state)}</td><td class="num">${j.attempts}</td>
+        <td class="num step">${j.step ?? ""}</td><td>${j.gpus}x ${esc(j.gpu_type)}</td><td class="muted">${esc(j.reason || "")}</td></tr>`),
+      'id="fleet-jobs"');
+    document.getElementById("queue").innerHTML = table(["id", "name", "team", "priority", "waits because"],
+      f.queue.map((q) => `<tr><td><a href="/jobs/${q.id}">#${q.id}</a></td><td>${esc(q.name)}</td><td>${esc(q.team)}</td>
+        <td>${q.priority}</td><td>${esc(q.reason || "waiting for a slot")}</td></tr>`));
+    document.getElementById("teams").innerHTML = table(["team", ...order],
+      Object.entries(f.teams).map(([t, c]) => `<tr><td>${esc(t)}</td>${order.map((s) => `<td class="num">${c[s] || 0}</td>`).join("")}</tr>`));
+    const pools = f.fleet && f.fleet.pools ? f.fleet.pools : [];
+    document.getElementById("pools").innerHTML = pools.length
+      ? table(["pool", { label: "slots", num: 1 }, "state", "jobs"], pools.map((p) => `<tr><td>${esc(p.offer)}</td>
+          <td class="num">${p.slots}</td><td>${esc(p.state)}</td><td>${p.jobs.map((j) => `#${j}`).join(", ")}</td></tr>`))
+      : '<p class="muted">no fleet file: the local backend runs one pool (gpufleet fleet use FILE)</p>';
+    document.getElementById("recent").innerHTML = table(["when", "job", "event", "detail"],
+      f.recent.slice(0, 20).map((e) => `<tr><td>${when(e.ts)}</td><td><a href="/jobs/${e.job}">#${e.job}</a> ${esc(e.name)}</td>
+        <td>${esc(e.kind)}</td><td class="muted">${esc(Object.entries(e).filter(([k]) => !["ts", "job", "name", "kind", "attempt"].includes(k))
+          .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" "))}</td></tr>`));
+  });
+}
+
+// ---- job -------------------------------------------------------------------------------------
+
+const OUTCOME_COLOR = { completed: "#2f8a4a", preempted: "#c07a00", requeued: "#c07a00", failed: "#c0392b", lost: "#c0392b", cancelled: "#8a8f98", running: "#2f6fd0" };
+
+function timeline(job, series) {
+  const W = 960, H = 70, pad = 40;
+  const t0 = job.submitted_at;
+  const end = Math.max(Date.now() / 1000, ...job.attempts.map((a) => a.ended_at || 0));
+  const span = Math.max(1, (job.state === "running" || job.state === "queued" ? Date.now() / 1000 : Math.max(...job.attempts.map((a) => a.ended_at || end), t0 + 1)) - t0);
+  const x = (t) => pad + ((t - t0) / span) * (W - 2 * pad);
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", "100%");
+  svg.id = "timeline";
+  for (const a of job.attempts) {
+    const stop = a.ended_at || Date.now() / 1000;
+    const r = document.createElementNS(svg.namespaceURI, "rect");
+    r.setAttribute("class", "attempt");
+    r.setAttribute("x", x(a.started_at));
+    r.setAttribute("y", 14);
+    r.setAttribute("width", Math.max(2, x(stop) - x(a.started_at)));
+    r.setAttribute("height", 30);
+    r.setAttribute("fill", OUTCOME_COLOR[a.outcome] || "#8a8f98");
+    r.dataset.attempt = a.attempt;
+    r.dataset.outcome = a.outcome;
+    const ckpts = series.checkpoints.filter((c) => c.attempt === a.attempt);
+    hover(r, `attempt ${a.attempt}: ${a.outcome}\n+${dur(a.started_at - t0)} to +${dur(stop - t0)} (${dur(stop - a.started_at)})\n` +
+      `exit ${a.exit_code ?? "-"}, ${a.gpus} GPU(s)\n` +
+      (ckpts.length ? `checkpoints: ${ckpts.map((c) => `step ${c.step}${c.reason ? ` (${c.reason})` : ""}`).join(", ")}` : "no checkpoint"));
+    svg.appendChild(r);
+  }
+  for (const e of job.events.filter((e) => ["sigterm", "preempted_by", "spot_preempted", "failover", "reclaimed_by"].includes(e.kind))) {
+    const m = document.createElementNS(svg.namespaceURI, "path");
+    const cx = x(e.ts);
+    m.setAttribute("d", `M${cx - 5},4 L${cx + 5},4 L${cx},12 Z`);
+    m.setAttribute("fill", "#c0392b");
+    m.setAttribute("class", "marker");
+    m.dataset.kind = e.kind;
+    hover(m, `${e.kind} at +${dur(e.ts - t0)} (attempt ${e.attempt ?? "-"})`);
+    svg.appendChild(m);
+  }
+  const label = document.createElementNS(svg.namespaceURI, "text");
+  label.setAttribute("x", pad);
+  label.setAttribute("y", H - 8);
+  label.textContent = `submitted ${when(t0)}; ${dur(span)} shown`;
+  svg.appendChild(label);
+  return svg;
+}
+
+function lineChart(id, points, key, marks = []) {
+  const W = 960, H = 220, pad = 44;
+  const pts = points.filter((p) => typeof p[key] === "number" && typeof p.step === "number");
+  if (!pts.length || pts.every((p) => p[key] === 0)) return `<p class="muted">no ${esc(key)} logged</p>`;
+  const xs = pts.map((p) => p.step), ys = pts.map((p) => p[key]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-9);
+  const X = (v) => pad + ((v - x0) / (x1 - x0)) * (W - 2 * pad), Y = (v) => H - pad / 2 - ((v - y0) / (y1 - y0)) * (H - pad);
+  const d = pts.map((p, i) => `${i ? "L" : "M"}${X(p.step).toFixed(1)},${Y(p[key]).toFixed(1)}`).join(" ");
+  const bad = marks.filter((m) => typeof m.step === "number")
+    .map((m) => `<line class="unhealthy" x1="${X(m.step)}" x2="${X(m.step)}" y1="10" y2="${H - pad / 2}" stroke="#c0392b" stroke-dasharray="3,3"><title>unhealthy step ${m.step}: ${esc(m.why || "")}</title></line>`).join("");
+  return `<svg id="${id}" viewBox="0 0 ${W} ${H}" width="100%"><path d="${d}" fill="none" stroke="#2f6fd0" stroke-width="1.5"/>${bad}
+    <text x="${pad}" y="14">${esc(key)}: ${num(y0, 3)} to ${num(y1, 3)}, steps ${x0} to ${x1}</text></svg>`;
+}
+
+function jobPage() {
+  const id = boot.job;
+  main.innerHTML = `<h1 id="job-title">Job #${id}</h1><div id="job-head" class="cards"></div>
+    <div class="actions"><button id="preempt">Preempt</button><button id="cancel" class="danger">Cancel</button><span id="action-result"></span></div>
+    <h2>Attempts</h2><div id="timeline-box"></div><div id="attempts"></div>
+    <h2>Loss</h2><div id="loss"></div><h2>Throughput</h2><div id="tps"></div><div id="mfu"></div>
+    <h2>Checkpoints</h2><div id="ckpts"></div><h2>GPU diagnosis</h2><div id="diagnosis"></div>
+    <h2>Events</h2><div id="events"></div>
+    <h2>Logs</h2><div id="log-tabs" class="actions"></div><pre class="log" id="log"></pre>
+    <h2>Trace</h2><div id="trace"></div>`;
+  const out = document.getElementById("action-result");
+  document.getElementById("preempt").onclick = () => act(`/api/jobs/${id}/preempt`, {}, out);
+  document.getElementById("cancel").onclick = () => confirm(`Cancel job #${id} for good?`) && act(`/api/jobs/${id}/cancel`, {}, out);
+  let shownAttempts = -1;
+  live(async () => {
+    const [job, series] = await Promise.all([api(`/api/jobs/${id}`), api(`/api/jobs/${id}/series`)]);
+    document.getElementById("job-title").textContent = `Job #${job.id} ${job.name}`;
+    document.getElementById("job-head").innerHTML = [
+      ["state", state(job.state)], ["team", esc(job.team)], ["step", job.step ?? "-"], ["attempts", job.attempts.length],
+      ["GPUs", `${job.gpus}x ${esc(job.gpu_type)}`], ["where", esc(job.offer || job.provider)],
+      ...(job.rl ? [["env steps/s", num(job.rl.env_steps_per_s, 0)], ["return (100)", num(job.rl.mean_return_100)]] : []),
+    ].map(([k, v]) => `<div class="card"><b data-field="${k}">${v}</b>${k}</div>`).join("");
+    const box = document.getElementById("timeline-box");
+    box.replaceChildren(timeline(job, series));
+    document.getElementById("attempts").innerHTML = table(["attempt", "outcome", "GPUs", "started", "wall", "exit"],
+      job.attempts.map((a) => `<tr><td>${a.attempt}</td><td>${state(a.outcome)}</td><td>${a.gpus}</td><td>${when(a.started_at)}</td>
+        <td>${dur((a.ended_at || Date.now() / 1000) - a.started_at)}</td><td>${a.exit_code ?? ""}</td></tr>`));
+    document.getElementById("loss").innerHTML = lineChart("loss-chart", series.points, "loss", series.unhealthy);
+    document.getElementById("tps").innerHTML = lineChart("tps-chart", series.points, "tokens_per_s");
+    document.getElementById("mfu").innerHTML = series.points.some((p) => typeof p.mfu === "number") ? lineChart("mfu-chart", series.points, "mfu") : "";
+    document.getElementById("ckpts").innerHTML = table(["step", "healthy (manifest)", "problem found", "path"],
+      job.checkpoints.map((c) => `<tr><td>${c.step}</td><td>${c.healthy === null ? "-" : c.healthy ? "yes" : "no"}</td>
+        <td class="muted">${esc(c.problem || "")}</td><td class="muted" title="${esc(c.path)}">…/${esc(c.path.split("/").slice(-3).join("/"))}</td></tr>`));
+    document.getElementById("events").innerHTML = table(["when", "attempt", "event", "detail"],
+      job.events.map((e) => `<tr data-kind="${esc(e.kind)}"><td>${when(e.ts)}</td><td>${e.attempt ?? ""}</td><td>${esc(e.kind)}</td>
+        <td class="muted">${esc(Object.entries(e).filter(([k]) => !["ts", "attempt", "kind", "path", "sources"].includes(k))
+          .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" "))}</td></tr>`));
+    if (job.attempts.length !== shownAttempts) {
+      shownAttempts = job.attempts.length;
+      const tabs = document.getElementById("log-tabs");
+      tabs.innerHTML = job.attempts.map((a) => `<button data-attempt="${a.attempt}">attempt ${a.attempt}</button>`).join("");
+      for (const b of tabs.querySelectorAll("button")) b.onclick = () => showLog(id, b.dataset.attempt);
+      if (job.attempts.length) showLog(id, job.attempts[job.attempts.length - 1].attempt);
+    }
+  });
+  api(`/api/jobs/${id}/diagnosis`).then((d) => {
+    document.getElementById("diagnosis").innerHTML = `<p class="muted">${esc(d.source)}${d.warnings.map((w) => `; ${esc(w)}`).join("")}</p>` +
+      table(["rule", "finding", "evidence", "for", "GPUs", "what to do"], d.findings.map((f) => `<tr><td>${esc(f.rule_id)}</td><td>${esc(f.title)}</td>
+        <td>${esc(f.metric)} ${num(f.observed, 3)} ${esc(f.comparison)} ${num(f.threshold, 3)}</td><td>${dur(f.duration_s)}</td>
+        <td>${esc((f.gpus || []).join(","))}</td><td class="muted">${esc(f.suggestion || "")}</td></tr>`));
+  }).catch((err) => { document.getElementById("diagnosis").innerHTML = `<p class="muted">${esc(err.message.replace(/^[^:]*: \d+ /, ""))}</p>`; });
+  api(`/api/jobs/${id}/trace`).then((t) => {
+    document.getElementById("trace").innerHTML = table(["span", "start", "duration", "status"],
+      t.spans.map((s) => `<tr><td>${s.parent_id ? "&nbsp;&nbsp;" : ""}${esc(s.name)}</td><td>${when(s.start)}</td><td>${dur(s.end - s.start)}</td><td>${esc(s.status)}</td></tr>`));
+  }).catch((err) => { document.getElementById("trace").textContent = err.message; });
+}
+
+async function showLog(id, attempt) {
+  const pre = document.getElementById("log");
+  try {
+    const l = await api(`/api/jobs/${id}/logs?attempt=${attempt}`);
+    pre.textContent = l.log || `(attempt ${attempt} has written nothing)`;
+    pre.scrollTop = pre.scrollHeight;
+  } catch (err) {
+    pre.textContent = err.message;
+  }
+}
+
+// ---- cost ------------------------------------------------------------------------------------
+
+function spotSavings(c) {
+  return typeof c.on_demand_money === "number" && typeof c.money === "number" ? c.on_demand_money - c.money : null;
+}
+function costRow(name, c, link) {
+  const values = [c.gpu_hours, c.money, c.useful_gpu_hours, c.lost_gpu_hours, c.preemption_overhead_gpu_hours, spotSavings(c)];
+  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${values.map((v) => `<td class="num">${num(v, 2)}</td>`).join("")}</tr>`;
+}
+
+function costPage() {
+  main.innerHTML = `<h1>Cost</h1><div class="actions">period <select id="period">
+      <option value="24h">last 24 hours</option><option value="7d">last 7 days</option><option value="30d">last 30 days</option>
+      <option value="all" selected>all time</option></select></div>
+    <div class="cards" id="total"></div><h2>Per team</h2><div id="teams"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
+  const head = ["", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }, { label: "useful GPU-h", num: 1 },
+    { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 }];
+  const sel = document.getElementById("period");
+  const render = async () => {
+    const c = await api(`/api/cost?period=${sel.value}`);
+    const t = c.total || {};
+    document.getElementById("total").innerHTML = [["GPU-hours", t.gpu_hours], [`money (${esc(c.currency || "")})`, t.money],
+      ["lost to preemption, GPU-h", t.lost_gpu_hours], ["preemption overhead, GPU-h", t.preemption_overhead_gpu_hours],
+      ["spot savings", spotSavings(t)]]
+      .map(([k, v]) => `<div class="card"><b>${num(v, 2)}</b>${k}</div>`).join("");
+    document.getElementById("teams").innerHTML = table(["team", ...head.slice(1)], Object.entries(c.teams).map(([k, v]) => costRow(k, v)));
+    document.getElementById("cost-jobs").innerHTML = table(["job", ...head.slice(1)], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, `/jobs/${j.id}`)));
+  };
+  sel.onchange = render;
+  live(render);
+}
+
+// ---- quality ---------------------------------------------------------------------------------
+
+function qualityPage() {
+  main.innerHTML = `<h1>Model quality</h1><div id="homes"></div>`;
+  live(async () => {
+    if (document.activeElement && document.activeElement.closest && document.activeElement.closest("#homes form")) return;
+    const q = await api("/api/quality");
+    document.getElementById("homes").innerHTML = q.homes.map((h) => {
+      const models = h.models.map((m) => `<h2>${esc(m.name)} ${Object.entries(m.aliases).map(([a, v]) => `<span class="pill">@${esc(a)} v${esc(v)}</span>`).join("")}</h2>
+        ${table(["#", "when", "action", "alias", "version", "who", "why"], m.history.map((e) => `<tr data-action="${esc(e.action)}">
+          <td>${esc(e.seq)}</td><td>${when(e.when)}</td><td><span class="pill ${esc(e.action)}">${esc(e.action)}</span></td><td>@${esc(e.alias)}</td>
+          <td>${esc(e.from_version ?? "")} → ${esc(e.to_version ?? "")}</td><td>${esc(e.who)}</td><td>${esc(e.why)}</td></tr>`), `class="alias-history" data-model="${esc(m.name)}"`)}
+        <form class="actions" data-model="${esc(m.name)}" data-home="${esc(h.home)}" onsubmit="return false">
+          <input name="version" placeholder="version" size="6"><input name="reason" placeholder="reason (recorded)" size="30">
+          <button data-do="promote">Promote to champion</button><button data-do="rollback" class="danger">Roll back</button>
+          <span class="result"></span></form>`).join("");
+      const decisions = h.decisions.length ? `<h2>Policy decisions</h2>${table(["window", "when", "action", "reasons"],
+        h.decisions.map((d) => `<tr><td>${esc(d.window)}</td><td>${when(d.at)}</td><td><span class="pill ${esc(d.action)}">${esc(d.action)}</span></td>
+          <td>${esc(d.reasons.join("; "))}</td></tr>`))}` : "";
+      const monitor = Object.entries(h.monitor || {}).map(([model, m]) => `<h2>Monitor: ${esc(model)}</h2>
+        ${table(["window", "when", "dataset drift", "drifted columns"], (m.drift || []).map((w) => `<tr><td>${esc(w.window)}</td><td>${when(w.at)}</td>
+          <td>${w.error ? `error: ${esc(w.error)}` : w.dataset_drift ? "yes" : "no"}</td>
+          <td>${esc((w.columns || []).filter((c) => c.drifted).map((c) => `${c.column} ${c.method}=${num(c.statistic, 3)}`).join(", "))}</td></tr>`))}
+        ${table(["window", "action", "reasons"], (m.decisions || []).map((d) => `<tr><td>${esc(d.window)}</td>
+          <td><span class="pill ${esc(d.action)}">${esc(d.action)}</span></td><td>${esc(d.reasons.join("; "))}</td></tr>`))}`).join("");
+      return `<section data-home="${esc(h.home)}"><h1>${h.home ? esc(h.home) : "this home"}</h1>${models || '<p class="muted">no registered model</p>'}${decisions}${monitor}</section>`;
+    }).join("");
+    for (const form of document.querySelectorAll("#homes form")) {
+      for (const b of form.querySelectorAll("button")) {
+        b.onclick = () => {
+          const body = { reason: form.reason.value, home_name: form.dataset.home };
+          if (b.dataset.do === "promote") body.version = form.version.value;
+          act(`/api/registry/${encodeURIComponent(form.dataset.model)}/${b.dataset.do}`, body, form.querySelector(".result"));
+        };
+      }
+    }
+  });
+}
+
+({ fleet: fleetPage, job: jobPage, cost: costPage, quality: qualityPage })[boot.page]();

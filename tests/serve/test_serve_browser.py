@@ -1,0 +1,122 @@
+"""``gpufleet serve``'s pages in a real browser (Debian's headless Chromium, driven by Playwright).
+
+A person's path: the fleet page's step counter advances without a reload; the job page refuses a
+preemption without the token, accepts it with the token, and its timeline then shows the preempted
+attempt, hovered; the cost page lists the job; the quality page, after ``gpufleet quality demo
+--worse``, shows the rollback. Each page is saved as a screenshot (the README's images come from
+``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_serve_browser.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import follow, run_cli, screenshot, served
+
+from gpufleet.backends.local import LocalBackend
+from gpufleet.jobs.store import latest_step
+from gpufleet.serve.app import ServeConfig, create_app
+from gpufleet.spec import parse_spec
+
+TOKEN = "browser-test-token-" + "k" * 24
+WAIT_MS = 120_000
+"""How long a page may take to show a state: only a safety net on a loaded machine."""
+
+
+def long_job(name: str) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "team": "vision",
+            "entrypoint": "gpufleet.workloads.toy:train",
+            "args": {"steps": 100_000, "step_seconds": 0.02},
+            "resources": {"gpus": 1, "gpu_type": "H100", "cpus": 1},
+            "spot": True,
+            "checkpoint": {"every_steps": 20, "grace_seconds": 30},
+        }
+    )
+
+
+@pytest.mark.timeout(600)
+def test_fleet_live_job_timeline_preempt_with_the_token_and_cost(
+    local_daemon: LocalBackend, home: Path, browser_page: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0.2")
+    backend, page = local_daemon, browser_page
+    done = backend.submit(parse_spec({**long_job("warmup").model_dump(), "args": {"steps": 30, "step_seconds": 0}}))
+    follow(backend, lambda: backend.store.job(done).state == "completed")
+    job = backend.submit(long_job("resnet-like"))
+    follow(backend, lambda: (latest_step(backend.store, job) or 0) >= 1)
+    with served(create_app(ServeConfig(home=home, token=TOKEN, refresh_s=0.5, sync_remote=False))) as url:
+        page.goto(url + "/")
+        step = page.locator(f'#fleet-jobs tr[data-job="{job}"] .step')
+        step.wait_for(timeout=WAIT_MS)
+        page.wait_for_function(
+            f"() => Number(document.querySelector('#fleet-jobs tr[data-job=\"{job}\"] .step').textContent) > 0",
+            timeout=WAIT_MS,
+        )
+        first = int(step.inner_text())
+        page.evaluate("window.__notReloaded = true")
+        page.wait_for_function(
+            f"() => Number(document.querySelector('#fleet-jobs tr[data-job=\"{job}\"] .step').textContent) > {first}",
+            timeout=WAIT_MS,
+        )
+        assert page.evaluate("window.__notReloaded") is True  # the same document: updated in place
+        assert page.locator('.card[data-state="running"] b').inner_text() == "1"
+        screenshot(page, "serve-fleet", tmp_path)
+
+        page.click(f'#fleet-jobs tr[data-job="{job}"] a')
+        page.wait_for_url(f"{url}/jobs/{job}")
+        page.locator("#timeline rect.attempt").first.wait_for(timeout=WAIT_MS)
+        page.click("#preempt")  # no token yet
+        page.wait_for_function(
+            "() => document.querySelector('#action-result').textContent.includes('refused (401)')", timeout=WAIT_MS
+        )
+        assert len(backend.store.attempts(job)) == 1
+        page.fill("#token", TOKEN)
+        page.click("#preempt")
+        page.wait_for_function(
+            "() => document.querySelector('#action-result').textContent.startsWith('done')", timeout=WAIT_MS
+        )
+        follow(backend, lambda: len(backend.store.attempts(job)) == 2, timeout=180)
+        preempted = page.locator('#timeline rect.attempt[data-outcome="preempted"]')
+        preempted.wait_for(timeout=WAIT_MS)
+        page.locator('#timeline rect.attempt[data-attempt="2"]').wait_for(timeout=WAIT_MS)
+        preempted.hover()
+        tip = page.locator("#tip")
+        tip.wait_for(state="visible", timeout=WAIT_MS)
+        assert "attempt 1: preempted" in tip.inner_text() and "checkpoints: step" in tip.inner_text()
+        assert page.locator('#events tr[data-kind="sigterm"]').count() >= 1
+        page.locator("#loss-chart path").first.wait_for(timeout=WAIT_MS)
+        screenshot(page, "serve-job", tmp_path)
+
+        page.goto(url + "/cost")
+        page.locator("#cost-jobs a", has_text=f"#{job} resnet-like").wait_for(timeout=WAIT_MS)
+        page.select_option("#period", "24h")
+        page.locator("#cost-jobs a", has_text=f"#{done} warmup").wait_for(timeout=WAIT_MS)
+        screenshot(page, "serve-cost", tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_the_quality_page_shows_the_demos_rollback(
+    home: Path,
+    browser_page: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("GPUFLEET_USER", "browser-test")
+    code, _, err = run_cli(capsys, monkeypatch, "quality", "demo", "--worse", "--json")
+    assert code == 0, err
+    page = browser_page
+    with served(create_app(ServeConfig(home=home, token=TOKEN, refresh_s=1.0, sync_remote=False))) as url:
+        page.goto(url + "/quality")
+        rollback = page.locator("table.alias-history tr[data-action='rollback']")
+        rollback.first.wait_for(timeout=WAIT_MS)
+        assert rollback.count() == 2  # champion back to the old version, previous cleared
+        assert "rollback" in rollback.first.inner_text()
+        assert page.locator("text=Policy decisions").count() == 1
+        screenshot(page, "serve-quality", tmp_path)
