@@ -114,6 +114,11 @@ def attempt_log(home: Path, job_id: int, attempt: int) -> Path:
     return job_dir(home, job_id) / "logs" / f"attempt-{attempt}.log"
 
 
+def hold_file(home: Path, job_id: int) -> Path:
+    """Present while job ``job_id`` is held (``gpufleet hold``): the local scheduler does not start it."""
+    return job_dir(home, job_id) / "held"
+
+
 def has_store(home: Path) -> bool:
     """Whether ``home`` holds a state store: an empty ``state.db`` (0 bytes, never initialised) is none."""
     try:
@@ -132,6 +137,7 @@ __all__ = [
     "events_file",
     "gpufleet_home",
     "has_store",
+    "hold_file",
     "job_dir",
     "notes_dir",
     "private_dir",

@@ -40,6 +40,7 @@ class Feature(enum.Enum):
         "submission; cancel the job and submit its spec again with the new resources (the new job has a "
         "checkpoint folder of its own, so it starts from step 0)"
     )
+    HOLD = "holding a queued job back (gpufleet hold) and releasing it: cancel it and submit its spec again later"
 
 
 MAX_RESOURCE = 1024
@@ -171,6 +172,24 @@ class Backend(ABC):
         """Stop the job for good."""
         self._cancel(self.active(job_id))
 
+    def hold(self, job_id: int) -> None:
+        """Keep a queued job from starting until :meth:`release` (a ``held`` event; its reason says so)."""
+        self.require(Feature.HOLD)
+        job = self.active(job_id)
+        if job.state != "queued":
+            raise UsageError(
+                f"job {job_id} is {job.state}, not queued: only a queued job can be held (preempt it, then hold it)"
+            )
+        self._hold(job, held=True)
+
+    def release(self, job_id: int) -> None:
+        """Let a held job be started again, in its turn."""
+        self.require(Feature.HOLD)
+        job = self.active(job_id)
+        if not self._held(job):
+            raise UsageError(f"job {job_id} is not held: nothing to release")
+        self._hold(job, held=False)
+
     def resize(self, job_id: int, gpus: int, nodes: int | None = None) -> Resize:
         """Give the job ``gpus`` per node on ``nodes`` from its next attempt on (``resized`` event).
 
@@ -232,6 +251,13 @@ class Backend(ABC):
     @abstractmethod
     def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
         """Hand the recorded job to the scheduler (a ``GpufleetError`` undoes the submit)."""
+
+    def _hold(self, job: Job, *, held: bool) -> None:
+        """Hold or release a job (backends that declare :attr:`Feature.HOLD`)."""
+        raise UsageError(f"the {self.name} backend does not support {Feature.HOLD.value}")
+
+    def _held(self, job: Job) -> bool:
+        return False
 
     @abstractmethod
     def _preempt(self, job: Job, grace: float | None) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.backends.local import startable
 from gpufleet.backends.pools import (
     Move,
     active_fleet,
@@ -239,7 +240,8 @@ class FleetScheduling:
         return held
 
     def _place(self, blocked: set[str], hours: float, now: float) -> None:
-        queue = sorted(self.store.jobs(states=("queued",)), key=lambda j: (-j.priority, j.id))
+        queued_jobs = startable(self.sched.home, self.store.jobs(states=("queued",)))
+        queue = sorted(queued_jobs, key=lambda j: (-j.priority, j.id))
         queued = {j.id for j in queue}
         for owner in [o for o in self.reclaiming if o not in queued]:
             del self.reclaiming[owner]  # placed (or gone): its borrowers may borrow again

@@ -38,7 +38,7 @@ from gpufleet.errors import ParameterError, StoreError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import check_environment, entry_argv, job_environment
 from gpufleet.jobs.store import TERMINAL, Job, Store
-from gpufleet.paths import attempt_log, events_file, job_dir, scheduler_log, spec_file, state_db
+from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, scheduler_log, spec_file, state_db
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.interval import ENV_PREEMPTIONS
 from gpufleet.spec import JobSpec
@@ -73,7 +73,7 @@ def store_for(home: Path) -> Store:
 class LocalBackend(Backend):
     """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
 
-    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE})
+    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE, Feature.HOLD})
     """One host: a job of several ranks runs them all here (one slot each); never several nodes. Each
     attempt is launched from the job's stored spec, so a resized job simply starts its next one bigger
     or smaller."""
@@ -120,6 +120,25 @@ class LocalBackend(Backend):
         self.store.add_request(job.id, "cancel")
         self._wake()
 
+    def _held(self, job: Job) -> bool:
+        return hold_file(self.home, job.id).exists()
+
+    def _hold(self, job: Job, *, held: bool) -> None:
+        marker = hold_file(self.home, job.id)
+        if held:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            if self.store.job(job.id).state != "queued":  # the scheduler started it meanwhile
+                marker.unlink(missing_ok=True)
+                raise UsageError(f"job {job.id} started meanwhile: preempt it, then hold it")
+            self.store.set_reason(job.id, "held: `gpufleet release` lets it start")
+            self.store.add_event(job.id, EventKind.HELD)
+        else:
+            marker.unlink(missing_ok=True)
+            self.store.set_reason(job.id, None)
+            self.store.add_event(job.id, EventKind.RELEASED)
+            self._wake()
+
     def _wake(self) -> None:
         if self.spawn:
             ensure_scheduler(self.home)
@@ -153,6 +172,11 @@ def scheduler_pid(home: Path) -> int | None:
                 return -1
         fcntl.flock(fh, fcntl.LOCK_UN)
     return None
+
+
+def startable(home: Path, queued: list[Job]) -> list[Job]:
+    """The queued jobs a scheduler may start: those not held (``gpufleet hold``)."""
+    return [j for j in queued if not hold_file(home, j.id).exists()]
 
 
 def ensure_scheduler(home: Path) -> None:
@@ -235,7 +259,7 @@ class LocalScheduler:
                 idle_since = time.monotonic()
                 time.sleep(1.0)
                 continue
-            if self.running or self.store.jobs(states=("queued",)):
+            if self.running or startable(self.home, self.store.jobs(states=("queued",))):
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > self.idle_exit_s:
                 break
@@ -442,7 +466,8 @@ class LocalScheduler:
             return
         used = sum(slots_of(r.job.spec) for r in self.running.values())
         free = self.slots - used
-        queue = sorted(self.store.jobs(states=("queued",)), key=lambda j: (-j.priority, j.id))
+        queued = startable(self.home, self.store.jobs(states=("queued",)))
+        queue = sorted(queued, key=lambda j: (-j.priority, j.id))
         for job in queue:
             need = slots_of(job.spec)
             if need <= free:

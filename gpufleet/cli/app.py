@@ -45,7 +45,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Jobs: cli/jobs.py
-for command in (jobs.submit, jobs.jobs, jobs.show, jobs.logs, jobs.preempt, jobs.cancel, jobs.resize, jobs.cost):
+for command in (
+    jobs.submit,
+    jobs.jobs,
+    jobs.show,
+    jobs.logs,
+    jobs.preempt,
+    jobs.cancel,
+    jobs.hold,
+    jobs.release,
+    jobs.resize,
+    jobs.cost,
+):
     app.command()(command)
 app.add_typer(ckpt_app, name="ckpt")
 app.command("demo")(demo_command)

@@ -248,6 +248,24 @@ def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
         console.print(f"cancellation of job {job_id} requested")
 
 
+def hold(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """Keep a queued job from starting until `gpufleet release` (local backend)."""
+    _backend_of(job_id).hold(job_id)
+    if json_out:
+        emit_json({"id": job_id, "requested": "hold"})
+    else:
+        console.print(f"job {job_id} is held: `gpufleet release {job_id}` lets it start", highlight=False)
+
+
+def release(job_id: JobArg, json_out: JsonOpt = False) -> None:
+    """Let a held job start again, in its turn."""
+    _backend_of(job_id).release(job_id)
+    if json_out:
+        emit_json({"id": job_id, "requested": "release"})
+    else:
+        console.print(f"job {job_id} is released: it starts in its turn", highlight=False)
+
+
 @parameters_as_flags({"gpus": "--gpus", "nodes": "--nodes"})
 def resize(
     job_id: JobArg,
@@ -360,4 +378,4 @@ def cost(
     print_cost(report)
 
 
-__all__ = ["cancel", "cost", "job_summary", "jobs", "logs", "preempt", "resize", "show", "submit"]
+__all__ = ["cancel", "cost", "hold", "job_summary", "jobs", "logs", "preempt", "release", "resize", "show", "submit"]

@@ -33,7 +33,8 @@ def serve_command(
         Path | None,
         typer.Option(
             "--token-file",
-            help="Bearer token for actions (preempt, cancel, promote, roll back); made (mode 600) if missing. "
+            help="Bearer token for actions (preempt, cancel, hold, release, promote, roll back); made (mode 600) "
+            "if missing. "
             "Default: $GPUFLEET_HOME/serve.token.",
         ),
     ] = None,

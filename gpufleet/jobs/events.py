@@ -135,6 +135,10 @@ class EventKind(StrEnum):
     """The attempt's pool is down (``gpufleet fleet down`` or an outage): it stops, gently or abruptly."""
     RECLAIMED_BY = "reclaimed_by"
     """The attempt borrowed quota its owner needs back: it is preempted for the owner's job."""
+    HELD = "held"
+    """A queued job was held back (``gpufleet hold``): it is not started until released."""
+    RELEASED = "released"
+    """A held job was released: it waits for a slot like any queued job."""
     PRUNED = "pruned"
     """A sweep's pruner stopped the trial this job runs: the sweep, the trial, the step, the value."""
     EVENTS_REJECTED = "events_rejected"
@@ -158,6 +162,8 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.FLEET_DOWN,
     EventKind.RECLAIMED_BY,
     EventKind.PRUNED,
+    EventKind.HELD,
+    EventKind.RELEASED,
     EventKind.RESIZED,
     EventKind.RESTORE,
     EventKind.CHECKPOINT_SKIPPED,

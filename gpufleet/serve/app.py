@@ -4,8 +4,9 @@ The JSON API answers with the objects the CLI prints with ``--json``, built by t
 (:mod:`gpufleet.views`, :func:`gpufleet.cost.gather.cost_report`, :func:`gpufleet.quality.standing.read_history`):
 ``GET /api/jobs`` is ``gpufleet jobs --json``, ``GET /api/jobs/{id}`` is ``gpufleet show ID --json``,
 ``GET /api/cost`` is ``gpufleet cost --json``, ``GET /api/fleet`` adds the counts and the queue to
-``gpufleet fleet show --json``. ``POST /api/jobs/{id}/preempt`` and ``/cancel``, and the registry's
-``promote`` and ``rollback``, act like the commands of the same name, behind the bearer token
+``gpufleet fleet show --json``. ``POST /api/jobs/{id}/preempt``, ``/cancel``, ``/hold`` and
+``/release``, and the registry's ``promote`` and ``rollback``, act like the commands of the same
+name, behind the bearer token
 (:mod:`gpufleet.serve.auth`). ``POST /hooks/alerts`` is the signed webhook of
 :mod:`gpufleet.quality.webhook` (same signature, replay window and idempotency), whose retrain alerts
 submit the retraining job the monitor file names for the model, once per key.
@@ -395,6 +396,20 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         _backend_of(home, job_id).cancel(job_id)
         log.info("job %d: cancellation requested through the API", job_id)
         return {"id": job_id, "requested": "cancel"}
+
+    @app.post("/api/jobs/{job_id}/hold", tags=["actions"], summary="gpufleet hold ID (token)")
+    def api_hold(job_id: int, request: Request) -> dict[str, Any]:
+        actions.check(request)
+        _backend_of(home, job_id).hold(job_id)
+        log.info("job %d: held through the API", job_id)
+        return {"id": job_id, "requested": "hold"}
+
+    @app.post("/api/jobs/{job_id}/release", tags=["actions"], summary="gpufleet release ID (token)")
+    def api_release(job_id: int, request: Request) -> dict[str, Any]:
+        actions.check(request)
+        _backend_of(home, job_id).release(job_id)
+        log.info("job %d: released through the API", job_id)
+        return {"id": job_id, "requested": "release"}
 
     @app.get("/api/fleet", tags=["fleet"], summary="Jobs by state and team, the queue, the pools, recent events")
     def api_fleet() -> dict[str, Any]:

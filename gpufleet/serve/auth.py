@@ -1,7 +1,7 @@
 """Who may change state through ``gpufleet serve``: a bearer token from a file only its owner can read.
 
 Reading is open to whoever can reach the server (loopback by default). Every route that changes
-state (preempt, cancel, promote, roll back) needs ``Authorization: Bearer <token>``, compared in
+state (preempt, cancel, hold, release, promote, roll back) needs ``Authorization: Bearer <token>``, compared in
 constant time. That header is also the CSRF defence: a page of another origin cannot make a browser
 send it (a custom header on a cross-origin request needs a CORS preflight, which this server never
 grants), and a request that says it comes from another origin (``Origin``, ``Sec-Fetch-Site``) is

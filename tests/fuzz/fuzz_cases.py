@@ -2511,7 +2511,22 @@ ID_TEXTS: tuple[str, ...] = (
 def surface_job_ids(g: Gen) -> Draft:
     home = _home(g, hostile=False, p_empty=0.4)
     job = str(g.pick(ID_TEXTS)) if g.chance(0.8) else "1"
-    cmd = g.pick(("show", "logs", "preempt", "cancel", "resize", "diagnose", "trace", "spikes", "jobs", "hold"))
+    cmd = g.pick(
+        (
+            "show",
+            "logs",
+            "preempt",
+            "cancel",
+            "resize",
+            "diagnose",
+            "trace",
+            "spikes",
+            "jobs",
+            "hold",
+            "hold",
+            "release",
+        )
+    )
     service = False
     if cmd == "logs":
         argv = ["logs", job, *(["--attempt", g.number_text("1", "2")] if g.chance(0.5) else [])]
@@ -2532,12 +2547,12 @@ def surface_job_ids(g: Gen) -> Draft:
             argv += ["--window", g.number_text("5", "50")]
     elif cmd == "jobs":
         argv = ["jobs", "--team", g.arg_string("perception"), "--state", g.arg_string("running", "completed", "queued")]
-    elif cmd == "hold":
+    elif cmd == "hold" and g.chance(0.5):
         argv = ["slurm", g.pick(("hold", "release", "preempt")), g.arg_string(job, "slurm:12", "slurm:", "slurm:x")]
         service = True
     else:
         argv = [cmd, job]
-    if cmd in ("show", "cancel", "trace", "preempt", "resize", "diagnose", "jobs"):
+    if cmd in ("show", "cancel", "trace", "preempt", "resize", "diagnose", "jobs", "hold", "release"):
         argv += _maybe(g, 0.3, "--json")
     if home is not None:
         service = service or any(j.backend in ("slurm", "ray") for j in home.jobs)

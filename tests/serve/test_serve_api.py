@@ -126,9 +126,20 @@ def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, 
         assert (status, reply) == (200, {"id": job, "requested": "preempt", "grace": None})
         follow(backend, lambda: len(backend.store.attempts(job)) == 2)
         assert backend.store.attempts(job)[0].outcome == "preempted"
+        held = backend.submit(toy("held", "vision", steps=100_000, pace=0.01).copy_with(priority=5))
+        after = backend.submit(toy("after", "vision", steps=100_000, pace=0.01))
+        assert http("POST", f"{url}/api/jobs/{held}/hold")[0] == 401
+        assert http("POST", f"{url}/api/jobs/{held}/hold", headers=bearer) == (200, {"id": held, "requested": "hold"})
+        assert http("POST", f"{url}/api/jobs/{job}/hold", headers=bearer)[0] == 409  # running: refused
         status, reply = http("POST", f"{url}/api/jobs/{job}/cancel", headers=bearer)
         assert status == 200
         follow(backend, lambda: backend.store.job(job).state == "cancelled")
+        follow(backend, lambda: backend.store.job(after).state == "running")  # the held one, first in line, waits
+        assert backend.store.job(held).state == "queued" and "held" in (backend.store.job(held).reason or "")
+        assert http("POST", f"{url}/api/jobs/{held}/release", headers=bearer)[0] == 200
+        assert http("POST", f"{url}/api/jobs/{held}/release", headers=bearer)[0] == 409  # not held any more
+        backend.cancel(after)  # frees the slot: the released job, higher in priority, starts
+        follow(backend, lambda: backend.store.job(held).state == "running")
         assert http("POST", f"{url}/api/jobs/{job}/cancel", headers=bearer)[0] == 409  # already over: refused
     with served(create_app(ServeConfig(home=home, token=None, sync_remote=False))) as url:
         status, reply = http("POST", f"{url}/api/jobs/{job}/preempt", headers={"Authorization": f"Bearer {TOKEN}"})

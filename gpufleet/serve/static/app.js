@@ -170,7 +170,8 @@ function lineChart(id, points, key, marks = []) {
 function jobPage() {
   const id = boot.job;
   main.innerHTML = `<h1 id="job-title">Job #${id}</h1><div id="job-head" class="cards"></div>
-    <div class="actions"><button id="preempt">Preempt</button><button id="cancel" class="danger">Cancel</button><span id="action-result"></span></div>
+    <div class="actions"><button id="preempt">Preempt</button><button id="hold">Hold</button><button id="release">Release</button>
+      <button id="cancel" class="danger">Cancel</button><span id="action-result"></span></div>
     <h2>Attempts</h2><div id="timeline-box"></div><div id="attempts"></div>
     <h2>Loss</h2><div id="loss"></div><h2>Throughput</h2><div id="tps"></div><div id="mfu"></div>
     <h2>Checkpoints</h2><div id="ckpts"></div><h2>GPU diagnosis</h2><div id="diagnosis"></div>
@@ -179,6 +180,8 @@ function jobPage() {
     <h2>Trace</h2><div id="trace"></div>`;
   const out = document.getElementById("action-result");
   document.getElementById("preempt").onclick = () => act(`/api/jobs/${id}/preempt`, {}, out);
+  document.getElementById("hold").onclick = () => act(`/api/jobs/${id}/hold`, {}, out);
+  document.getElementById("release").onclick = () => act(`/api/jobs/${id}/release`, {}, out);
   document.getElementById("cancel").onclick = () => confirm(`Cancel job #${id} for good?`) && act(`/api/jobs/${id}/cancel`, {}, out);
   let shownAttempts = -1;
   live(async () => {
