@@ -120,3 +120,23 @@ def test_the_quality_page_shows_the_demos_rollback(
         assert "rollback" in rollback.first.inner_text()
         assert page.locator("text=Policy decisions").count() == 1
         screenshot(page, "serve-quality", tmp_path)
+
+        # the actions: promote the rolled-back version by hand, then roll it back, with the token
+        form = page.locator("form[data-model='tabular-demo']")
+        form.locator("input[name=version]").fill("2")
+        form.locator("input[name=reason]").fill("manual check passed")
+        form.locator("button[data-do=promote]").click()
+        form.locator(".result", has_text="refused (401)").wait_for(timeout=WAIT_MS)
+        page.fill("#token", TOKEN)
+        form.locator("button[data-do=promote]").click()
+        page.locator("table.alias-history tr[data-action='promote']", has_text="manual check passed").first.wait_for(
+            timeout=WAIT_MS
+        )
+        form = page.locator("form[data-model='tabular-demo']")  # the page redrew it
+        form.locator("input[name=reason]").fill("back to v1 after all")
+        form.locator("button[data-do=rollback]").click()
+        page.locator("table.alias-history tr[data-action='rollback']", has_text="back to v1 after all").first.wait_for(
+            timeout=WAIT_MS
+        )
+        champion = page.locator("h2", has_text="tabular-demo").first.inner_text()
+        assert "@champion v1" in champion, champion

@@ -42,7 +42,8 @@ async function act(path, body, out) {
   if (token) headers.Authorization = `Bearer ${token}`;
   const r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
   const data = await r.json().catch(() => ({}));
-  out.className = r.ok ? "ok" : "err";
+  out.classList.remove("ok", "err");
+  out.classList.add(r.ok ? "ok" : "err");
   out.textContent = r.ok ? `done: ${JSON.stringify(data.requested || data.model || "ok")}` : `refused (${r.status}): ${data.detail || data.reason || ""}`;
   return r.ok;
 }
@@ -274,9 +275,12 @@ function costPage() {
 
 function qualityPage() {
   main.innerHTML = `<h1>Model quality</h1><div id="homes"></div>`;
+  let shown = "";
   live(async () => {
-    if (document.activeElement && document.activeElement.closest && document.activeElement.closest("#homes form")) return;
     const q = await api("/api/quality");
+    const text = JSON.stringify(q);
+    if (text === shown) return; // redraw only what changed: a form being filled in keeps its input
+    shown = text;
     document.getElementById("homes").innerHTML = q.homes.map((h) => {
       const models = h.models.map((m) => `<h2>${esc(m.name)} ${Object.entries(m.aliases).map(([a, v]) => `<span class="pill">@${esc(a)} v${esc(v)}</span>`).join("")}</h2>
         ${table(["#", "when", "action", "alias", "version", "who", "why"], m.history.map((e) => `<tr data-action="${esc(e.action)}">
