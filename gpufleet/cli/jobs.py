@@ -251,19 +251,20 @@ def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
 def hold(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """Keep a queued job from starting until `gpufleet release` (local backend)."""
     _backend_of(job_id).hold(job_id)
-    if json_out:
-        emit_json({"id": job_id, "requested": "hold"})
-    else:
-        console.print(f"job {job_id} is held: `gpufleet release {job_id}` lets it start", highlight=False)
+    _requested(job_id, "hold", f"job {job_id} is held: `gpufleet release {job_id}` lets it start", json_out)
 
 
 def release(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """Let a held job start again, in its turn."""
     _backend_of(job_id).release(job_id)
+    _requested(job_id, "release", f"job {job_id} is released: it starts in its turn", json_out)
+
+
+def _requested(job_id: int, verb: str, text: str, json_out: bool) -> None:
     if json_out:
-        emit_json({"id": job_id, "requested": "release"})
+        emit_json({"id": job_id, "requested": verb})
     else:
-        console.print(f"job {job_id} is released: it starts in its turn", highlight=False)
+        console.print(text, highlight=False, markup=False)
 
 
 @parameters_as_flags({"gpus": "--gpus", "nodes": "--nodes"})

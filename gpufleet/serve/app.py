@@ -383,33 +383,21 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         source, findings, notes = job_diagnosis(home, job, config)
         return {"source": source, "findings": [f.to_dict() for f in findings], "warnings": notes}
 
-    @app.post("/api/jobs/{job_id}/preempt", tags=["actions"], summary="gpufleet preempt ID (token)")
-    def api_preempt(job_id: int, request: Request) -> dict[str, Any]:
-        actions.check(request)
-        _backend_of(home, job_id).preempt(job_id, None)
-        log.info("job %d: preemption requested through the API", job_id)
-        return {"id": job_id, "requested": "preempt", "grace": None}
+    def job_action(verb: str) -> Callable[[int, Request], dict[str, Any]]:
+        """``POST /api/jobs/{id}/<verb>``: the backend's ``verb`` on the job, as ``gpufleet <verb> ID`` does."""
 
-    @app.post("/api/jobs/{job_id}/cancel", tags=["actions"], summary="gpufleet cancel ID (token)")
-    def api_cancel(job_id: int, request: Request) -> dict[str, Any]:
-        actions.check(request)
-        _backend_of(home, job_id).cancel(job_id)
-        log.info("job %d: cancellation requested through the API", job_id)
-        return {"id": job_id, "requested": "cancel"}
+        def act(job_id: int, request: Request) -> dict[str, Any]:
+            actions.check(request)
+            getattr(_backend_of(home, job_id), verb)(job_id)
+            log.info("job %d: %s requested through the API", job_id, verb)
+            return {"id": job_id, "requested": verb, **({"grace": None} if verb == "preempt" else {})}
 
-    @app.post("/api/jobs/{job_id}/hold", tags=["actions"], summary="gpufleet hold ID (token)")
-    def api_hold(job_id: int, request: Request) -> dict[str, Any]:
-        actions.check(request)
-        _backend_of(home, job_id).hold(job_id)
-        log.info("job %d: held through the API", job_id)
-        return {"id": job_id, "requested": "hold"}
+        return act
 
-    @app.post("/api/jobs/{job_id}/release", tags=["actions"], summary="gpufleet release ID (token)")
-    def api_release(job_id: int, request: Request) -> dict[str, Any]:
-        actions.check(request)
-        _backend_of(home, job_id).release(job_id)
-        log.info("job %d: released through the API", job_id)
-        return {"id": job_id, "requested": "release"}
+    for verb in ("preempt", "cancel", "hold", "release"):
+        app.post(
+            f"/api/jobs/{{job_id}}/{verb}", tags=["actions"], summary=f"gpufleet {verb} ID (token)", name=f"api_{verb}"
+        )(job_action(verb))
 
     @app.get("/api/fleet", tags=["fleet"], summary="Jobs by state and team, the queue, the pools, recent events")
     def api_fleet() -> dict[str, Any]:
