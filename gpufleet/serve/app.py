@@ -28,9 +28,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -60,6 +61,10 @@ RECENT_KINDS = (
     EventKind.REQUEUED,
 )
 """What the fleet page lists as recent: preemptions, rollbacks, failovers."""
+
+MAX_ID = 2**63 - 1
+"""The largest job id or attempt number (SQLite's INTEGER): a larger one is refused (422), never a 500."""
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID, description="A job id (see GET /api/jobs).")]
 
 PERIODS = {"24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0, "all": None}
 DEMO_NAME = re.compile(r"^[0-9]{8}-[0-9]{6}$")
@@ -318,7 +323,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return _page("gpufleet: fleet", "fleet", cfg)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
-    def job_page(job_id: int) -> HTMLResponse:
+    def job_page(job_id: JobId) -> HTMLResponse:
         _job_store(home, job_id)
         return _page(f"gpufleet: job {job_id}", "job", cfg, job=job_id)
 
@@ -346,23 +351,23 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return cache.get(("jobs", team, state), lambda: jobs_view(_store(home), team=team, state=state))
 
     @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="gpufleet show ID --json")
-    def api_job(job_id: int) -> dict[str, Any]:
+    def api_job(job_id: JobId) -> dict[str, Any]:
         from gpufleet.views import job_view
 
         return job_view(_job_store(home, job_id), home, job_id)
 
     @app.get("/api/jobs/{job_id}/series", tags=["jobs"], summary="Loss, tokens/s and MFU per logged step")
-    def api_series(job_id: int) -> dict[str, Any]:
+    def api_series(job_id: JobId) -> dict[str, Any]:
         return series_view(_job_store(home, job_id), job_id)
 
     @app.get("/api/jobs/{job_id}/logs", tags=["jobs"], summary="gpufleet logs ID --json (the last 256 KiB)")
-    def api_logs(job_id: int, attempt: int | None = Query(default=None, ge=1)) -> dict[str, Any]:
+    def api_logs(job_id: JobId, attempt: int | None = Query(default=None, ge=1, le=MAX_ID)) -> dict[str, Any]:
         from gpufleet.views import log_view
 
         return log_view(_job_store(home, job_id), home, job_id, attempt, LOG_TAIL_BYTES)
 
     @app.get("/api/jobs/{job_id}/trace", tags=["jobs"], summary="The job's spans (gpufleet trace ID)")
-    def api_trace(job_id: int) -> dict[str, Any]:
+    def api_trace(job_id: JobId) -> dict[str, Any]:
         from gpufleet.telemetry.tracing import job_trace
 
         store = _job_store(home, job_id)
@@ -371,7 +376,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @app.get("/api/jobs/{job_id}/diagnosis", tags=["jobs"], summary="gpufleet diagnose ID --json")
     def api_diagnosis(
-        job_id: int,
+        job_id: JobId,
         window: float = Query(default=60.0, gt=0),
         min_duration: float = Query(default=300.0, gt=0),
     ) -> dict[str, Any]:
@@ -383,10 +388,10 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         source, findings, notes = job_diagnosis(home, job, config)
         return {"source": source, "findings": [f.to_dict() for f in findings], "warnings": notes}
 
-    def job_action(verb: str) -> Callable[[int, Request], dict[str, Any]]:
+    def job_action(verb: str) -> Callable[..., dict[str, Any]]:
         """``POST /api/jobs/{id}/<verb>``: the backend's ``verb`` on the job, as ``gpufleet <verb> ID`` does."""
 
-        def act(job_id: int, request: Request) -> dict[str, Any]:
+        def act(job_id: JobId, request: Request) -> dict[str, Any]:
             actions.check(request)
             getattr(_backend_of(home, job_id), verb)(job_id)
             log.info("job %d: %s requested through the API", job_id, verb)
@@ -428,24 +433,20 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     def api_promote(
         model: str, request: Request, version: str = Body(...), reason: str = Body(...), home_name: str = Body("")
     ) -> dict[str, Any]:
-        from gpufleet.quality.registry import Registry
-
         actions.check(request)
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
-        events = Registry(quality_home(home, home_name)).promote(model, version, why=reason.strip())
+        events = _registry(quality_home(home, home_name), model).promote(model, version, why=reason.strip())
         return {"model": model, "events": [e.to_dict() for e in events]}
 
     @app.post("/api/registry/{model}/rollback", tags=["actions"], summary="gpufleet registry rollback (token)")
     def api_rollback(
         model: str, request: Request, reason: str = Body(..., embed=True), home_name: str = Body("", embed=True)
     ) -> dict[str, Any]:
-        from gpufleet.quality.registry import Registry
-
         actions.check(request)
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
-        events = Registry(quality_home(home, home_name)).rollback(model, why=reason.strip())
+        events = _registry(quality_home(home, home_name), model).rollback(model, why=reason.strip())
         return {"model": model, "events": [e.to_dict() for e in events]}
 
     # ---- the webhook ----------------------------------------------------------------------------
@@ -478,6 +479,17 @@ def _span(span: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = asdict(span)
     return out
+
+
+def _registry(path: Path, model: str) -> Any:
+    """The registry of ``path`` to act on ``model``; 404 where it has none (a refused action creates no store)."""
+    from gpufleet.quality.registry import Registry, check_model_name, sqlite_path, tracking_uri
+
+    check_model_name(model)
+    db = sqlite_path(tracking_uri(path))
+    if db is not None and not db.exists():
+        raise HTTPException(404, f"model {model!r} is not registered: {path} has no registry")
+    return Registry(path)
 
 
 def _backend_of(home: Path, job_id: int) -> Any:

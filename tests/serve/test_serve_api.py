@@ -190,3 +190,18 @@ def test_the_committed_openapi_file_is_the_codes() -> None:
     for path in ("/api/jobs", "/api/jobs/{job_id}", "/api/cost", "/api/fleet", "/api/quality", "/hooks/alerts"):
         assert path in paths, path
     assert "post" in paths["/api/jobs/{job_id}/preempt"] and "post" in paths["/api/jobs/{job_id}/cancel"]
+
+
+def test_ids_out_of_range_are_refused_not_a_server_error(home: Path) -> None:
+    with served(create_app(ServeConfig(home=home, token=TOKEN, sync_remote=False))) as url:
+        for path in ("/api/jobs/99999999999999999999", "/api/jobs/0", "/api/jobs/-3/series", "/jobs/1e3"):
+            assert http("GET", url + path)[0] == 422, path
+        assert http("GET", f"{url}/api/jobs/1/logs?attempt=99999999999999999999")[0] == 422
+        assert http("GET", f"{url}/api/jobs/7")[0] == 404  # a home without jobs
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert http("POST", f"{url}/api/jobs/99999999999999999999/cancel", headers=bearer)[0] == 422
+        json_bearer = {**bearer, "Content-Type": "application/json"}
+        assert http("POST", f"{url}/api/registry/..%2F..%2Fetc/rollback", b'{"reason": "x"}', json_bearer)[0] == 404
+        status, reply = http("POST", f"{url}/api/registry/churn/rollback", b'{"reason": "x"}', json_bearer)
+        assert status == 404 and "has no registry" in reply["detail"]
+    assert not home.exists() or not (home / "mlflow.db").exists()  # a refused action made no registry
