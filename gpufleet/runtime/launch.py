@@ -8,6 +8,7 @@ preempted after saving, 1 on error.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -52,8 +53,34 @@ def main() -> int:
     return 0
 
 
+def finish(code: int) -> None:
+    """Exit with ``code``. One rank of several leaves with ``os._exit`` once its output is flushed: its
+    session has saved, written its events (flushed line by line) and destroyed the process group, and
+    what is left to tear down is the interpreter, during whose finalisation a collective backend's
+    threads can abort a rank that succeeded (SIGABRT, "terminate called without an active exception")."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        sys.exit(code)
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _run() -> None:
+    try:
+        code = main()
+    except SystemExit as exit_:  # the session's preemption (75), or the user's own exit
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finish(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run()
 
 
-__all__ = ["main"]
+__all__ = ["finish", "main"]
