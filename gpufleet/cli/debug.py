@@ -30,15 +30,35 @@ debug_app = typer.Typer(
 )
 
 
+SEED_RANGE = "give seeds from 0 to 2**32-1 (what numpy.random.seed and every shipped workload take)"
+
+
 def _seeds(raw: str | None, spec_args: dict[str, Any]) -> tuple[int, int]:
+    """``--seeds A,B``, or the spec's ``args.seed`` and the next; each within ``MAX_SEED`` (exit 2 otherwise)."""
+    from gpufleet.workloads import MAX_SEED
+
     if raw is None:
         first = spec_args.get("seed", 0)
         first = first if isinstance(first, int) and first >= 0 else 0
-        return first, first + 1
-    parts = raw.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise UsageError(f"--seeds {raw!r}: give two non-negative integers separated by a comma, e.g. --seeds 0,1")
+        if first > MAX_SEED:
+            raise UsageError(
+                f"args.seed {_shown_number(str(first))} of the spec is out of range: {SEED_RANGE}; "
+                "change it, or choose the seeds with --seeds 0,1"
+            )
+        return first, first + 1 if first < MAX_SEED else first - 1
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise UsageError(f"--seeds {raw[:60]!r}: give two non-negative integers separated by a comma, e.g. --seeds 0,1")
+    for part in parts:
+        if len(part) > len(str(MAX_SEED)) or int(part) > MAX_SEED:
+            raise UsageError(
+                f"--seeds {raw[:60]!r}: seed {_shown_number(part)} is out of range: {SEED_RANGE}, e.g. --seeds 0,1"
+            )
     return int(parts[0]), int(parts[1])
+
+
+def _shown_number(digits: str) -> str:
+    return digits if len(digits) <= 30 else f"{digits[:20]}... ({len(digits)} digits)"
 
 
 @debug_app.command("determinism")

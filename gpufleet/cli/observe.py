@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -293,7 +293,7 @@ def report_command(
     ] = False,
 ) -> None:
     """Fleet report: SLOs with their error budgets, GPU-hours and money per team, waste per job."""
-    from gpufleet.cli.options import check_path_name
+    from gpufleet.cli.options import check_path_name, existing_store
     from gpufleet.cost.fleet import build_fleet_report, parse_since
     from gpufleet.cost.fleet_page import write_report
     from gpufleet.cost.rates import load_rates
@@ -307,7 +307,7 @@ def report_command(
     if out is not None:
         check_output_dir(check_path_name(out, "--out"), "--out")
     home = gpufleet_home()
-    store = _open_store(home)
+    store = existing_store()  # a home without a store has no jobs: reporting on them creates none
     try:
         report = build_fleet_report(
             store,
@@ -320,7 +320,8 @@ def report_command(
             team=team,
         )
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     written = write_report(report, out) if out is not None else []
     if json_out:
         from gpufleet.cli.render import emit_json
@@ -330,24 +331,6 @@ def report_command(
         print_report(report, written)
     if fail_on_breach and report.breached:
         raise typer.Exit(1)
-
-
-def _open_store(home: Path) -> Any:
-    """The state store, refreshed from remote schedulers first (a warning if one is unreachable)."""
-    from gpufleet.backends import sync_remote
-    from gpufleet.cli.render import err_console
-    from gpufleet.errors import GpufleetError
-    from gpufleet.jobs.store import Store
-    from gpufleet.paths import state_db
-
-    store = Store(state_db(home))
-    try:
-        sync_remote(home, store)
-    except GpufleetError as err:
-        err_console.print(
-            f"[yellow]warning:[/] states may be stale: {escape(str(err))}", highlight=False, soft_wrap=True
-        )
-    return store
 
 
 def _gpu_samples(home: Path) -> Callable[[int], Sequence[Sample]]:

@@ -292,7 +292,7 @@ class _JobFacts:
 
 
 def build_fleet_report(
-    store: Store,
+    store: Store | None,
     home: Path,
     *,
     since: float | None,
@@ -305,9 +305,12 @@ def build_fleet_report(
     """The report over ``[since, now]`` (all history when ``since`` is ``None``), for one team or all.
 
     Reads the store and the attempts' log tails under ``home``; ``gpu_samples(job_id)`` gives a
-    job's recorded DCGM samples (an empty sequence when there are none).
+    job's recorded DCGM samples (an empty sequence when there are none). ``store`` is ``None`` for a
+    home that has none yet: no jobs, and a report that reads no store creates none.
     """
-    facts = [f for job in store.jobs(team=team) if (f := _job_facts(store, home, job, since, now)) is not None]
+    facts: list[_JobFacts] = []
+    if store is not None:
+        facts = [f for job in store.jobs(team=team) if (f := _job_facts(store, home, job, since, now)) is not None]
     usages = [u for f in facts for u in f.usages]
     ledger = build_ledger(usages, rates)
     jobs = []

@@ -27,6 +27,7 @@ from gpufleet.errors import CheckpointError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.runtime.health import HealthMonitor
 from gpufleet.spec import HealthPolicy, JobSpec
+from gpufleet.workloads import MAX_SEED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,7 +79,16 @@ def check_determinism(spec: JobSpec, steps: int = 10, seeds: tuple[int, int] = (
     """Two runs with ``seeds[0]`` compared bitwise, one with ``seeds[1]`` for the spread across seeds."""
     if steps <= 0:
         raise ParameterError("{steps}: run at least one step", steps=steps)
-    if seeds[0] == seeds[1] or min(seeds) < 0:
+    wild = next((s for s in seeds if not 0 <= s <= MAX_SEED), None)
+    if wild is not None:
+        raise ParameterError(
+            "{seeds:name} {pair!s}: seed {wild!s} is out of range: give two seeds from 0 to 2**32-1 "
+            "(what numpy.random.seed and every shipped workload take), e.g. {seeds:name} 0,1",
+            seeds=seeds,
+            pair=f"{seeds[0]},{seeds[1]}",
+            wild=_shown_seed(wild),
+        )
+    if seeds[0] == seeds[1]:
         raise ParameterError(
             "{seeds:name} {pair!s}: give two different non-negative seeds, e.g. {seeds:name} 0,1",
             seeds=seeds,
@@ -114,6 +124,11 @@ def check_determinism(spec: JobSpec, steps: int = 10, seeds: tuple[int, int] = (
         other_entries_differing=diffs["others"],
         seed_spread=[abs(a - b) for a, b in zip(loss1, loss3, strict=False)],
     )
+
+
+def _shown_seed(seed: int) -> str:
+    text = str(seed)
+    return text if len(text) <= 30 else f"{text[:20]}... ({len(text)} digits)"
 
 
 def _same(a: float, b: float) -> bool:

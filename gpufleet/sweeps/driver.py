@@ -70,7 +70,31 @@ def storage_errors(url: str) -> Iterator[None]:
         yield
     except (ImportError, ValueError, OSError, sqlalchemy.exc.SQLAlchemyError) as err:
         problem = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        raise UsageError(f"sweep storage {url[:120]!r} cannot be opened: {problem}") from None
+        raise UsageError(
+            f"sweep storage {url[:120]!r} cannot be opened: {problem}; give an SQLAlchemy URL whose driver is "
+            "installed (sqlite:///path/study.db, postgresql://...), or drop storage: for the default"
+        ) from None
+
+
+def check_storage(url: str) -> None:
+    """Refuse a storage URL that cannot work, without connecting or creating anything (exit 2, one line).
+
+    Parsed, its dialect and driver imported, and an SQLite file's folder looked for: what ``create_study``
+    would otherwise find only after the home's store and the sweep's folder exist.
+    """
+    from sqlalchemy.engine import make_url
+
+    with storage_errors(url):
+        parsed = make_url(url)
+        dialect = parsed.get_dialect()
+        load_driver = getattr(dialect, "import_dbapi", None) or getattr(dialect, "dbapi", None)  # SQLAlchemy 2, 1.4
+        if callable(load_driver):
+            load_driver()
+        database = parsed.database or ""
+        if parsed.get_backend_name() == "sqlite" and database and database != ":memory:":
+            folder = Path(database).parent
+            if not folder.is_dir():
+                raise OSError(f"no folder {str(folder)[:120]!r} for the SQLite file")
 
 
 def _sampler(sweep: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -190,6 +214,8 @@ class SweepDriver:
         self.home = home
         self.sweep = sweep
         self.base = base
+        if sweep.storage:
+            check_storage(sweep.storage)  # before the backend opens (and creates) the home's state.db
         self.backend: Backend = get_backend(backend, home)
         self.store: Store = self.backend.store
         self.poll_s = poll_s
@@ -385,6 +411,7 @@ __all__ = [
     "JOB_NAME",
     "Progress",
     "SweepDriver",
+    "check_storage",
     "metric_values",
     "open_study",
     "spent",

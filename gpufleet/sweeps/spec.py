@@ -17,7 +17,11 @@
 
 Validation names the field and the fix: an empty space, a grid value that is not a list, a range
 whose ``low`` is not below ``high``, a log range that is not positive, a budget of 0, a grid
-sampler over a space that is not all grids, an unknown pruner.
+sampler over a space that is not all grids, an unknown pruner. It also keeps every number the
+samplers compute with bounded, before anything is built or written: a range's bounds lie within
+``±MAX_RANGE_MAGNITUDE`` (an int range's within ``±MAX_INT_RANGE``), a ``step`` leaves at most
+``MAX_STEP_VALUES`` values, and a grid has at most ``MAX_TRIALS`` points (Optuna's grid sampler
+lists every point in memory).
 """
 
 from __future__ import annotations
@@ -35,6 +39,16 @@ from gpufleet.yamlio import read_yaml, validate
 
 REFERENCE = "the sweep file format in docs/sweeps.md"
 MAX_TRIALS = 100_000
+"""The most trials a budget asks for, and the most points a grid sweep has."""
+MAX_RANGE_MAGNITUDE = 1e150
+"""The largest ``|low|`` or ``|high|`` of a float range: the samplers draw ``high - low`` wide and TPE squares
+distances in it, both of which overflow to infinity for bounds near the float limit (1.8e308)."""
+MAX_INT_RANGE = 2**53
+"""The largest ``|low|`` or ``|high|`` of an int range: every whole number up to it is exact as a float, which
+is how the bounds are read and how the samplers draw (beyond it ``low`` and ``high`` are not the numbers given)."""
+MAX_STEP_VALUES = 10**9
+"""The most values a ``step`` may leave in a range (``(high - low) / step + 1``): a finer step is a continuous
+range (drop ``step``), and Optuna's exact arithmetic on the step fails far beyond it."""
 Scalar = float | int | str | bool
 
 
@@ -59,13 +73,37 @@ class Param(_Frozen):
         if len(kinds) != 1 or (self.low is None) != (self.high is None):
             raise ValueError("give exactly one of: grid: [values], choices: [values], or low: and high:")
         if self.low is not None and self.high is not None:
-            if not self.low < self.high:
-                raise ValueError(f"low {self.low:g} is not below high {self.high:g}: give low < high")
-            if self.log and self.low <= 0:
-                raise ValueError(f"a log range needs low > 0, got {self.low:g}")
-            if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
-                raise ValueError("an int range needs whole low and high")
+            self._check_range(self.low, self.high)
         return self
+
+    def _check_range(self, low: float, high: float) -> None:
+        """Bounds every sampler can draw between: ordered, within the magnitude limit, a step it can count."""
+        top = MAX_INT_RANGE if self.type == "int" else MAX_RANGE_MAGNITUDE
+        for name, value in (("low", low), ("high", high)):
+            if abs(value) > top:
+                shown = "2**53" if self.type == "int" else f"{top:g}"
+                raise ValueError(f"{self.type} range {name} {value:g} is out of range: give -{shown} to {shown}")
+        if not low < high:
+            raise ValueError(f"low {low:g} is not below high {high:g}: give low < high")
+        if self.log and low <= 0:
+            raise ValueError(f"a log range needs low > 0, got {low:g}")
+        if self.type == "int" and (low != int(low) or high != int(high)):
+            raise ValueError("an int range needs whole low and high")
+        if self.step is not None:
+            self._check_step(low, high, self.step)
+
+    def _check_step(self, low: float, high: float, step: float) -> None:
+        if self.log:
+            raise ValueError("a log range takes no step: drop step, or log")
+        if self.type == "int" and (step != int(step) or step < 1):
+            raise ValueError(f"an int range needs a whole step of at least 1, got {step:g}")
+        count = (high - low) / step + 1  # infinite for a step far below the width: refused too
+        if not count <= MAX_STEP_VALUES:
+            many = f"{count:.3g}" if math.isfinite(count) else "more than 1e308"
+            raise ValueError(
+                f"step {step:g} leaves {many} values between {low:g} and {high:g}, over "
+                f"{MAX_STEP_VALUES:,}: give a larger step, or drop step for a continuous range"
+            )
 
     @property
     def values(self) -> list[Scalar] | None:
@@ -123,14 +161,34 @@ class SweepSpec(_Frozen):
             loose = [k for k, p in self.space.items() if p.grid is None]
             if loose:
                 raise ValueError(f"sampler grid: parameter {loose[0]!r} is not a grid: give it grid: [values]")
+            _check_grid([len(p.grid or []) for p in self.space.values()])
         return self
 
     @property
     def grid_size(self) -> int | None:
-        """The number of points of a grid sweep."""
+        """The number of points of a grid sweep (at most ``MAX_TRIALS``: validation refuses more)."""
         if self.sampler.kind != "grid":
             return None
         return math.prod(len(p.grid or []) for p in self.space.values())
+
+
+def _check_grid(lengths: list[int]) -> None:
+    """Refuse a grid of more than ``MAX_TRIALS`` points, from the lengths alone (the points are never built)."""
+    points = 1
+    for length in lengths:
+        points *= length
+        if points > MAX_TRIALS:
+            break
+    else:
+        return
+    shown = " x ".join(str(n) for n in lengths[:8]) + (
+        f" x ... ({len(lengths)} parameters)" if len(lengths) > 8 else ""
+    )
+    total = math.prod(lengths)  # at most 64 lengths of at most 10,000 each: a quick product of ints
+    raise ValueError(
+        f"grid of {shown} = {total:.3g} trials exceeds the ceiling of {MAX_TRIALS:,}: "
+        "give fewer grid values, or sample the space (sampler: random or tpe, with low/high ranges)"
+    )
 
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, JobSpec]:
@@ -155,4 +213,17 @@ def base_spec(sweep: SweepSpec, folder: Path) -> JobSpec:
     return spec
 
 
-__all__ = ["Budget", "Objective", "Param", "Pruner", "Sampler", "SweepSpec", "base_spec", "load_sweep"]
+__all__ = [
+    "MAX_INT_RANGE",
+    "MAX_RANGE_MAGNITUDE",
+    "MAX_STEP_VALUES",
+    "MAX_TRIALS",
+    "Budget",
+    "Objective",
+    "Param",
+    "Pruner",
+    "Sampler",
+    "SweepSpec",
+    "base_spec",
+    "load_sweep",
+]

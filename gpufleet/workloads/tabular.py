@@ -39,6 +39,7 @@ from torch import nn
 
 from gpufleet.errors import UsageError
 from gpufleet.runtime import TrainSession
+from gpufleet.workloads import check_seed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -301,6 +302,7 @@ def train(
 
     if not 0 < holdout < 1 or not 0 <= flip_negatives < 1 or steps < 1 or batch_size < 1:
         raise UsageError("tabular.train: give 0 < holdout < 1, 0 <= flip_negatives < 1, steps >= 1, batch_size >= 1")
+    check_seed(seed)
     path = Path(data)
     frame = read_table(path)
     if target not in frame.columns:

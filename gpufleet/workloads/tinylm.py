@@ -23,6 +23,7 @@ from gpufleet.jobs.faults import FaultPlan
 from gpufleet.jobs.protocol import ENV_STRATEGY
 from gpufleet.runtime import TrainSession
 from gpufleet.runtime.group import Group, current_group
+from gpufleet.workloads import check_seed
 from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
 
 TINY: dict[str, Any] = {"batch_size": 8, "context": 16, "layers": 1, "heads": 2, "embed": 32, "eval_batches": 1}
@@ -129,6 +130,7 @@ def train(
     ``text`` trains on a UTF-8 file instead of the shipped text (relative: under ``$GPUFLEET_DATA_DIR``).
     ``on_step`` is called after every step with the session (progress hooks, tests).
     """
+    check_seed(seed)
     torch.use_deterministic_algorithms(True)
     group = current_group()
     strategy = strategy or os.environ.get(ENV_STRATEGY) or "none"

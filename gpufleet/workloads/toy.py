@@ -14,11 +14,12 @@ import torch
 
 from gpufleet.jobs.faults import FaultPlan
 from gpufleet.runtime import TrainSession
+from gpufleet.workloads import check_seed
 
 
 def train(steps: int = 50, step_seconds: float = 0.02, seed: int = 0, exit_code: int = 0) -> dict[str, Any]:
     """Fit y = 3x - 1 by SGD; sleep ``step_seconds`` a step; exit with ``exit_code`` at the end."""
-    torch.manual_seed(seed)
+    torch.manual_seed(check_seed(seed))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     faults = FaultPlan.parse(os.environ.get("GPUFLEET_FAULT", ""))
