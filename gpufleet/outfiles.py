@@ -15,6 +15,9 @@ from gpufleet.errors import UsageError
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 """What a plot can be written as (matplotlib picks the format from the suffix)."""
+FOLDER_EXAMPLES = {"--port-file": "port", "--out": "model.pt"}
+"""The file name suggested inside a folder given to a flag of :func:`check_replaceable_file`
+(``ckpt export --out``, ``serve --port-file``, ``observe exporter --port-file``)."""
 
 
 def _kind(mode: int) -> str:
@@ -54,11 +57,51 @@ def check_output_file(path: Path, flag: str) -> Path:
 
 
 def check_replaceable_file(path: Path, flag: str) -> Path:
-    """Refuse a device as an output written by a temporary and a rename (it would put a file where
-    ``/dev/null`` was); what else is wrong with the path is left to the writer's own checks."""
-    if is_char_device(path):
-        raise UsageError(f"{flag} {path} is a device: give the path of a regular file to write")
+    """``path``, refused (naming ``flag``) unless a temporary file beside it can be renamed onto it.
+
+    Called before any work, and before a server binds its port: the path must be a regular file or not
+    exist yet, and its folder must exist and be writable. A device (a rename would put a file where
+    ``/dev/null`` was), a folder, a FIFO, a socket and a symbolic link (a rename replaces the link, not
+    what it points at) are refused, as is a path whose folder is missing, is a file, or is read-only.
+    """
+    shown = str(path)
+    try:
+        mode: int | None = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except NotADirectoryError:
+        raise UsageError(f"{flag} {shown!r}: a folder above it is a file; give a path in a folder") from None
+    except OSError as err:
+        raise UsageError(f"{flag} {shown!r}: cannot use it ({err.strerror}); pick another path") from None
+    if mode is not None:
+        if stat.S_ISCHR(mode):
+            raise UsageError(f"{flag} {shown!r} is a device: give the path of a regular file to write")
+        if stat.S_ISDIR(mode):
+            example = f"{shown.rstrip('/')}/{FOLDER_EXAMPLES.get(flag, 'out')}"
+            raise UsageError(f"{flag} {shown!r} is a directory: give the path of a file in it, e.g. {example!r}")
+        if stat.S_ISLNK(mode):
+            raise UsageError(f"{flag} {shown!r} is a symbolic link: give the path of a regular file to write")
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{flag} {shown!r} is {_kind(mode)}, not a file: give the path of a regular file")
+    _check_writable_folder(path, flag)
     return path
+
+
+def _check_writable_folder(path: Path, flag: str) -> None:
+    """Refuse ``path`` when its folder is missing, not a folder, or not one this user may create files in."""
+    folder = path.parent
+    try:
+        mode = os.stat(folder).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist; create it first") from None
+    except OSError as err:
+        raise UsageError(f"{flag} {str(path)!r}: cannot use its folder ({err.strerror}); pick another path") from None
+    if not stat.S_ISDIR(mode):
+        raise UsageError(f"{flag} {str(path)!r}: {str(folder)!r} is not a folder; give a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{flag} {str(path)!r}: folder {str(folder)!r} is not writable; pick a folder you may write in"
+        )
 
 
 def check_output_dir(path: Path, flag: str) -> Path:
@@ -118,10 +161,15 @@ def replace_output(tmp: Path, path: Path, flag: str = "output") -> None:
 
 def write_port_file(path: Path, port: int) -> None:
     """Write the port a server listens on, by a temporary and a rename: a reader never sees half of it,
-    and its appearance says the server is ready."""
+    and its appearance says the server is ready. On failure the temporary file is removed and a
+    ``UsageError`` says why (the path was checked by :func:`check_replaceable_file` before binding)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(str(port), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(str(port), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write the port file {str(path)!r}: {err.strerror or err}") from None
 
 
 __all__ = [

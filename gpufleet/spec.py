@@ -266,6 +266,10 @@ class DataSource(_Frozen):
     every job on the node, keyed by content, linked into the job's folder."""
     endpoint_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$")
     """An S3-compatible endpoint (MinIO, Ceph, a local server) for ``s3://`` sources."""
+    allow_link_local: bool = False
+    """Let the source or its ``endpoint_url`` name a link-local or cloud metadata address (169.254.0.0/16,
+    fe80::/10, 169.254.169.254, fd00:ec2::254, metadata.google.internal), refused otherwise: there a
+    node answers with its cloud credentials."""
 
     @field_validator("source")
     @classmethod
@@ -290,6 +294,10 @@ class DataSource(_Frozen):
     def _endpoint(self) -> DataSource:
         if self.endpoint_url is not None and not self.source.lower().startswith(("s3://", "s3a://")):
             raise ValueError(f"endpoint_url applies to s3:// sources only, not {_clip(self.source)}: remove it")
+        if not self.allow_link_local:
+            from gpufleet.data.urls import check_hosts
+
+            check_hosts(self.source, self.endpoint_url)
         return self
 
 

@@ -19,7 +19,12 @@ under a prefix), then for each file either reuses a verified copy or copies it:
 * **shared cache** (``cache: shared``): files are stored once per content under
   ``$GPUFLEET_DATA_CACHE`` (default ``$GPUFLEET_HOME/cache/data``) as read-only blobs named by their
   digest, and hard-linked (or, across file systems, symlinked) into the job's folder. A second job
-  staging the same objects links them and copies nothing.
+  staging the same objects links them and copies nothing;
+* **never more readable than the source**: a copy of a local file keeps its permission bits (a blob
+  drops the write bits, and a blob reused for a narrower source is narrowed); an object store's files,
+  which have none, are ``0644`` (blobs ``0444``), less the umask. A host a source names that resolves
+  to a link-local or cloud metadata address is refused before anything is read
+  (:func:`gpufleet.data.urls.check_resolved_hosts`).
 
 A bad source (nothing listed, no access, a file that changed size during the copy, a checksum
 mismatch, an object key that would land outside its folder) raises :class:`StageError` naming the
@@ -37,6 +42,7 @@ import json
 import mmap
 import os
 import re
+import stat
 import threading
 import time
 import zlib
@@ -46,7 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.data.urls import check_relative, package_hint, split_source
+from gpufleet.data.urls import check_relative, check_resolved_hosts, package_hint, split_source
 from gpufleet.errors import GpufleetError
 from gpufleet.spec import DataPolicy, DataSource
 
@@ -57,6 +63,8 @@ PART = ".gfpart-"
 META = ".gpufleet"
 """Folder, inside the job's data folder, of the manifests, the lock and the attempt markers."""
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
+STORE_MODE = 0o644
+"""Permission bits of a copy of a file whose store has none (an object), before the umask."""
 
 
 class StageError(GpufleetError):
@@ -89,10 +97,17 @@ class Listed:
     md5: str | None = None
     """The content's MD5 when the store gives it: what names a blob of the shared cache."""
     protocol: str = "file"
+    mode: int | None = None
+    """The source file's permission bits (a local file); ``None`` where the store has none."""
 
     @property
     def identity(self) -> str:
         return f"{self.url}|{self.size}|{self.version}"
+
+    @property
+    def copy_mode(self) -> int:
+        """The widest permission bits a copy of this file may have: the source's own, else :data:`STORE_MODE`."""
+        return STORE_MODE if self.mode is None else self.mode
 
 
 @dataclass(slots=True)
@@ -170,6 +185,8 @@ def open_source(source: DataSource) -> tuple[Any, str, str]:
 
     try:
         protocol, path = split_source(source.source)
+        if not source.allow_link_local:
+            check_resolved_hosts(source.source, source.endpoint_url)
     except ValueError as err:
         raise StageError(str(err), file=source.source) from None
     hint = package_hint(protocol)
@@ -240,6 +257,7 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
         if not isinstance(size, int) or size < 0:
             raise StageError(f"{url}: the store gives no size for it", file=url)
         algo, digest = _expected(protocol, meta)
+        mode = meta.get("mode") if protocol == "file" else None
         listed.append(
             Listed(
                 rel=rel,
@@ -251,6 +269,7 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
                 digest=digest,
                 md5=_md5(protocol, meta),
                 protocol=protocol,
+                mode=stat.S_IMODE(mode) if isinstance(mode, int) else None,
             )
         )
     if not listed:
@@ -401,6 +420,15 @@ def _hash_file(path: Path, algo: str) -> str:
     return str(h.hexdigest())
 
 
+def narrow_mode(path: Path, widest: int) -> None:
+    """Take from ``path`` the permission bits ``widest`` lacks (never adds one): a copy kept from an earlier
+    staging, or a shared blob, is no more readable than the source it now stands for."""
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & ~widest:
+            os.chmod(path, mode & widest)
+
+
 def _stat_key(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
@@ -434,17 +462,20 @@ class _Sink:
     off for the rest of the file, as does a file system that accepts the flag at open and refuses the write.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, mode: int = STORE_MODE) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         direct = getattr(os, "O_DIRECT", 0)
         self.fd = -1
         self.buffer: mmap.mmap | None = None
         if direct:
             with contextlib.suppress(OSError):
-                self.fd = os.open(path, flags | direct, 0o644)
+                self.fd = os.open(path, flags | direct, mode)
                 self.buffer = _aligned_buffer()
         if self.fd < 0:
-            self.fd = os.open(path, flags, 0o644)
+            self.fd = os.open(path, flags, mode)
+        held = stat.S_IMODE(os.fstat(self.fd).st_mode)
+        if held & ~mode:  # a file left under this name: O_CREAT kept its old mode
+            os.fchmod(self.fd, held & mode)
 
     def write(self, chunk: bytes) -> None:
         n = len(chunk)
@@ -495,7 +526,7 @@ def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int],
     read = 0
     try:
         with fs.open(item.path, "rb", block_size=CHUNK, cache_type="none") as src:
-            out = _Sink(tmp)
+            out = _Sink(tmp, item.copy_mode)
             try:
                 while chunk := src.read(CHUNK):
                     h.update(chunk)
@@ -650,6 +681,7 @@ class Stager:
         algo = item.algo or "sha256"
         stat = _stat_key(final)
         if stat is not None and stat[0] == item.size:
+            narrow_mode(final, item.copy_mode)
             if entry is not None and entry.get("identity") == item.identity and entry.get("algo") == algo:
                 if self.policy.verify == "stat" and [entry.get("size"), entry.get("mtime_ns")] == list(stat):
                     return False, algo
@@ -704,6 +736,7 @@ class Stager:
                     and [entry.get("size"), entry.get("mtime_ns")] == list(stat)
                 )
                 if (fresh and self.policy.verify == "stat") or _hash_file(blob, algo) == digest:
+                    narrow_mode(blob, item.copy_mode)
                     if not fresh:
                         index.add(item.identity, blob=name, size=stat[0], mtime_ns=stat[1])
                     _place(blob, dest / item.rel)
@@ -712,7 +745,7 @@ class Stager:
         name = f"{algo}-{digest}"
         blob = blobs / digest[:2] / name
         blob.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o444)
+        narrow_mode(tmp, item.copy_mode & ~0o222)  # read-only, and no wider than the source
         os.replace(tmp, blob)
         st = blob.stat()
         index.add(item.identity, blob=name, size=st.st_size, mtime_ns=st.st_mtime_ns)

@@ -4,51 +4,52 @@ Three kinds of untrusted text meet the file system here: the source URL a user w
 destination folder it lands in, and every object key or file name the store lists under the source
 (an S3 key may hold ``..``). Each is checked by a pure function that raises ``ValueError`` with the
 value and the fix; nothing here imports fsspec, so a spec validates without the storage stack.
+
+A source is read from inside the cluster, where a link-local address answers with the node's cloud
+credentials (the instance metadata service at 169.254.169.254). A host a source or its
+``endpoint_url`` names is refused when it is a link-local or metadata address: at validation where it
+is written as an address (or the metadata service's name), and at stage time after it is resolved.
+A source opts out with ``allow_link_local: true``.
 """
 
 from __future__ import annotations
 
 import re
+import socket
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from gpufleet.spec import DataPolicy
 
-REFUSED_PROTOCOLS = frozenset(
+SUPPORTED_PROTOCOLS = frozenset({"file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hdfs"})
+"""The schemes the stager reads: a local path, and the object stores and file systems that list a prefix
+with sizes and read a file by its path (each through its fsspec client). Any other scheme is refused,
+whatever fsspec knows: process-local ones (``memory://``), wrappers (``simplecache::``) and web servers
+(``http(s)://``, which list no folder and name a file by its whole URL) cannot be staged."""
+LOCAL_PROTOCOLS = frozenset({"file", "local"})
+HOST_PROTOCOLS = frozenset({"http", "https", "hdfs"})
+"""Schemes whose URL names a host to connect to (an ``s3://`` URL names a bucket, its host is ``endpoint_url``)."""
+SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31})://")
+LINK_LOCAL = (ip_network("169.254.0.0/16"), ip_network("fe80::/10"))
+METADATA_ADDRESSES = frozenset(
     {
-        # process-local or wrapping another file system: nothing a job on another node could read
-        "memory",
-        "cached",
-        "blockcache",
-        "filecache",
-        "simplecache",
-        "reference",
-        "dir",
-        "generic",
-        "async_wrapper",
-        "asyncwrapper",
-        "asynclocal",
-        "jupyter",
-        "jlab",
-        "pyscript",
+        ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack, Oracle
+        ip_address("fd00:ec2::254"),  # AWS over IPv6
+        ip_address("100.100.100.200"),  # Alibaba Cloud
     }
 )
-LOCAL_PROTOCOLS = frozenset({"file", "local"})
-SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31})://")
+METADATA_NAMES = frozenset({"metadata.google.internal"})
+ALLOW_FIELD = "allow_link_local"
 NAME_MAX = 255
 PATH_MAX = 4096
-SOURCE_HINT = "use a local path, s3://bucket/prefix, gs://, https://, hdfs:// or another fsspec URL"
+SOURCE_HINT = "use a local path, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or hdfs:///path"
 
 
 def _show(text: str, limit: int = 80) -> str:
     text = text if text.isprintable() else repr(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _known_protocols() -> frozenset[str]:
-    from fsspec.registry import known_implementations, registry
-
-    return frozenset(known_implementations) | frozenset(registry)
 
 
 def split_source(url: str) -> tuple[str, str]:
@@ -75,7 +76,7 @@ def split_source(url: str) -> tuple[str, str]:
         return "file", url
     protocol = match.group(1).lower()
     path = url[match.end() :]
-    if protocol in REFUSED_PROTOCOLS or protocol not in _known_protocols():
+    if protocol not in SUPPORTED_PROTOCOLS:
         raise ValueError(f"unknown URL scheme {protocol!r} in data source {_show(url)}: {SOURCE_HINT}")
     if protocol in LOCAL_PROTOCOLS:
         if not path.startswith("/"):
@@ -108,6 +109,88 @@ def check_relative(rel: str, *, what: str = "file") -> str:
     return rel
 
 
+def url_host(url: str) -> str | None:
+    """The host ``url`` connects to (``http(s)://``, ``hdfs://``), lower-cased and without brackets; else None."""
+    match = SCHEME_RE.match(url)
+    if match is None or match.group(1).lower() not in HOST_PROTOCOLS:
+        return None
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        raise ValueError(f"URL {_show(url)} has an invalid host: write scheme://host[:port]/path") from None
+    host = (host or "").rstrip(".")
+    return host or None
+
+
+def literal_address(host: str) -> IPv4Address | IPv6Address | None:
+    """``host`` as an address when it is written as one, in any form a resolver takes: ``169.254.169.254``,
+    ``fe80::1%eth0``, and the old IPv4 forms ``inet_aton`` reads (``2852039166``, ``0xa9.0xfe.43518``)."""
+    try:
+        return ip_address(host)
+    except ValueError:
+        pass
+    if host and all(c in "0123456789abcdefxABCDEFX." for c in host) and host[0].isdigit():
+        try:
+            return IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+def is_refused_address(address: IPv4Address | IPv6Address) -> bool:
+    """Whether ``address`` is link-local or a cloud metadata service's (an IPv4-mapped IPv6 one included)."""
+    if isinstance(address, IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address.scope_id:
+            address = IPv6Address(str(address).split("%", 1)[0])
+    return address in METADATA_ADDRESSES or any(address in net for net in LINK_LOCAL)
+
+
+def _refusal(url: str, host: str, why: str) -> str:
+    return (
+        f"host {_show(host, 60)} of {_show(url)} is {why}, where a job's node answers with its cloud "
+        f"credentials: name another host, or set {ALLOW_FIELD}: true on this source"
+    )
+
+
+def check_hosts(*urls: str | None) -> None:
+    """Refuse a URL whose host is written as a link-local or metadata address, or is the metadata service's name.
+
+    What a name resolves to is checked at stage time (:func:`check_resolved_hosts`): a spec is validated
+    on the machine that submits it, which may resolve names differently from the node that stages.
+    """
+    for url in urls:
+        host = url_host(url) if url else None
+        if host is None:
+            continue
+        if host in METADATA_NAMES:
+            raise ValueError(_refusal(str(url), host, "the name of a cloud metadata service, a link-local address"))
+        address = literal_address(host)
+        if address is not None and is_refused_address(address):
+            raise ValueError(_refusal(str(url), host, "a link-local or cloud metadata address"))
+
+
+def check_resolved_hosts(*urls: str | None) -> None:
+    """:func:`check_hosts`, then every address each host resolves to here; a name that does not resolve is left
+    to the store's client, which reports it (with the rest of the network's failures)."""
+    check_hosts(*urls)
+    for url in urls:
+        host = url_host(url) if url else None
+        if host is None or literal_address(host) is not None:
+            continue
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue
+        for info in infos:
+            address = ip_address(str(info[4][0]).split("%", 1)[0])
+            if is_refused_address(address):
+                raise ValueError(
+                    _refusal(str(url), host, f"resolved to {address}, a link-local or cloud metadata address")
+                )
+
+
 def package_hint(protocol: str) -> str | None:
     """What to install for ``protocol``, or ``None`` when its file system imports."""
     from fsspec.registry import get_filesystem_class
@@ -134,11 +217,20 @@ def check_installed(policy: DataPolicy) -> None:
 
 
 __all__ = [
+    "ALLOW_FIELD",
+    "HOST_PROTOCOLS",
     "LOCAL_PROTOCOLS",
-    "REFUSED_PROTOCOLS",
+    "METADATA_ADDRESSES",
+    "METADATA_NAMES",
     "SOURCE_HINT",
+    "SUPPORTED_PROTOCOLS",
     "check_dest",
+    "check_hosts",
     "check_relative",
+    "check_resolved_hosts",
+    "is_refused_address",
+    "literal_address",
     "package_hint",
     "split_source",
+    "url_host",
 ]

@@ -43,6 +43,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -67,6 +68,8 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 SECRET_ENV = "GPUFLEET_WEBHOOK_SECRET"
 SECRET_FILE_ENV = "GPUFLEET_WEBHOOK_SECRET_FILE"
 MIN_SECRET_BYTES = 16
+MAX_SECRET_FILE_BYTES = 4096
+"""A secret file longer than this is refused unread (a secret is a line of 16 to a few hundred bytes)."""
 MAX_BODY_BYTES = 64 * 1024
 DRAIN_LIMIT = 1024 * 1024
 """An oversized body up to this size is read and dropped so the sender sees the 413."""
@@ -116,7 +119,11 @@ def _one_line(err: BaseException) -> str:
 
 
 def load_secret(path: Path | None = None, env: Mapping[str, str] | None = None) -> bytes:
-    """The shared secret: ``path``, else ``$GPUFLEET_WEBHOOK_SECRET``, else the file in ``..._FILE``."""
+    """The shared secret: ``path``, else ``$GPUFLEET_WEBHOOK_SECRET``, else the file in ``..._FILE``.
+
+    A file is held to the serve token's rules (:func:`read_secret_file`), so that a secret others may
+    read, or a path that is not a file, stops the receiver before it starts.
+    """
     env = os.environ if env is None else env
     if path is None and env.get(SECRET_ENV):
         raw = env[SECRET_ENV].strip().encode()
@@ -125,14 +132,66 @@ def load_secret(path: Path | None = None, env: Mapping[str, str] | None = None) 
         file = path or (Path(env[SECRET_FILE_ENV]) if env.get(SECRET_FILE_ENV) else None)
         if file is None:
             raise UsageError(f"no webhook secret: set ${SECRET_ENV} or ${SECRET_FILE_ENV} (a file holding it)")
-        try:
-            raw = file.read_bytes().strip()
-        except OSError as err:
-            raise UsageError(f"cannot read the webhook secret file {str(file)!r}: {err.strerror}") from None
+        raw = read_secret_file(file).strip()
         source = str(file)
     if len(raw) < MIN_SECRET_BYTES:
         raise UsageError(f"the webhook secret from {source} is {len(raw)} bytes; use {MIN_SECRET_BYTES} or more")
     return raw
+
+
+def read_secret_file(file: Path) -> bytes:
+    """The bytes of the secret file ``file``: a regular file (not a link), owned by this user, that only its
+    owner may read or write, and at most :data:`MAX_SECRET_FILE_BYTES` long.
+
+    The file is opened without following a link and without blocking (a FIFO would hang the start-up),
+    checked again on the open descriptor (it may have been swapped since the ``lstat``), and read with a
+    bounded read: ``/dev/zero`` or a growing file cannot exhaust memory.
+    """
+    try:
+        _check_secret_stat(file, os.lstat(file))
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise UsageError(f"cannot read the webhook secret file {str(file)!r}: {err.strerror}") from None
+    try:
+        _check_secret_stat(file, os.fstat(fd))
+        chunks: list[bytes] = []
+        left = MAX_SECRET_FILE_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as err:
+        raise UsageError(f"cannot read the webhook secret file {str(file)!r}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise UsageError(
+            f"webhook secret file {str(file)!r} is over {MAX_SECRET_FILE_BYTES:,} bytes: put the secret alone in it"
+        )
+    return data
+
+
+def _check_secret_stat(file: Path, info: os.stat_result) -> None:
+    """Refuse what ``info`` says ``file`` is when it is not a private regular file of this user's."""
+    shown = str(file)
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError(f"webhook secret file {shown!r} is a symbolic link: point at the file itself")
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"webhook secret file {shown!r} is not a regular file: point at a file holding the secret")
+    if info.st_mode & 0o077:
+        raise UsageError(
+            f"webhook secret file {shown!r} has mode {stat.S_IMODE(info.st_mode):03o}: others may read it; "
+            f"run `chmod 600 {shown}`"
+        )
+    if info.st_uid != os.getuid():
+        raise UsageError(
+            f"webhook secret file {shown!r} belongs to uid {info.st_uid}, not to this user: use a file of your own"
+        )
+    if info.st_size > MAX_SECRET_FILE_BYTES:
+        raise UsageError(
+            f"webhook secret file {shown!r} is {info.st_size:,} bytes, over {MAX_SECRET_FILE_BYTES:,}: "
+            "put the secret alone in it"
+        )
 
 
 def write_secret(path: Path) -> bytes:
@@ -726,6 +785,7 @@ __all__ = [
     "LENGTH_DIGITS",
     "MAX_BODY_BYTES",
     "MAX_HANDLERS",
+    "MAX_SECRET_FILE_BYTES",
     "MIN_SECRET_BYTES",
     "READ_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
@@ -744,6 +804,7 @@ __all__ = [
     "ascii_int",
     "load_secret",
     "post_alert",
+    "read_secret_file",
     "send",
     "signature",
     "signed_headers",
