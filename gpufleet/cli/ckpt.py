@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,10 +20,18 @@ from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectati
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
 
 
+def _directory(raw: str) -> Path:
+    """The checkpoint directory argument, refused when empty: ``Path("")`` would be the current folder."""
+    if not raw.strip():
+        raise UsageError("checkpoint directory is empty: give the folder holding step-N folders, e.g. ./ck")
+    return Path(raw)
+
+
+DirArg = Annotated[Path, typer.Argument(help="A checkpoint directory.", parser=_directory)]
+
+
 @ckpt_app.command("list")
-def ckpt_list(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")], json_out: JsonOpt = False
-) -> None:
+def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
     """List the step-N checkpoints in DIR, with their state and metrics."""
     infos = _ckpt_infos(directory)
     rows = [_ckpt_row(i) for i in infos]
@@ -51,7 +62,7 @@ def ckpt_list(
 
 @ckpt_app.command("verify")
 def ckpt_verify(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    directory: DirArg,
     job: Annotated[
         str | None, typer.Option("--job", help="This job's id: checkpoints another job wrote count as foreign.")
     ] = None,
@@ -77,7 +88,12 @@ def ckpt_verify(
             mark = marks.get(info.status, "[magenta]foreign[/]")
             problem = f"  {escape(info.problem)}" if info.problem else ""
             console.print(f"{mark}  {escape(info.path.name)}{problem}", soft_wrap=True)
-        console.print(f"{len(infos)} checked, {len(bad)} bad; restore would use step {result['restore_step']}")
+        restore = (
+            f"restore would use step {result['restore_step']}"
+            if restorable
+            else "no healthy checkpoint: restore would start from scratch"
+        )
+        console.print(f"{len(infos)} checked, {len(bad)} bad; {restore}")
     if bad:
         raise typer.Exit(1)
 
@@ -85,7 +101,7 @@ def ckpt_verify(
 @ckpt_app.command("export")
 @parameters_as_flags({"out": "--out", "step": "--step", "entry": "--entry"})
 def ckpt_export(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    directory: DirArg,
     out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],
     step: Annotated[
         int | None, typer.Option("--step", help="Step to export (default: the one a restore would use).", min=0)
@@ -96,7 +112,8 @@ def ckpt_export(
     """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
     _ckpt_dir(directory)
     check_replaceable_file(check_path_name(out, "--out"), "--out")  # written by a rename: never over a device
-    done = CheckpointDir(directory).export(out, step=step, entry=entry)
+    with _torch_quiet():
+        done = CheckpointDir(directory).export(out, step=step, entry=entry)
     result = {
         "directory": str(directory),
         "path": str(done.source),
@@ -127,9 +144,21 @@ def _ckpt_dir(directory: Path) -> None:
 def _ckpt_infos(directory: Path, expect: Expectation | None = None) -> list[CheckpointInfo]:
     _ckpt_dir(directory)
     try:
-        return CheckpointDir(directory).scan(verify=True, expect=expect)
+        with _torch_quiet():
+            return CheckpointDir(directory).scan(verify=True, expect=expect)
     except PermissionError as err:
         raise UsageError(f"cannot read checkpoint directory {str(directory)!r}: {err.strerror}") from None
+
+
+@contextlib.contextmanager
+def _torch_quiet() -> Iterator[None]:
+    """torch's warnings while checkpoints are read (deprecated storages, dtypes) name its own files, not the checkpoint.
+
+    Whatever in a checkpoint matters is a problem of ours, reported on its own line (``CorruptCheckpoint``).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:

@@ -259,6 +259,24 @@ def _open_in(folder: int, name: str, where: Path) -> int:
         raise CorruptCheckpoint(f"{where}: {name} unreadable ({err.strerror})") from None
 
 
+def open_regular(folder: int, name: str, where: Path, *, size: int) -> int:
+    """A descriptor on ``name`` in the open ``folder``: a regular file of ``size`` bytes, not reached through a link.
+
+    For readers that seek in a file rather than read it whole (DCP's shards); the caller closes it.
+    """
+    fd = _open_in(folder, name, where)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptCheckpoint(f"{where}: {name} is not a regular file; a checkpoint holds files only")
+        if info.st_size != size:
+            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_regular(folder: int, name: str, where: Path, *, size: int | None = None, limit: int | None = None) -> bytes:
     """The bytes of ``name`` in the open ``folder``: a regular file, of ``size`` bytes (or at most ``limit``)."""
     fd = _open_in(folder, name, where)
@@ -433,6 +451,7 @@ __all__ = [
     "hash_regular",
     "model_fingerprint",
     "open_folder",
+    "open_regular",
     "rank_filename",
     "read_manifest_at",
     "read_regular",

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,47 @@ def test_export_refuses_a_corrupt_or_unhealthy_step(
     code, _, err = run_cli(capsys, monkeypatch, *args)
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.parametrize("command", [("verify",), ("list",), ("export", "--out", "model.pt")])
+def test_an_empty_checkpoint_directory_is_refused_not_taken_for_the_current_folder(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: tuple[str, ...],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    CheckpointDir(tmp_path).save(1, model_state(4, 1))  # what "" would have found, were it "."
+    code, out, err = run_cli(capsys, monkeypatch, "ckpt", command[0], "", *command[1:])
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and "checkpoint directory is empty" in lines[0], err
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_verify_says_plainly_when_no_checkpoint_can_be_restored(
+    ckdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for step in (10, 20):
+        (ckdir / f"step-{step:08d}" / "model.pt").write_bytes(b"not a model")
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(ckdir))
+    assert code == 1 and "no healthy checkpoint: restore would start from scratch" in out
+    assert "None" not in out
+    code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "verify", str(ckdir), "--json")
+    assert json.loads(out)["restore_step"] is None
+
+
+def test_verify_and_export_print_no_warning_of_torch(tmp_path: Path) -> None:
+    """A quantized tensor makes torch.load warn about deprecated storages; the commands print none of it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns here too
+        quantized = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+        CheckpointDir(tmp_path / "ck").save(1, {"model": {"w": quantized}, "trainer": {"step": 1}})
+    env = {**os.environ, "GPUFLEET_HOME": str(tmp_path / "home"), "COLUMNS": "200", "PYTHONWARNINGS": "always"}
+    out = tmp_path / "model.pt"
+    for args in (("verify",), ("export", "--out", str(out))):
+        cmd = [sys.executable, "-m", "gpufleet.cli", "ckpt", args[0], str(tmp_path / "ck"), *args[1:]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(torch.load(out, weights_only=True)["w"].dequantize(), quantized.dequantize())
