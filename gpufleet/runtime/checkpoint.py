@@ -22,7 +22,7 @@ caller's ``Expectation`` (same job, every object present) met. ``scan``, ``lates
 A distributed job's checkpoints (manifest ``format: dcp``, written by ``sharded.save_sharded``)
 live in the same directory under the same names and commit rule. Here they are listed, verified
 (every shard's size and sha256, each rank's file loading with ``weights_only``, DCP's index naming
-only the shards the manifest lists and each tensor stored as the index says: ``sharded.read_index``),
+only the shards the manifest lists and each tensor stored as the index says: ``dcp_index.read_index``),
 pruned and dropped like the others, but never ``torch.load``-ed as a state: ``restore_candidate``
 takes the formats its caller can load (``torch`` by default: a single-process restore), ``load``
 refuses a dcp folder, and ``export`` converts one into a plain state dict through DCP.
@@ -477,7 +477,7 @@ class CheckpointDir:
                 except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
                     raise CorruptCheckpoint(f"{path}: {name} does not load ({err.__class__.__name__})") from None
             if manifest.format == "dcp":  # DCP's index names only listed shards, which hold what it says
-                from gpufleet.runtime.sharded import check_stored_tensors, read_index
+                from gpufleet.runtime.dcp_index import check_stored_tensors, read_index
 
                 check_stored_tensors(folder, path, manifest, read_index(path, manifest, folder=folder))
         finally:
