@@ -25,7 +25,17 @@ retraining JobSpec is the toy workload. Two measurements:
   and ``Idempotency-Key``), each on its own connection, released together by a barrier: the status
   counts (one 202, the rest 409, is the contract) and the jobs the store then holds for that retrain.
 
-Target: no error under load, exactly one 202, exactly one retraining job.
+- hostile: the same GETs again, while hostile clients run beside them for ``--hostile-seconds``:
+  ``--slow`` half-open connections (part of a request head, then nothing), ``--big`` unauthenticated
+  POSTs per route to ``/api/registry/x/promote`` and ``/hooks/alerts`` announcing ``--big-mb`` MB each
+  and streaming it, and one client asking ``/api/jobs?team=`` with a new team each time. Measured: the
+  normal clients' errors and their p50 and p99 over the calm run's (a ratio), the server's peak RSS
+  (``VmHWM``) after the calm run and after this one, the bytes its log grew by, what the server did
+  with the half-open connections and the uploads (status, bytes it let in), and whether it still
+  answers ``GET /api/jobs`` at the end.
+
+Target: no error under load (calm and hostile), exactly one 202, exactly one retraining job, a peak RSS
+under ``RSS_TARGET`` times the calm run's, a server that still answers.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import json
 import math
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -71,6 +82,10 @@ HOUR = 3600.0
 TIMEOUT_S = 120.0
 """One request's socket timeout, and the server's start-up deadline: safety nets only."""
 STOP_GRACE_S = 15.0
+HOSTILE_ROUTES = ("/api/registry/x/promote", "/hooks/alerts")
+UPLOAD_CHUNK = 256 << 10
+RSS_TARGET = 1.5
+"""The hostile run's peak RSS may be at most this many times the calm run's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +305,8 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """``gpufleet serve`` on a free loopback port, once ``GET /api/jobs`` answers 200: the process and its port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "gpufleet.cli", "serve", "--port", str(port), "--no-token", "--cache", str(cache)]
+    token = ["--token-file", str(log.parent / "serve.token")]
+    cmd = [sys.executable, "-m", "gpufleet.cli", "serve", "--port", str(port), *token, "--cache", str(cache)]
     cmd += ["--monitor", str(monitor), "--webhook-secret-file", str(secret)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -390,6 +406,136 @@ def deliver(port: int, body: bytes, headers: dict[str, str], deliveries: int) ->
     return replies
 
 
+# ---- hostile clients ----------------------------------------------------------------------------
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (the peak) of process ``pid`` in KiB, from ``/proc/PID/status``; empty if gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return {}
+    return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines) if k in ("VmRSS", "VmHWM")}
+
+
+def half_open(port: int, n: int) -> tuple[list[socket.socket], int]:
+    """``n`` connections, each sent part of a request head and then left: the sockets, and how many failed to open."""
+    socks: list[socket.socket] = []
+    failed = 0
+    for i in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+            s.sendall(f"GET /api/jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Stalled-{i}: ".encode())
+            socks.append(s)
+        except OSError:
+            failed += 1
+    return socks, failed
+
+
+def fate(socks: Sequence[socket.socket]) -> Counter[str]:
+    """What the server did with each half-open connection: ``open``, ``answered`` (and closed) or ``closed``."""
+    seen: Counter[str] = Counter()
+    for s in socks:
+        s.setblocking(False)
+        try:
+            data = s.recv(4096)
+            seen["closed" if not data else "answered " + data.split(b" ", 2)[1].decode(errors="replace")] += 1
+        except BlockingIOError:
+            seen["open"] += 1
+        except OSError:
+            seen["closed"] += 1
+        finally:
+            s.close()
+    return seen
+
+
+def upload(port: int, path: str, size: int, stop: threading.Event, out: list[dict[str, Any]]) -> None:
+    """POST ``size`` bytes of zeros to ``path`` without a token, streamed, until the server answers, closes or
+    ``stop``: the status and the bytes sent (what the server let in, give or take the kernel's buffers)."""
+    sent, status, outcome = 0, None, "sent in full"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as s:
+            head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            s.sendall(f"{head}Content-Length: {size}\r\n\r\n".encode())
+            chunk = bytes(UPLOAD_CHUNK)
+            s.settimeout(1.0)
+            while sent < size and not stop.is_set():
+                readable, _, _ = select.select([s], [], [], 0)
+                if readable:
+                    outcome = "answered"
+                    break
+                try:
+                    sent += s.send(chunk[: min(UPLOAD_CHUNK, size - sent)])
+                except TimeoutError:
+                    continue  # the server reads nothing now: try again, or stop
+            else:
+                outcome = "stopped" if sent < size else outcome
+            s.settimeout(10.0)
+            reply = s.recv(4096)
+            status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/") else None
+            outcome = outcome if reply else "closed"
+    except OSError as err:
+        outcome = f"{type(err).__name__}"
+    out.append({"route": path, "status": status, "sent_mb": round(sent / 1e6, 1), "outcome": outcome})
+
+
+def team_queries(port: int, stop: threading.Event, out: Counter[str]) -> None:
+    """``GET /api/jobs?team=`` with a team never asked before, one after another, until ``stop``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+    i = 0
+    while not stop.is_set():
+        try:
+            conn.request("GET", f"/api/jobs?team=hostile-{i:07d}")
+            response = conn.getresponse()
+            response.read()
+            out[str(response.status)] += 1
+        except (OSError, http.client.HTTPException):
+            out["error"] += 1
+            conn.close()
+        i += 1
+    conn.close()
+
+
+def hostile(port: int, pid: int, args: Any, log: Path) -> dict[str, Any]:
+    """The normal load beside hostile clients for at least ``--hostile-seconds`` (see the module's docstring)."""
+    stop = threading.Event()
+    log_before = log.stat().st_size
+    socks, refused = half_open(port, args.slow)
+    uploads: list[dict[str, Any]] = []
+    teams: Counter[str] = Counter()
+    threads = [
+        threading.Thread(target=upload, args=(port, route, int(args.big_mb * 1e6), stop, uploads))
+        for route in HOSTILE_ROUTES
+        for _ in range(args.big)
+    ]
+    threads.append(threading.Thread(target=team_queries, args=(port, stop, teams)))
+    peak_rss = [0]
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            peak_rss[0] = max(peak_rss[0], memory_kib(pid).get("VmRSS", 0))
+
+    threads.append(threading.Thread(target=sample))
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    samples, load_s = load(port, args.requests, args.clients, args.jobs)
+    stop.wait(max(0.0, args.hostile_seconds - (time.monotonic() - t0)))
+    stop.set()
+    for t in threads:
+        t.join()
+    return {
+        "samples": samples,
+        "load_seconds": load_s,
+        "seconds": time.monotonic() - t0,
+        "half_open": {"asked": args.slow, "not_opened": refused, **fate(socks)},
+        "uploads": uploads,
+        "team_queries": dict(teams),
+        "sampled_peak_rss_kib": peak_rss[0],
+        "log_bytes": log.stat().st_size - log_before,
+    }
+
+
 # ---- figures ------------------------------------------------------------------------------------
 
 
@@ -426,9 +572,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--deliveries", type=int, default=200)
     p.add_argument("--cache", type=float, default=1.0, help="the server's --cache (0: every view rebuilt per request)")
+    p.add_argument("--slow", type=int, default=200, help="half-open connections in the hostile run")
+    p.add_argument("--big", type=int, default=1, help="oversized unauthenticated POSTs per route in the hostile run")
+    p.add_argument("--big-mb", type=float, default=200.0, help="the size each of them announces and streams, in MB")
+    p.add_argument("--hostile-seconds", type=float, default=15.0, help="how long the hostile clients run at least")
     args = p.parse_args(argv)
     if min(args.jobs, args.requests, args.clients, args.deliveries) < 1:
         p.error("--jobs, --requests, --clients and --deliveries must be at least 1")
+    if min(args.slow, args.big, args.big_mb, args.hostile_seconds) < 0:
+        p.error("--slow, --big, --big-mb and --hostile-seconds must not be negative")
     os.environ["GPUFLEET_LOCAL_SLOTS"] = str(LOCAL_SLOTS)  # for this process's submissions and the server's
 
     from gpufleet.jobs.store import Store
@@ -451,6 +603,13 @@ def main(argv: Sequence[str]) -> int:
             try:
                 common.progress(f"server up on port {port}: {args.requests} requests from {args.clients} clients")
                 samples, load_s = load(port, args.requests, args.clients, args.jobs)
+                calm_memory = memory_kib(proc.pid)
+                common.progress(
+                    f"hostile: the same load beside {args.slow} half-open connections, {args.big} x "
+                    f"{args.big_mb:g} MB POSTs per route and new ?team= values, for {args.hostile_seconds:g} s or more"
+                )
+                rough = hostile(port, proc.pid, args, folder / "serve.log")
+                rough_memory = memory_kib(proc.pid)
                 common.progress(f"{args.deliveries} identical signed retrain alerts at once")
                 alert = AlertPayload(
                     model=MODEL, action="retrain", window="w-7", reasons=["drift"], evidence={"share": 0.6}
@@ -464,6 +623,10 @@ def main(argv: Sequence[str]) -> int:
                     retrain_jobs = [j.id for j in store.jobs() if j.name == RETRAIN_NAME]
                 finally:
                     store.close()
+                try:
+                    answers_at_end = get(port, "/api/jobs") == 200
+                except (OSError, http.client.HTTPException):
+                    answers_at_end = False
             finally:
                 stop_server(proc)
         server_log = (folder / "serve.log").read_text(encoding="utf-8", errors="replace").splitlines()
@@ -475,6 +638,24 @@ def main(argv: Sequence[str]) -> int:
     statuses = Counter("error" if status is None else str(status) for status, _ in replies)
     accepted = [reply for status, reply in replies if status == 202]
     rate = len(samples) / load_s
+    rough_samples = rough.pop("samples")
+    rough_overall = figures(rough_samples)
+    rough_errors = rough_overall["errors"] + args.requests - len(rough_samples)
+    calm_peak, rough_peak = calm_memory.get("VmHWM", 0), rough_memory.get("VmHWM", 0)
+    rss_ratio = common.ratio(rough_peak, calm_peak)
+    hostile_result = {
+        **rough,
+        "overall": rough_overall,
+        "errors": rough_errors,
+        "p50_ratio": common.ratio(rough_overall["p50_ms"] or 0.0, overall["p50_ms"] or 0.0),
+        "p99_ratio": common.ratio(rough_overall["p99_ms"] or 0.0, overall["p99_ms"] or 0.0),
+        "peak_rss_mib": {"calm": calm_peak / 1024, "hostile": rough_peak / 1024},
+        "peak_rss_ratio": rss_ratio,
+        "answers_at_end": answers_at_end,
+        "error_samples": [
+            {"route": s.route, "status": s.status, "error": s.error} for s in rough_samples if s.status != 200
+        ][:10],
+    }
     result = {
         "jobs": args.jobs,
         "states": states,
@@ -496,6 +677,7 @@ def main(argv: Sequence[str]) -> int:
             "other_replies": sorted({json.dumps(r, sort_keys=True) for s, r in replies if s not in (202, 409)})[:10],
             "retrain_jobs": retrain_jobs,
         },
+        "hostile": hostile_result,
         "server_log": server_log[-20:],
     }
     table = common.format_table(
@@ -504,13 +686,52 @@ def main(argv: Sequence[str]) -> int:
         ["route", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "max ms"],
         [*(row(r, f) for r, f in per_route.items()), row("all", overall)],
     )
+    table += "\n\n" + hostile_table(overall, hostile_result)
     shown = ", ".join(f"{n} x {s}" for s, n in sorted(statuses.items()))
     verdict = (
-        f"{errors} error(s) in {args.requests} requests; {args.deliveries} identical deliveries answered {shown}, "
-        f"{len(retrain_jobs)} retraining job(s) (target: no error, one 202, one job)"
+        f"{errors} error(s) in {args.requests} requests, {rough_errors} beside hostile clients (p99 x "
+        f"{hostile_result['p99_ratio']:.2f}, peak RSS x {rss_ratio:.2f}, "
+        f"{'still answers' if answers_at_end else 'NO LONGER ANSWERS'}); {args.deliveries} identical deliveries "
+        f"answered {shown}, {len(retrain_jobs)} retraining job(s) (target: no error, RSS under x{RSS_TARGET:g}, "
+        "one 202, one job)"
     )
-    ok = errors == 0 and statuses["202"] == 1 and len(retrain_jobs) == 1
+    ok = (
+        errors == 0
+        and rough_errors == 0
+        and rss_ratio < RSS_TARGET
+        and answers_at_end
+        and statuses["202"] == 1
+        and len(retrain_jobs) == 1
+    )
     return common.finish(json_mode=args.json, result=result, table=table, verdict=verdict, ok=ok)
+
+
+def hostile_table(calm: dict[str, Any], rough: dict[str, Any]) -> str:
+    """The calm and the hostile run side by side, then what the server did with the hostile clients."""
+    f = rough["overall"]
+    rss = rough["peak_rss_mib"]
+    lines = common.format_table(
+        f"the same GETs beside hostile clients ({rough['seconds']:.1f} s)",
+        ["run", "requests", "errors", "p50 ms", "p99 ms", "peak RSS MiB"],
+        [
+            ["calm", str(calm["count"]), str(calm["errors"]), f"{calm['p50_ms']:,.1f}", f"{calm['p99_ms']:,.1f}",
+             f"{rss['calm']:,.0f}"],
+            ["hostile", str(f["count"]), str(rough["errors"]), f"{f['p50_ms']:,.1f}", f"{f['p99_ms']:,.1f}",
+             f"{rss['hostile']:,.0f}"],
+            ["ratio", "", "", f"{rough['p50_ratio']:.2f}", f"{rough['p99_ratio']:.2f}",
+             f"{rough['peak_rss_ratio']:.2f}"],
+        ],
+    )  # fmt: skip
+    half = ", ".join(f"{n} {k}" for k, n in sorted(rough["half_open"].items()) if k != "asked")
+    uploads = "; ".join(
+        f"{u['route']}: {u['status'] or u['outcome']} after {u['sent_mb']:,} MB" for u in rough["uploads"]
+    )
+    teams = ", ".join(f"{n} x {k}" for k, n in sorted(rough["team_queries"].items()))
+    return (
+        f"{lines}\nhalf-open connections ({rough['half_open']['asked']}): {half}\nuploads: {uploads}\n"
+        f"new ?team= queries: {teams}\nserver log grew by {rough['log_bytes']:,} bytes; "
+        f"{'it still answers' if rough['answers_at_end'] else 'it no longer answers'}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ and ``gpufleet serve`` answers ``GET /api/jobs``, ``/api/jobs/{id}`` and ``/api/
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,12 +18,12 @@ from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import UsageError
 from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.outfiles import read_tail
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 from gpufleet.rl.report import summarize as summarize_rl
 from gpufleet.runtime.checkpoint import CheckpointDir
 
 if TYPE_CHECKING:
+    from gpufleet.spec import JobSpec
     from gpufleet.telemetry import DiagnosisConfig, Finding
 
 
@@ -56,7 +57,11 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
 
 
 def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_bytes: int) -> dict[str, Any]:
-    """The end of an attempt's log (``logs --json``), at most ``max_bytes``; ``size`` is the whole file's."""
+    """The end of an attempt's log (``logs --json``), at most ``max_bytes``; ``size`` is the whole file's.
+
+    The log is read only as a regular file reached through real folders (:func:`_log_tail`): a job's own
+    code, which may write under ``jobs/<id>/``, cannot make this (or the server) show another file.
+    """
     attempts = store.attempts(store.job(job_id).id)
     if not attempts:
         raise UsageError(f"job {job_id} has not started yet: no logs")
@@ -66,11 +71,46 @@ def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_byt
     path = attempt_log(home, job_id, n)
     text, size = "", 0
     if os.path.lexists(path):
-        tail = read_tail(path, max_bytes)  # a regular file only, its end: never a device or a FIFO
+        tail = _log_tail(path, max_bytes)
         if tail is None:
-            raise UsageError(f"cannot read {path}: not a regular file; remove it or point it at the attempt's log")
+            raise UsageError(
+                f"cannot read {path}: not a regular file in a real folder (a link, a device or a FIFO); "
+                "remove it: the attempt's log is written there as a plain file"
+            )
         text, size = tail[0].decode("utf-8", errors="replace"), tail[1]
     return {"id": job_id, "attempt": n, "path": str(path), "log": text, "size": size}
+
+
+def _log_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
+    """The last ``max_bytes`` of the log ``path`` (``.../jobs/<id>/logs/attempt-N.log``) and its size; None
+    unless the job's folder and ``logs`` are real folders and the log a regular file, none of them a link.
+
+    What the job's code may write (its own folder) is opened part by part with ``O_NOFOLLOW``, each
+    relative to the one above, so a link swapped in between two checks is refused too; ``jobs`` and the
+    home above it are the operator's and may be links. The log is opened without blocking (a FIFO is
+    never waited on) and read only if it is a regular file.
+    """
+    parts = path.parts[-3:]
+    fds: list[int] = []
+    try:
+        fds.append(os.open(path.parents[2], os.O_RDONLY | os.O_DIRECTORY))
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        info = os.fstat(fds[-1])
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        start = max(0, info.st_size - max_bytes)
+        chunks, left = [], max_bytes
+        while left > 0 and (chunk := os.pread(fds[-1], min(left, 1 << 20), start + max_bytes - left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), info.st_size
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, list[Finding], list[str]]:
@@ -117,8 +157,26 @@ def jobs_view(store: Store | None, *, team: str | None = None, state: str | None
     return {"jobs": [job_summary(store, j) for j in found if store is not None]}
 
 
-def job_view(store: Store, home: Path, job_id: int) -> dict[str, Any]:
-    """One job: its summary, spec, attempts, notable events, checkpoints and RL figures (``show --json``)."""
+ENV_SET = "set"
+"""What :func:`spec_view` shows in place of each ``env`` value."""
+
+
+def spec_view(spec: JobSpec, *, reveal_env: bool = False) -> dict[str, Any]:
+    """A job's spec as JSON, with its ``env`` values replaced by ``"set"`` (names kept) unless ``reveal_env``.
+
+    The env is where a job's tokens and passwords go: ``show --json`` and the server's API print the
+    same object, and neither should hand those values to whoever reads the output.
+    """
+    out = spec.model_dump()
+    if not reveal_env:
+        out["env"] = dict.fromkeys(spec.env, ENV_SET)
+    return out
+
+
+def job_view(store: Store, home: Path, job_id: int, *, reveal_env: bool = False) -> dict[str, Any]:
+    """One job: its summary, spec, attempts, notable events, checkpoints and RL figures (``show --json``).
+
+    The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
     job = store.job(job_id)
     summary = job_summary(store, job)
     starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
@@ -147,7 +205,7 @@ def job_view(store: Store, home: Path, job_id: int) -> dict[str, Any]:
     ]
     return {
         **summary,
-        "spec": job.spec.model_dump(),
+        "spec": spec_view(job.spec, reveal_env=reveal_env),
         "attempts": attempts,
         "events": events,
         "checkpoints": ckpts,
@@ -206,4 +264,14 @@ def fleet_status(home: Path) -> dict[str, Any]:
     }
 
 
-__all__ = ["fleet_status", "job_diagnosis", "job_summary", "job_view", "jobs_view", "log_view", "running_on"]
+__all__ = [
+    "ENV_SET",
+    "fleet_status",
+    "job_diagnosis",
+    "job_summary",
+    "job_view",
+    "jobs_view",
+    "log_view",
+    "running_on",
+    "spec_view",
+]

@@ -18,6 +18,7 @@ from gpufleet.cli.render import console, err_console
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.outfiles import check_replaceable_file, write_port_file
 from gpufleet.paths import gpufleet_home
+from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 
 HostOpt = Annotated[str, typer.Option("--host", help="Interface to listen on (default: loopback only).")]
 PortOpt = Annotated[int, typer.Option("--port", help="TCP port (0: any free one).", min=0, max=65535)]
@@ -71,10 +72,38 @@ def serve_command(
             max=3600,
         ),
     ] = 1.0,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A name clients may reach the server by (the Host header), besides loopback ones and --host; "
+            "repeatable. Other names are refused (400): a guard against DNS rebinding.",
+        ),
+    ] = None,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            "--request-timeout",
+            help="Seconds a client has to send a whole request; a slower connection is closed.",
+            min=0.05,
+            max=3600,
+        ),
+    ] = REQUEST_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections",
+            help="Connections open at once (fewer if file descriptors are scarce); more are answered 503.",
+            min=1,
+            max=1_000_000,
+        ),
+    ] = MAX_CONNECTIONS,
 ) -> None:
     """Serve the fleet: pages (fleet, jobs, cost, quality), the JSON API and the signed alert webhook."""
     from gpufleet.serve.app import ServeConfig, create_app, openapi_document
     from gpufleet.serve.auth import is_loopback, load_token
+    from gpufleet.serve.guard import accepted_hosts
+    from gpufleet.serve.limits import uvicorn_config
 
     if openapi is not None:
         check_path_name(openapi, "--openapi").write_text(json.dumps(openapi_document(), indent=2) + "\n")
@@ -89,6 +118,8 @@ def serve_command(
     if port_file is not None:
         check_replaceable_file(check_path_name(port_file, "--port-file"), "--port-file")
     address = _address(host, port)  # everything is checked before the token file may be made
+    allowed = tuple(allowed_host or ())
+    accepted_hosts(host, allowed)
     token = None
     if not no_token:
         path = check_path_name(token_file, "--token-file") if token_file is not None else home / "serve.token"
@@ -104,11 +135,21 @@ def serve_command(
         )
     sock = _listen(address, host, port)
     port = sock.getsockname()[1]
-    cfg = ServeConfig(home=home, token=token, monitor=monitor, webhook_secret=secret, refresh_s=refresh, cache_s=cache)
+    cfg = ServeConfig(
+        home=home,
+        token=token,
+        monitor=monitor,
+        webhook_secret=secret,
+        refresh_s=refresh,
+        cache_s=cache,
+        host=host,
+        allowed_hosts=allowed,
+        request_timeout_s=request_timeout,
+        max_connections=max_connections,
+    )
     app = create_app(cfg)
-    import uvicorn
-
-    server = _make_server(uvicorn.Config(app, log_level="warning", access_log=False))
+    config = uvicorn_config(app, request_timeout_s=cfg.request_timeout_s, max_connections=cfg.max_connections)
+    server = _make_server(config)
     logging.getLogger("gpufleet.serve").setLevel(logging.INFO)
     shown = f"[{host}]" if ":" in host else host
     console.print(

@@ -14,6 +14,11 @@ submit the retraining job the monitor file names for the model, once per key.
 The pages (``/``, ``/jobs/{id}``, ``/cost``, ``/quality``) are static HTML and one script that reads
 the API, so what a person sees is what a program gets. Every route reads the store afresh, so the
 server needs no restart when jobs come and go, and a route never holds the store between requests.
+
+Every request first passes :class:`gpufleet.serve.guard.Guard` (its Host, its token before its body,
+its body's size, the response's security headers, no host path in a body); the server's connections
+are bounded by :mod:`gpufleet.serve.limits`. A job's ``env`` values are never served (names only).
+Bad input answers 422, a request the state refuses 409.
 """
 
 from __future__ import annotations
@@ -28,21 +33,25 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import GpufleetError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Store
 from gpufleet.paths import has_store, state_db
-from gpufleet.serve.auth import bearer_ok, cross_origin
+from gpufleet.serve.auth import action_refusal
+from gpufleet.serve.cache import ViewCache
+from gpufleet.serve.guard import MAX_BODY_BYTES, Guard, accepted_hosts
+from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 
 log = logging.getLogger("gpufleet.serve")
-T = TypeVar("T")
 
 LOG_TAIL_BYTES = 256 << 10
 """A log page shows at most the last 256 KiB of an attempt's log."""
@@ -65,6 +74,10 @@ RECENT_KINDS = (
 MAX_ID = 2**63 - 1
 """The largest job id or attempt number (SQLite's INTEGER): a larger one is refused (422), never a 500."""
 JobId = Annotated[int, PathParam(ge=1, le=MAX_ID, description="A job id (see GET /api/jobs).")]
+MAX_QUERY_CHARS = 128
+"""The longest query value (a team, a period): longer is refused (422) before anything is looked up."""
+Team = Annotated[str | None, Query(max_length=MAX_QUERY_CHARS, description="Only this team's jobs.")]
+Seconds = Annotated[float, Query(gt=0, allow_inf_nan=False)]
 
 PERIODS = {"24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0, "all": None}
 DEMO_NAME = re.compile(r"^[0-9]{8}-[0-9]{6}$")
@@ -87,36 +100,15 @@ class ServeConfig:
     """Refresh jobs of remote schedulers (Slurm, Ray) from a background thread."""
     cache_s: float = 1.0
     """How old the job list, the fleet view and the cost may be when served (:class:`ViewCache`)."""
+    host: str = "127.0.0.1"
+    """The interface listened on: a request's ``Host`` may name it (unless it is a wildcard)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """More names a request's ``Host`` may give (``--allowed-host``), besides loopback ones."""
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    """How long a request's head and body may take to arrive (:mod:`gpufleet.serve.limits`)."""
+    max_connections: int = MAX_CONNECTIONS
+    """Connections open at once, at most (fewer where descriptors are scarce)."""
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class ViewCache:
-    """The heavy views (every job's summary) computed at most once per ``ttl_s`` per query, and once at a time.
-
-    Twenty pages polling every 2 s would otherwise rebuild the same objects twenty times over; a
-    request that arrives while the same view is being built waits for that build instead of starting
-    its own. Objects are at most ``ttl_s`` old; 0 turns the cache off.
-    """
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._keys: dict[tuple[Any, ...], threading.Lock] = {}
-        self._values: dict[tuple[Any, ...], tuple[float, Any]] = {}
-
-    def get(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
-        if self.ttl_s <= 0:
-            return build()
-        with self._lock:
-            lock = self._keys.setdefault(key, threading.Lock())
-        with lock:
-            hit = self._values.get(key)
-            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-                cached: T = hit[1]
-                return cached
-            value = build()
-            self._values[key] = (time.monotonic(), value)
-            return value
 
 
 def _store(home: Path) -> Store | None:
@@ -129,8 +121,8 @@ def _job_store(home: Path, job_id: int) -> Store:
         raise HTTPException(404, f"no job {job_id}: this home has no jobs")
     try:
         store.job(job_id)
-    except UsageError as err:
-        raise HTTPException(404, str(err)) from None
+    except UsageError:
+        raise HTTPException(404, f"no job {job_id} in this home (GET /api/jobs lists them)") from None
     return store
 
 
@@ -261,26 +253,9 @@ def _page(title: str, page: str, cfg: ServeConfig, **data: Any) -> HTMLResponse:
     return HTMLResponse(body, headers={"Cache-Control": "no-store"})
 
 
-class _Actions:
-    """State changes, each checked for the token and the origin first (see :mod:`gpufleet.serve.auth`)."""
-
-    def __init__(self, cfg: ServeConfig) -> None:
-        self.cfg = cfg
-
-    def check(self, request: Request) -> None:
-        host = request.headers.get("host", "")
-        why = cross_origin(request.headers, host)
-        if why is not None:
-            raise HTTPException(403, f"cross-origin request refused ({why})")
-        if self.cfg.token is None:
-            raise HTTPException(403, "this server was started without a token: it changes nothing")
-        if not bearer_ok(request.headers, self.cfg.token):
-            raise HTTPException(401, "give the server's token: Authorization: Bearer <token>")
-
-
 def create_app(cfg: ServeConfig) -> FastAPI:
+    """The app; every state-changing route is reached only through :class:`Guard`'s token check."""
     home = cfg.home
-    actions = _Actions(cfg)
     cache = ViewCache(cfg.cache_s)
     stop = threading.Event()
     receiver = _receiver(cfg)
@@ -307,14 +282,27 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         summary="The fleet's jobs, cost and model quality; the same objects as the CLI's --json.",
         version=_version(),
         openapi_url="/api/openapi.json",
-        docs_url="/api/docs",
+        docs_url=None,  # no third-party script on the origin whose storage holds the token
         redoc_url=None,
         lifespan=lifespan,
+    )
+    app.state.view_cache = cache  # for a look at its size; nothing else reads it
+    hosts = accepted_hosts(cfg.host, cfg.allowed_hosts)
+    app.add_middleware(
+        Guard,
+        hosts=hosts,
+        check_action=lambda headers: action_refusal(headers, cfg.token),
+        home=home,
+        max_body=MAX_BODY_BYTES,
     )
 
     @app.exception_handler(GpufleetError)
     async def _refused(_: Request, err: GpufleetError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=409 if isinstance(err, UsageError) else 400)
+        return JSONResponse({"detail": str(err)}, status_code=_status_of(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": [_problem(e) for e in err.errors()]}, status_code=422)
 
     # ---- pages ----------------------------------------------------------------------------------
 
@@ -344,11 +332,25 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     # ---- the JSON API ---------------------------------------------------------------------------
 
-    @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json")
-    def api_jobs(team: str | None = None, state: str | None = None) -> dict[str, Any]:
+    def known_team(team: str | None) -> bool:
+        """Whether a view of ``team`` may be cached: no team, or one that some job belongs to."""
         from gpufleet.views import jobs_view
 
-        return cache.get(("jobs", team, state), lambda: jobs_view(_store(home), team=team, state=state))
+        if team is None or cache.ttl_s <= 0:
+            return True  # nothing to grow: no team, or nothing cached at all
+        every = cache.get(("jobs", None, None), lambda: jobs_view(_store(home)))
+        return any(j["team"] == team for j in every["jobs"])
+
+    @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json")
+    def api_jobs(team: Team = None, state: JobState | None = None) -> dict[str, Any]:
+        from gpufleet.views import jobs_view
+
+        wanted = None if state is None else str(state)
+
+        def build() -> dict[str, Any]:
+            return jobs_view(_store(home), team=team, state=wanted)
+
+        return cache.get(("jobs", team, wanted), build) if known_team(team) else build()
 
     @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="gpufleet show ID --json")
     def api_job(job_id: JobId) -> dict[str, Any]:
@@ -375,11 +377,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return {"id": job_id, "spans": [_span(s) for s in spans]}
 
     @app.get("/api/jobs/{job_id}/diagnosis", tags=["jobs"], summary="gpufleet diagnose ID --json")
-    def api_diagnosis(
-        job_id: JobId,
-        window: float = Query(default=60.0, gt=0),
-        min_duration: float = Query(default=300.0, gt=0),
-    ) -> dict[str, Any]:
+    def api_diagnosis(job_id: JobId, window: Seconds = 60.0, min_duration: Seconds = 300.0) -> dict[str, Any]:
         from gpufleet.telemetry import DiagnosisConfig
         from gpufleet.views import job_diagnosis
 
@@ -391,8 +389,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     def job_action(verb: str) -> Callable[..., dict[str, Any]]:
         """``POST /api/jobs/{id}/<verb>``: the backend's ``verb`` on the job, as ``gpufleet <verb> ID`` does."""
 
-        def act(job_id: JobId, request: Request) -> dict[str, Any]:
-            actions.check(request)
+        def act(job_id: JobId) -> dict[str, Any]:
             getattr(_backend_of(home, job_id), verb)(job_id)
             log.info("job %d: %s requested through the API", job_id, verb)
             return {"id": job_id, "requested": verb, **({"grace": None} if verb == "preempt" else {})}
@@ -409,7 +406,9 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return cache.get(("fleet",), lambda: fleet_view(home))
 
     @app.get("/api/cost", tags=["cost"], summary="gpufleet cost --json, optionally over a period")
-    def api_cost(team: str | None = None, period: str = "all") -> dict[str, Any]:
+    def api_cost(
+        team: Team = None, period: Annotated[str, Query(max_length=MAX_QUERY_CHARS)] = "all"
+    ) -> dict[str, Any]:
         from gpufleet.cost.gather import cost_report
 
         if period not in PERIODS:
@@ -423,7 +422,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             since = None if seconds is None else time.time() - seconds
             return {**cost_report(store, team=team, since=since).to_dict(), "period": period}
 
-        return cache.get(("cost", team, period), build)
+        return cache.get(("cost", team, period), build) if known_team(team) else build()
 
     @app.get("/api/quality", tags=["quality"], summary="Registry aliases and history, decisions, the monitor")
     def api_quality() -> dict[str, Any]:
@@ -431,9 +430,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @app.post("/api/registry/{model}/promote", tags=["actions"], summary="gpufleet registry promote (token)")
     def api_promote(
-        model: str, request: Request, version: str = Body(...), reason: str = Body(...), home_name: str = Body("")
+        model: str, version: str = Body(...), reason: str = Body(...), home_name: str = Body("")
     ) -> dict[str, Any]:
-        actions.check(request)
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
         events = _registry(quality_home(home, home_name), model).promote(model, version, why=reason.strip())
@@ -441,9 +439,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @app.post("/api/registry/{model}/rollback", tags=["actions"], summary="gpufleet registry rollback (token)")
     def api_rollback(
-        model: str, request: Request, reason: str = Body(..., embed=True), home_name: str = Body("", embed=True)
+        model: str, reason: str = Body(..., embed=True), home_name: str = Body("", embed=True)
     ) -> dict[str, Any]:
-        actions.check(request)
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
         events = _registry(quality_home(home, home_name), model).rollback(model, why=reason.strip())
@@ -474,6 +471,18 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     return app
 
 
+def _status_of(err: GpufleetError) -> int:
+    """422 for a bad value (a library function's argument), 409 for a request the state refuses, else 400."""
+    if isinstance(err, ParameterError):
+        return 422
+    return 409 if isinstance(err, UsageError) else 400
+
+
+def _problem(error: Any) -> dict[str, Any]:
+    """One validation error as FastAPI words it, without echoing the input (a NaN there is no JSON)."""
+    return {"type": str(error.get("type")), "loc": [str(x) for x in error.get("loc", ())], "msg": str(error.get("msg"))}
+
+
 def _span(span: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -482,13 +491,17 @@ def _span(span: Any) -> dict[str, Any]:
 
 
 def _registry(path: Path, model: str) -> Any:
-    """The registry of ``path`` to act on ``model``; 404 where it has none (a refused action creates no store)."""
+    """The registry of ``path`` to act on ``model``: 422 for a name no model may have; 404 where there is no
+    registry (a refused action creates no store)."""
     from gpufleet.quality.registry import Registry, check_model_name, sqlite_path, tracking_uri
 
-    check_model_name(model)
+    try:
+        check_model_name(model)
+    except UsageError as err:
+        raise HTTPException(422, str(err)) from None
     db = sqlite_path(tracking_uri(path))
     if db is not None and not db.exists():
-        raise HTTPException(404, f"model {model!r} is not registered: {path} has no registry")
+        raise HTTPException(404, f"model {model!r} is not registered: that home has no registry")
     return Registry(path)
 
 
@@ -516,7 +529,7 @@ def _receiver(cfg: ServeConfig) -> Any:
         config = load_monitor_config(cfg.monitor)
         model = next((m for m in config.models if m.name == alert.model), None)
         if model is None or model.retrain is None:
-            raise UsageError(f"no retraining is configured for model {alert.model!r} in {cfg.monitor}")
+            raise UsageError(f"no retraining is configured for model {alert.model!r} in {cfg.monitor.name}")
         job_id, submitted = retrain_once(home, model.name, key, model.retrain, backend=model.backend)
         return {"acted": True, "job_id": job_id, "submitted": submitted}
 

@@ -5,7 +5,9 @@ state (preempt, cancel, hold, release, promote, roll back) needs ``Authorization
 constant time. That header is also the CSRF defence: a page of another origin cannot make a browser
 send it (a custom header on a cross-origin request needs a CORS preflight, which this server never
 grants), and a request that says it comes from another origin (``Origin``, ``Sec-Fetch-Site``) is
-refused before the token is looked at. The token is never logged or echoed.
+refused before the token is looked at. Both are judged from the headers alone
+(:func:`action_refusal`, called by :class:`gpufleet.serve.guard.Guard` before any body is read).
+The token is never logged or echoed.
 
 The token file is created on first use (``secrets.token_urlsafe``, mode 0600). An existing one that
 its group or others may read, or that another user owns, is refused: the server does not start.
@@ -73,6 +75,18 @@ def cross_origin(headers: Mapping[str, str], host: str) -> str | None:
     return None
 
 
+def action_refusal(headers: Mapping[str, str], token: str | None) -> tuple[int, str] | None:
+    """The status and reason to refuse a state-changing request with, from its headers; None: it may act."""
+    why = cross_origin(headers, headers.get("host", ""))
+    if why is not None:
+        return 403, f"cross-origin request refused ({why})"
+    if token is None:
+        return 403, "this server was started without a token: it changes nothing"
+    if not bearer_ok(headers, token):
+        return 401, "give the server's token: Authorization: Bearer <token>"
+    return None
+
+
 def bearer_ok(headers: Mapping[str, str], token: str | None) -> bool:
     """Whether ``Authorization: Bearer <token>`` carries the token (always False without one configured)."""
     if token is None:
@@ -82,4 +96,4 @@ def bearer_ok(headers: Mapping[str, str], token: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 
 
-__all__ = ["LOOPBACK", "MIN_TOKEN_CHARS", "bearer_ok", "cross_origin", "is_loopback", "load_token"]
+__all__ = ["LOOPBACK", "MIN_TOKEN_CHARS", "action_refusal", "bearer_ok", "cross_origin", "is_loopback", "load_token"]

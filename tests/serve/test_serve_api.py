@@ -47,6 +47,11 @@ def cli(*args: str) -> Any:
     return json.loads(result.stdout)
 
 
+def as_served(value: Any, home: Path) -> Any:
+    """The CLI's ``value`` as the server sends it: the home's absolute path written ``$GPUFLEET_HOME``."""
+    return json.loads(json.dumps(value).replace(json.dumps(str(home))[1:-1], "$GPUFLEET_HOME"))
+
+
 @pytest.fixture
 def fleet(local: Any, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A home with a completed job and one preempted once then completed."""
@@ -68,16 +73,16 @@ def test_every_api_object_equals_the_clis_json(fleet: Path) -> None:
         assert http("GET", f"{url}/api/jobs") == (200, cli("jobs", "--json"))
         assert http("GET", f"{url}/api/jobs?team=nlp") == (200, cli("jobs", "--team", "nlp", "--json"))
         for job in (1, 2):
-            assert http("GET", f"{url}/api/jobs/{job}") == (200, cli("show", str(job), "--json"))
+            assert http("GET", f"{url}/api/jobs/{job}") == (200, as_served(cli("show", str(job), "--json"), fleet))
             status, logs = http("GET", f"{url}/api/jobs/{job}/logs?attempt=1")
-            assert status == 200 and {k: v for k, v in logs.items() if k != "size"} == cli(
-                "logs", str(job), "--attempt", "1", "--json"
+            assert status == 200 and {k: v for k, v in logs.items() if k != "size"} == as_served(
+                cli("logs", str(job), "--attempt", "1", "--json"), fleet
             )
         status, cost = http("GET", f"{url}/api/cost")
         assert status == 200 and cost.pop("period") == "all" and cost == cli("cost", "--json")
         status, fleet_view = http("GET", f"{url}/api/fleet")
         assert status == 200 and fleet_view["jobs"] == cli("jobs", "--json")["jobs"]
-        assert fleet_view["fleet"] == cli("fleet", "show", "--json")
+        assert fleet_view["fleet"] == as_served(cli("fleet", "show", "--json"), fleet)
         assert fleet_view["states"] == {"completed": 2} and fleet_view["teams"]["nlp"] == {"completed": 1}
         assert any(e["kind"] == "sigterm" and e["job"] == 2 for e in fleet_view["recent"])
         status, series = http("GET", f"{url}/api/jobs/2/series")

@@ -286,7 +286,7 @@ function qualityPage() {
         ${table(["#", "when", "action", "alias", "version", "who", "why"], m.history.map((e) => `<tr data-action="${esc(e.action)}">
           <td>${esc(e.seq)}</td><td>${when(e.when)}</td><td><span class="pill ${esc(e.action)}">${esc(e.action)}</span></td><td>@${esc(e.alias)}</td>
           <td>${esc(e.from_version ?? "")} → ${esc(e.to_version ?? "")}</td><td>${esc(e.who)}</td><td>${esc(e.why)}</td></tr>`), `class="alias-history" data-model="${esc(m.name)}"`)}
-        <form class="actions" data-model="${esc(m.name)}" data-home="${esc(h.home)}" onsubmit="return false">
+        <form class="actions" data-model="${esc(m.name)}" data-home="${esc(h.home)}">
           <input name="version" placeholder="version" size="6"><input name="reason" placeholder="reason (recorded)" size="30">
           <button data-do="promote">Promote to champion</button><button data-do="rollback" class="danger">Roll back</button>
           <span class="result"></span></form>`).join("");
@@ -302,6 +302,7 @@ function qualityPage() {
       return `<section data-home="${esc(h.home)}"><h1>${h.home ? esc(h.home) : "this home"}</h1>${models || '<p class="muted">no registered model</p>'}${decisions}${monitor}</section>`;
     }).join("");
     for (const form of document.querySelectorAll("#homes form")) {
+      form.addEventListener("submit", (e) => e.preventDefault()); // the buttons act; the form never navigates
       for (const b of form.querySelectorAll("button")) {
         b.onclick = () => {
           const body = { reason: form.reason.value, home_name: form.dataset.home };
