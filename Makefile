@@ -61,11 +61,14 @@ soak: dev
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
 
-# The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number (`make test` runs ~300).
+# The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number, and the HTTP API
+# (`make test` runs ~400, seeded by the commit). FUZZ_ARGS narrows it, e.g. FUZZ_ARGS="--surface serve-http".
 FUZZ_CASES ?= 10000
 FUZZ_SEED ?= 1
+FUZZ_ARGS ?=
 fuzz: dev
-	$(BIN)/python tests/fuzz/fuzz_runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --jobs 2 --report fuzz-report.json
+	$(BIN)/python tests/fuzz/fuzz_runner.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --jobs 2 --report fuzz-report.json \
+	  $(FUZZ_ARGS)
 
 bench: dev tools
 	$(BIN)/python bench/checkpoint_save.py

@@ -149,10 +149,52 @@ class Case:
     service_exit_ok: bool = False
     """Exit 3 (a network service is unreachable) is a legitimate outcome of this case."""
     notes: list[str] = field(default_factory=list)
+    http: list[HttpStep] | None = None
+    """A serving case's exchanges: sent (raw bytes) instead of the one GET of ``serves_path``."""
+    private: tuple[str, ...] = ()
+    """Files of the case made mode 0600 before the command runs (a token file only its owner reads)."""
+    must_refuse: bool = False
+    """The input is one the command must catch: exit 0 is a violation (crafted metadata, say)."""
+    quiet: bool = False
+    """At most one non-empty stderr line and no warning, whatever the exit status."""
 
     def describe_files(self) -> dict[str, str]:
         """Each input file in a line: its size and a short preview, for a report."""
         return {name: _preview(content) for name, content in self.files.items()}
+
+
+TOKEN_MARK = b"@TOKEN@"
+"""Replaced in an :class:`HttpStep`'s request by the server's token (read from its token file)."""
+PORT_MARK = b"@PORT@"
+"""Replaced in an :class:`HttpStep`'s request by the port the server listens on."""
+INDEX_MARK = b"@N@"
+"""Replaced by the repetition's number in a step sent ``repeat`` times."""
+
+
+@dataclass(frozen=True)
+class HttpStep:
+    """One exchange with a serving case: raw request bytes over a fresh loopback connection.
+
+    ``statuses``: what the answer must be (empty: anything below 500). ``allow_503``: a 503 is
+    legitimate (the connection cap, a webhook without a secret). ``slow``: connections opened
+    first, each sent half a request head and left open while this request is sent. ``repeat``:
+    the request is sent this many times, :data:`INDEX_MARK` replaced by the repetition's number.
+    """
+
+    label: str
+    raw: bytes
+    statuses: tuple[int, ...] = ()
+    allow_503: bool = False
+    slow: int = 0
+    repeat: int = 1
+
+    def describe(self) -> str:
+        line = self.raw.split(b"\r\n", 1)[0].decode("latin-1")
+        return f"{self.label}: {_clip_text(line, 120)}"
+
+
+def _clip_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} chars)"
 
 
 def _preview(content: FileContent, limit: int = 160) -> str:
@@ -935,6 +977,123 @@ def build_templates(root: Path) -> None:
     }
     for name, frame in tables.items():
         frame.to_parquet(folder / f"{name}.parquet")
+    build_dcp_templates(root)
+
+
+DCP_STEP = "step-00000010"
+DCP_OUTSIDE = "outside.distcp"
+"""A copy of the real shard, placed outside the checkpoint folder: crafted metadata points at it."""
+DCP_VARIANTS: dict[str, str] = {
+    "outside-parent": "outside",
+    "outside-up2": "outside",
+    "outside-fifo": "outside",
+    "absolute-passwd": "outside",
+    "absolute-zero": "outside",
+    "absolute-environ": "outside",
+    "unlisted": "outside",
+    "missing": "outside",
+    "folder": "outside",
+    "rank-file": "broken",
+    "offset-huge": "broken",
+    "offset-negative": "broken",
+    "offset-shift": "broken",
+    "length-huge": "broken",
+    "length-zero": "broken",
+    "pickle-dict": "broken",
+    "pickle-gadget": "broken",
+    "metadata-empty": "broken",
+    "truncated": "broken",
+}
+"""The crafted ``.metadata`` files of ``dcp-meta/``: ``outside`` ones name a file the manifest does not
+list (``verify`` and ``export`` must both refuse them); ``broken`` ones point into listed files wrongly
+or hold something else (``export`` must refuse them)."""
+DCP_PATHS: dict[str, str] = {
+    "outside-parent": f"../{DCP_OUTSIDE}",
+    "outside-up2": f"../../{DCP_OUTSIDE}",
+    "outside-fifo": "../../outside.fifo",
+    "absolute-passwd": "/etc/passwd",
+    "absolute-zero": "/dev/zero",
+    "absolute-environ": "/proc/self/environ",
+    "unlisted": "__9_0.distcp",
+    "missing": "__5_0.distcp",
+    "folder": ".",
+    "rank-file": "rank-00000.pt",
+}
+
+
+class _Gadget:
+    """A pickle that makes a folder when unpickled by a loader that trusts any global."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.mkdir, ("../../../unpickled-by-metadata",))
+
+
+def build_dcp_templates(root: Path) -> None:
+    """A sharded (``dcp``) checkpoint of a group of one (``dcp/``), and crafted ``.metadata`` files (``dcp-meta/``)."""
+    import dataclasses
+    import io
+    import pickle
+
+    import torch
+
+    from gpufleet.runtime.checkpoint import CheckpointDir
+    from gpufleet.runtime.group import Group
+    from gpufleet.runtime.sharded import save_sharded
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    trainer = io.BytesIO()
+    torch.save({"step": 10, "data_position": 10}, trainer)
+    save_sharded(
+        CheckpointDir(root / "dcp", keep=10),
+        Group(),
+        10,
+        {"model": model.state_dict(), "trainer": trainer},
+        {"rank": 0},
+        healthy=True,
+        loss=0.5,
+        data_position=10,
+        reason="periodic",
+        meta={},
+        job="1",
+        fingerprint=None,
+        metrics={},
+        strategy="none",
+    )
+    step = root / "dcp" / DCP_STEP
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["created_at"], manifest["save_seconds"] = T0, 0.01
+    (step / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    raw = (step / ".metadata").read_bytes()
+    out = root / "dcp-meta"
+    out.mkdir(parents=True)
+    for variant in DCP_VARIANTS:
+        metadata = pickle.loads(raw)  # the file DCP itself just wrote
+        storage = metadata.storage_data
+        first = sorted(storage, key=str)[0]
+        info = storage[first]
+        if variant in DCP_PATHS:
+            for key, item in storage.items():
+                storage[key] = dataclasses.replace(item, relative_path=DCP_PATHS[variant])
+        elif variant.startswith(("offset", "length")):
+            change = {
+                "offset-huge": {"offset": 2**62},
+                "offset-negative": {"offset": -1},
+                "offset-shift": {"offset": info.offset + 1},
+                "length-huge": {"length": 2**62},
+                "length-zero": {"length": 0},
+            }[variant]
+            storage[first] = dataclasses.replace(info, **change)
+        data = pickle.dumps(metadata)
+        if variant == "pickle-dict":
+            data = pickle.dumps({"state_dict_metadata": {}, "storage_data": {}})
+        elif variant == "pickle-gadget":
+            data = pickle.dumps(_Gadget())
+        elif variant == "metadata-empty":
+            data = pickle.dumps(type(metadata)(state_dict_metadata={}))
+        elif variant == "truncated":
+            data = raw[: len(raw) // 2]
+        (out / f"{variant}.metadata").write_bytes(data)
 
 
 # ---- tables --------------------------------------------------------------------------------------
@@ -1589,7 +1748,7 @@ def hostile_db_job(g: Gen, job: HomeJob) -> None:
             n,
             g.pick((state, "bogus")),
             g.pick((pid, -1, 2**62, None)),
-            g.pick((started, "abc", 1e308, -1e308, None if g.chance(0.1) else started)),
+            g.pick((started, "abc", 1e308, -1e308, "")),  # the column is NOT NULL: a real store never holds None
             g.pick((ended, "yesterday", started - 100 if isinstance(started, float) else 0.0)),
             g.pick((code, 2**62, -9, "x")),
             g.pick((outcome, "bogus", "[bold]")),
@@ -1727,6 +1886,10 @@ class Draft:
     serves: str | None = None
     serves_path: str = "/metrics"
     service_exit_ok: bool = False
+    http: list[HttpStep] | None = None
+    private: tuple[str, ...] = ()
+    must_refuse: bool = False
+    quiet: bool = False
 
 
 def _maybe(g: Gen, p: float, *args: str) -> list[str]:
@@ -2994,6 +3157,554 @@ def surface_serve(g: Gen) -> Draft:
     return Draft(argv, home=_home(g, hostile=False, p_empty=0.5), serves="port.txt", serves_path="/api/jobs")
 
 
+# ---- the HTTP surface of `gpufleet serve` -------------------------------------------------------
+
+ALLOWED_NAMES = ("fleet.internal", "gpu-box.lan", "dash.example.org")
+"""``--allowed-host`` values a case may give."""
+FOREIGN_HOSTS: tuple[bytes, ...] = (
+    b"evil.example",
+    b"evil.example:@PORT@",
+    b"127.0.0.1.evil.com",
+    b"localhost.evil.com:@PORT@",
+    b"127.0.0.1.nip.io",
+    b"",
+    b"x" * 4000,
+    b"[::2]",
+    b"[::1].evil.com",
+    b"0.0.0.0",
+    b"10.0.0.1:@PORT@",
+    b"xn--80ak6aa92e.com",
+    b"\xd0\xb5xample.com",
+    b"evil.example:@PORT@@127.0.0.1",
+    b"fleet.internal.evil.com",
+)
+"""Host header values no server may accept (not loopback, not ``--host``, not an ``--allowed-host``)."""
+UNSURE_HOSTS: tuple[bytes, ...] = (
+    b"LOCALHOST",
+    b"localhost.",
+    b"127.0.0.2",
+    b"127.0.0.1:1",
+    b"127.1",
+    b"[0:0:0:0:0:0:0:1]",
+    b"localhost:99999",
+)
+"""Host header values a server may take either way: only the general rules apply to their answers."""
+PLAIN_ROUTES: tuple[str, ...] = (
+    "/",
+    "/api/jobs",
+    "/api/fleet",
+    "/api/cost",
+    "/api/quality",
+    "/cost",
+    "/quality",
+    "/static/app.js",
+    "/api/jobs?team=perception",
+    "/api/cost?period=7d",
+    "/api/openapi.json",
+)
+HOSTILE_QUERIES: tuple[str, ...] = (
+    "/api/jobs?team=%00",
+    "/api/jobs?team=a%00b",
+    "/api/jobs?team=%FF%FE",
+    "/api/jobs?team=%C3%A9",
+    "/api/jobs?team=%E2%80%AEevil",
+    "/api/jobs?team=%5Bbold%5D",
+    "/api/jobs?team=a&team=b&team=c",
+    "/api/jobs?state=bogus",
+    "/api/jobs?state=%0Arunning",
+    "/api/jobs?team=",
+    "/api/jobs?=x",
+    "/api/jobs?team",
+    "/api/jobs?%ZZ=1",
+    "/api/cost?period=24h&period=all",
+    "/api/cost?team=%00",
+    "/api/jobs/1/logs?attempt=1&attempt=2",
+    "/jobs/1?x=%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    "/static/..%2fapp.js",
+    "/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
+    "/api/jobs/%2e%2e/%2e%2e",
+    "/api/jobs?" + "&".join(f"k{i}=v" for i in range(400)),
+)
+"""Queries with odd but short values: anything but a 5xx."""
+BAD_NUMBERS: tuple[str, ...] = ("inf", "-inf", "nan", "NaN", "-1", "0", "1e309", "-1e309", "abc", "", "%00", "1e3x")
+BAD_IDS: tuple[str, ...] = ("0", "-1", str(2**63), str(2**64), "1e3", "abc", "%00", "1.5", "0x10", "%20")
+JOB_VERBS: tuple[str, ...] = ("preempt", "cancel", "hold", "release")
+BIG_BODY = 64 << 10
+"""The API's body limit: a larger body is answered 413."""
+
+
+def _request(
+    method: str,
+    target: str,
+    *,
+    host: bytes | None = b"127.0.0.1:@PORT@",
+    headers: Sequence[tuple[str, bytes]] = (),
+    body: bytes | None = None,
+    version: str = "HTTP/1.1",
+    chunked: bool = False,
+    length: int | None = None,
+) -> bytes:
+    """Raw request bytes; ``length`` overrides the Content-Length of ``body``."""
+    lines = [f"{method} {target} {version}".encode()]
+    if host is not None:
+        lines.append(b"Host: " + host)
+    lines += [name.encode() + b": " + value for name, value in headers]
+    lines.append(b"Connection: close")
+    payload = b""
+    if chunked:
+        lines.append(b"Transfer-Encoding: chunked")
+        data = body or b""
+        for at in range(0, len(data), 8192):
+            part = data[at : at + 8192]
+            payload += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+        payload += b"0\r\n\r\n"
+    elif body is not None or length is not None:
+        lines.append(f"Content-Length: {len(body or b'') if length is None else length}".encode())
+        payload = body or b""
+    return b"\r\n".join(lines) + b"\r\n\r\n" + payload
+
+
+def _json_body(g: Gen) -> tuple[str, bytes]:
+    """A body for the action routes: valid, malformed, or of the wrong shape."""
+    label, body = g.pick(
+        (
+            ("valid", b'{"version": "1", "reason": "fuzz"}'),
+            ("malformed", b'{"version": '),
+            ("not-json", b"\xff\xfe\x00garbage"),
+            ("array", b"[1, 2, 3]"),
+            ("deep", b"[" * 5000 + b"]" * 5000),
+            ("nan", b'{"version": NaN, "reason": Infinity}'),
+            ("empty", b""),
+            ("huge-number", b'{"version": ' + b"9" * 5000 + b', "reason": "x"}'),
+        )
+    )
+    return str(label), bytes(body)
+
+
+def _action_target(g: Gen) -> str:
+    """An action route; a job's is for one no home holds, so that a request let through changes nothing."""
+    if g.chance(0.5):
+        return f"/api/jobs/{g.pick(('999999', '424242'))}/{g.pick(JOB_VERBS)}"
+    return f"/api/registry/{g.pick(('tabular-demo', 'm'))}/{g.pick(('promote', 'rollback'))}"
+
+
+class _Hosts:
+    """What Host values a case's server must accept."""
+
+    def __init__(self, g: Gen, host: str, allowed: list[str]) -> None:
+        self.g = g
+        self.names = ["127.0.0.1", "localhost", "[::1]", *allowed]
+        if host not in ("127.0.0.1", "localhost"):
+            self.names.append(host)
+
+    def good(self) -> bytes:
+        name = str(self.g.pick(self.names))
+        return (name + str(self.g.pick(("", ":@PORT@")))).encode()
+
+
+def _step_plain(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    version = g.pick(("HTTP/1.1", "HTTP/1.1", "HTTP/1.0"))
+    route = g.pick(PLAIN_ROUTES)
+    return HttpStep("plain GET", _request("GET", route, host=hosts.good(), version=version), statuses=(200,))
+
+
+def _step_foreign_host(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    host = g.pick(FOREIGN_HOSTS)
+    extra: list[tuple[str, bytes]] = []
+    if token and g.chance(0.3):
+        extra.append(("Authorization", b"Bearer " + TOKEN_MARK))
+    if g.chance(0.5):
+        raw = _request("GET", g.pick((*PLAIN_ROUTES, "/api/jobs/1", "/jobs/1")), host=host, headers=extra)
+    else:
+        _, body = _json_body(g)
+        raw = _request("POST", _action_target(g), host=host, headers=extra, body=body)
+    return HttpStep("foreign Host", raw, statuses=(400, 403, 421))
+
+
+def _step_odd_host(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    # (Two Host headers, or none in HTTP/1.1, are refused by the HTTP parser itself, before the app.)
+    kind = g.pick(("unsure", "absent-1.0", "absolute-form"))
+    if kind == "unsure":
+        raw = _request("GET", g.pick(PLAIN_ROUTES), host=g.pick(UNSURE_HOSTS))
+    elif kind == "absent-1.0":
+        raw = _request("GET", g.pick(PLAIN_ROUTES), host=None, version="HTTP/1.0")
+    else:
+        raw = _request("GET", "http://evil.example/api/jobs", host=hosts.good())
+    return HttpStep(f"Host {kind}", raw)
+
+
+def _step_long_query(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    value = g.pick(("a" * 200, "%41" * 300, "t" * 5000, "%C3%A9" * 150))
+    route = g.pick(("/api/jobs?team=", "/api/cost?team=", "/api/jobs?state=", "/api/cost?period="))
+    return HttpStep("long query", _request("GET", route + value, host=hosts.good()), statuses=(400, 414, 422))
+
+
+def _step_hostile_query(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    return HttpStep("odd query", _request("GET", g.pick(HOSTILE_QUERIES), host=hosts.good()))
+
+
+def _step_bad_number(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    roll = g.rng.random()
+    if roll < 0.45:
+        param = g.pick(("window", "min_duration"))
+        target = f"/api/jobs/{g.pick(('1', '2'))}/diagnosis?{param}={g.pick(BAD_NUMBERS)}"
+    elif roll < 0.7:
+        target = f"/api/jobs/1/logs?attempt={g.pick(('0', '-1', str(2**63), str(2**64), 'nan', '1.5', 'inf'))}"
+    else:
+        target = g.pick(("/api/jobs/{}", "/jobs/{}", "/api/jobs/{}/series", "/api/jobs/{}/trace")).format(
+            g.pick(BAD_IDS)
+        )
+    return HttpStep("bad number", _request("GET", target, host=hosts.good()), statuses=(400, 404, 422))
+
+
+def _step_unauthenticated(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    """A POST to an action without the token: 401 (403 across origins or without a token) before the body."""
+    headers: list[tuple[str, bytes]] = []
+    if g.chance(0.3):
+        headers.append(("Authorization", g.pick((b"Bearer wrong-token-0123456789abcdef", b"Basic YTpi", b"Bearer "))))
+    if g.chance(0.3):
+        headers.append(("Origin", g.pick((b"http://evil.example", b"null", b"http://127.0.0.1.evil.com"))))
+    if g.chance(0.3):
+        headers.append(("Content-Type", g.pick((b"application/json", b"text/plain", b"multipart/form-data; x"))))
+    shape = g.pick(("small", "big", "declared", "chunked", "chunked-big"))
+    label, body = _json_body(g)
+    target = _action_target(g)
+    if shape == "big":
+        body = b"{" + b" " * (200 << 10)
+    elif shape == "chunked-big":
+        body = b" " * (100 << 10)
+    if shape == "declared":
+        raw = _request("POST", target, host=hosts.good(), headers=headers, length=g.pick((10**10, 2**62, 1 << 30)))
+    else:
+        raw = _request("POST", target, host=hosts.good(), headers=headers, body=body, chunked=shape.startswith("chunk"))
+    return HttpStep(f"no token, {shape} {label} body", raw, statuses=(401, 403))
+
+
+def _step_authenticated(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    """A POST with the token: too large (413), malformed (400/422), a bad model name (never 409), another origin."""
+    auth = ("Authorization", b"Bearer " + TOKEN_MARK)
+    kind = g.pick(("too-big", "declared-big", "chunked-big", "malformed", "bad-model", "no-registry", "origin"))
+    target = _action_target(g)  # never an existing job: nothing is acted on
+    if kind == "too-big":
+        body = b'{"reason": "' + b"r" * g.pick((BIG_BODY, 200 << 10, 1 << 20)) + b'"}'
+        return HttpStep("token, body over 64 KiB", _request("POST", target, headers=[auth], body=body), (413,))
+    if kind == "declared-big":
+        raw = _request("POST", target, headers=[auth], length=g.pick((10**10, BIG_BODY + 1, 2**62)))
+        return HttpStep("token, declared body over 64 KiB", raw, (413,))
+    if kind == "chunked-big":
+        raw = _request("POST", target, headers=[auth], body=b" " * (100 << 10), chunked=True)
+        return HttpStep("token, chunked body over 64 KiB", raw, (413,))
+    if kind == "malformed":
+        target = f"/api/registry/m/{g.pick(('promote', 'rollback'))}"
+        label, body = g.pick(
+            (("malformed", b'{"version": '), ("not-json", b"\xff\x00"), ("array", b"[1]"), ("deep", b"[" * 5000))
+        )
+        raw = _request("POST", target, headers=[auth, ("Content-Type", b"application/json")], body=body)
+        return HttpStep(f"token, {label} body", raw, (400, 404, 422))
+    if kind == "bad-model":
+        model = g.pick(("a%00b", "%00", "..", "a%2Fb", "x" * 300, "%5Bbold%5D", "%C3%A9", "-x", "a%0Ab"))
+        target = f"/api/registry/{model}/{g.pick(('promote', 'rollback'))}"
+        body = b'{"version": "1", "reason": "fuzz"}'
+        raw = _request("POST", target, headers=[auth, ("Content-Type", b"application/json")], body=body)
+        return HttpStep("token, malformed model name", raw, (400, 404, 422))
+    if kind == "no-registry":
+        target = f"/api/registry/tabular-demo/{g.pick(('promote', 'rollback'))}"
+        body = g.pick((b'{"version": "1", "reason": "fuzz"}', b'{"reason": "fuzz"}'))
+        raw = _request("POST", target, headers=[auth, ("Content-Type", b"application/json")], body=body)
+        return HttpStep("token, no registry", raw, (404, 409, 422))
+    origin = ("Origin", g.pick((b"http://evil.example", b"null", b"http://127.0.0.1.evil.com:@PORT@")))
+    raw = _request("POST", target, headers=[auth, origin], body=b'{"reason": "fuzz"}')
+    return HttpStep("token, another origin", raw, (403,))
+
+
+def _step_methods(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    method = g.pick(("HEAD", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH", "BREW", "get"))
+    return HttpStep(f"method {method}", _request(method, g.pick(PLAIN_ROUTES), host=hosts.good()))
+
+
+def _step_webhook(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    _, body = _json_body(g)
+    headers = [("X-Gpufleet-Signature", b"sha256=" + b"0" * 64)] if g.chance(0.5) else []
+    if g.chance(0.3):
+        raw = _request("POST", "/hooks/alerts", host=hosts.good(), headers=headers, length=10**12)
+    else:
+        raw = _request("POST", "/hooks/alerts", host=hosts.good(), headers=headers, body=body)
+    return HttpStep("webhook", raw, allow_503=True)
+
+
+def _step_slow(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    raw = _request("GET", "/api/jobs", host=hosts.good())
+    slow = g.pick((3, 8, 40, 90, 600))  # 600: past the server's connection cap (512), whose answer is a 503
+    return HttpStep("GET beside half-sent heads", raw, (200, 503), allow_503=True, slow=slow)
+
+
+def _step_teams(g: Gen, hosts: _Hosts, token: bool) -> HttpStep:
+    raw = _request("GET", f"/api/{g.pick(('jobs', 'cost'))}?team=fuzz-team-@N@", host=hosts.good())
+    return HttpStep("distinct teams", raw, (200,), repeat=g.pick((20, 60)))
+
+
+HTTP_STEPS: tuple[tuple[Callable[[Gen, _Hosts, bool], HttpStep], int, bool], ...] = (
+    (_step_plain, 3, False),
+    (_step_foreign_host, 4, False),
+    (_step_odd_host, 1, False),
+    (_step_long_query, 2, False),
+    (_step_hostile_query, 2, False),
+    (_step_bad_number, 3, False),
+    (_step_unauthenticated, 3, False),
+    (_step_authenticated, 3, True),
+    (_step_methods, 1, False),
+    (_step_webhook, 1, False),
+    (_step_slow, 1, False),
+    (_step_teams, 1, False),
+)
+"""Step makers, their weights, and whether they need the server's token."""
+
+
+def surface_serve_http(g: Gen) -> Draft:
+    """``gpufleet serve`` on a free loopback port, sent raw requests: hostile Hosts, queries, bodies, slow heads.
+
+    The runner checks each answer (:meth:`fuzz_runner.Runner._exchange`): its status, no 5xx, the
+    security headers, no absolute path of the case's folder in the body; then stops the server.
+    """
+    argv = ["serve", "--port", "0", "--port-file", "port.txt"]
+    private: tuple[str, ...] = ()
+    mode = g.pick(("default", "file", "file", "none"))
+    if mode == "none":
+        argv.append("--no-token")
+    elif mode == "file":
+        argv += ["--token-file", g.add_file("serve.token", b"fuzz-token-" + b"t" * 40 + b"\n")]
+        private = ("serve.token",)
+    host = g.pick(("127.0.0.1", "127.0.0.1", "localhost"))
+    if g.chance(0.3):
+        argv += ["--host", host]
+    allowed: list[str] = []
+    if g.chance(0.3):
+        allowed = g.rng.sample(ALLOWED_NAMES, g.rng.randint(1, 2))
+        for name in allowed:
+            argv += ["--allowed-host", name]
+    if g.chance(0.3):
+        argv += ["--cache", g.pick(("0", "1", "30"))]
+    hosts = _Hosts(g, host, allowed)
+    token = mode != "none"
+    makers = [(make, weight) for make, weight, needs in HTTP_STEPS if token or not needs]
+    steps = []
+    for _ in range(g.rng.randint(4, 9)):
+        make = g.rng.choices([m for m, _ in makers], weights=[w for _, w in makers])[0]
+        steps.append(make(g, hosts, token))
+    g.note(f"token: {mode}; allowed hosts: {allowed or 'loopback'}")
+    g.notes.extend(step.describe() for step in steps)
+    return Draft(
+        argv,
+        home=_home(g, hostile=False, p_empty=0.4),
+        serves="port.txt",
+        serves_path="",
+        http=steps,
+        private=private,
+    )
+
+
+# ---- sweep numerics, crafted DCP metadata, determinism seeds ------------------------------------
+
+
+def _grid(n: int, *, start: float = 0.0) -> list[float]:
+    return [start + i for i in range(n)]
+
+
+SWEEP_STORAGES: tuple[str, ...] = (
+    "bogus://x",
+    "sqlite:////no/such/dir/study.db",
+    "sqlite:///" + "d" * 300 + "/x.db",
+    "sqlite:///:memory:",
+    "",
+    "sqlite://",
+    "file:///etc/passwd",
+    "sqlite:////dev/null",
+    "sqlite:////proc/self/x.db",
+    "mysql://u:p@127.0.0.1:1/db",
+    "postgresql://u:p@127.0.0.1:1/db",
+    "sqlite:///study.db?mode=ro",
+)
+"""``storage:`` and ``--storage`` values: refused (exit 2, no ``state.db``), a file inside the working folder, or an
+unreachable server (exit 3)."""
+
+
+def _sweep_space(g: Gen) -> tuple[dict[str, Any], str, bool]:
+    """A hostile ``space:`` with its sampler kind, and whether the sweep must be refused."""
+    kind = g.pick(
+        (
+            "huge-grid",
+            "grid-over-ceiling",
+            "grid-at-ceiling",
+            "wide-range",
+            "wide-int",
+            "tiny-step",
+            "huge-int",
+            "log-zero",
+            "log-negative",
+            "non-finite",
+            "huge-step",
+            "many-params",
+        )
+    )
+    g.note(f"space: {kind}")
+    if kind == "huge-grid":  # 10^12 points: refused, never enumerated
+        return {k: {"grid": _grid(10_000)} for k in ("a", "b", "c")}, "grid", True
+    if kind == "grid-over-ceiling":
+        return {"a": {"grid": _grid(10_000)}, "b": {"grid": _grid(11)}}, "grid", True
+    if kind == "grid-at-ceiling":
+        return {"a": {"grid": _grid(1_000)}, "b": {"grid": _grid(g.pick((2, 100)))}}, "grid", False
+    if kind == "wide-range":
+        low, high = g.pick(((-1e308, 1e308), (-1.7976931348623157e308, 1.7976931348623157e308), (0.0, 1e308)))
+        return {"lr": {"low": low, "high": high}}, g.pick(("tpe", "random")), low < 0
+    if kind == "wide-int":
+        return {"n": {"low": -(2**63), "high": 2**63 - 1, "type": "int"}}, g.pick(("tpe", "random")), False
+    if kind == "tiny-step":
+        step = g.pick((1e-300, 5e-324, 1e-30))
+        return {"lr": {"low": 0.0, "high": 1.0, "step": step}}, g.pick(("tpe", "random")), step < 1e-100
+    if kind == "huge-int":
+        low, high = g.pick(((0, 2**64), (-(2**70), 2**70), (0, 10**30), (2**63, 2**63 + 10)))
+        param: dict[str, Any] = {"low": low, "high": high, "type": "int"}
+        if g.chance(0.5):
+            param["step"] = g.pick((1, 2**62, 10**20))
+        return {"n": param}, g.pick(("tpe", "random")), True
+    if kind == "log-zero":
+        return {"lr": {"low": 0.0, "high": 1.0, "log": True}}, "tpe", True
+    if kind == "log-negative":
+        return {"lr": {"low": g.pick((-1.0, -1e308, -5e-324)), "high": 1.0, "log": True}}, "tpe", True
+    if kind == "non-finite":
+        field_, value = g.pick((("low", "__RAW_nan__"), ("high", "__RAW_inf__"), ("step", "__RAW_inf__")))
+        param = {"low": 0.0, "high": 1.0, field_: value}
+        if g.chance(0.3):
+            return {"a": {"grid": [0.1, "__RAW_nan__"]}}, "grid", True
+        return {"lr": param}, "tpe", True
+    if kind == "huge-step":
+        return {"lr": {"low": 0.0, "high": 1.0, "step": 1e308}}, "tpe", False
+    return {f"p{i}": {"choices": [1, 2]} for i in range(g.pick((64, 65, 500)))}, "random", False
+
+
+def surface_sweep_numerics(g: Gen) -> Draft:
+    """``gpufleet sweep run``: grids past the trial ceiling, ±1e308 ranges, tiny steps, huge ints, odd storages."""
+    base = example("sweep.yaml")
+    base["budget"], base["parallelism"] = {"trials": 1}, 1
+    base["base"]["args"].update(steps=2, eval_every=1)
+    refuse = False
+    if g.chance(0.8):
+        space, sampler, refuse = _sweep_space(g)
+        base["space"], base["sampler"] = space, {"kind": sampler, "seed": 0}
+    if g.chance(0.3):
+        base["budget"] = {"trials": g.pick((10**30, 2**63, 100_001, 0, -1))}
+        refuse = True
+    service = False
+    if g.chance(0.35):
+        base["storage"] = g.pick(SWEEP_STORAGES)
+        service = base["storage"].startswith(("mysql", "postgresql"))
+        g.note(f"storage: {base['storage']!r}")
+    raws = {"__RAW_nan__": ".nan", "__RAW_inf__": ".inf"}
+    text = yaml.safe_dump(base, sort_keys=False, width=10**9)
+    for mark, raw in raws.items():
+        text = text.replace(f"'{mark}'", raw).replace(mark, raw)
+    sweep = g.add_file(g.name("sweep", ".yaml"), text.encode())
+    if g.chance(0.15):
+        name = g.arg_string("lm-sweep", p_valid=0.8)
+        which = g.pick(("show", "best", "note"))
+        argv = ["sweep", which, name, "--storage", g.pick(SWEEP_STORAGES)]
+        if which == "best":
+            argv += ["--out", g.out_path("best", ".yaml")]
+        return Draft(argv, home=_home(g, hostile=False, p_empty=0.7), service_exit_ok=True)
+    argv = ["sweep", "run", sweep, "--once", *_maybe(g, 0.3, "--json")]
+    return Draft(argv, home=_home(g, hostile=False, p_empty=0.6), service_exit_ok=service, must_refuse=refuse)
+
+
+def dcp_checkpoint(g: Gen, variant: str | None) -> dict[str, FileContent]:
+    """The sharded template under ``ck/`` with its ``.metadata`` replaced by ``variant``'s (manifest re-hashed),
+    a copy of its shard outside the step folder (``ck/`` and the working folder), and a FIFO beside them."""
+    files: dict[str, FileContent] = {f"ck/{k}": v for k, v in g.templates.under("dcp/").items()}
+    shard = files.get(f"ck/{DCP_STEP}/__0_0.distcp")
+    if isinstance(shard, bytes):
+        files[f"ck/{DCP_OUTSIDE}"] = shard
+        files[DCP_OUTSIDE] = shard
+        if variant == "unlisted":
+            files[f"ck/{DCP_STEP}/__9_0.distcp"] = shard
+    files["outside.fifo"] = Special("fifo")
+    crafted = g.templates.files.get(f"dcp-meta/{variant}.metadata") if variant else None
+    manifest_name = f"ck/{DCP_STEP}/manifest.json"
+    raw = files.get(manifest_name)
+    if crafted is not None and isinstance(raw, bytes):
+        manifest = json.loads(raw)
+        files[f"ck/{DCP_STEP}/.metadata"] = crafted
+        manifest["files"][".metadata"] = {"sha256": hashlib.sha256(crafted).hexdigest(), "bytes": len(crafted)}
+        files[manifest_name] = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    return files
+
+
+def surface_ckpt_dcp(g: Gen) -> Draft:
+    """``gpufleet ckpt verify|export|list`` on a sharded checkpoint with a crafted ``.metadata`` (manifest re-hashed).
+
+    Metadata that names a file the manifest does not list must be refused by ``verify`` and
+    ``export`` (exit 1 or 2, one stderr line, no warning) without the outside copy of the shard
+    being read: were it read, the export would succeed. Broken offsets or pickles: ``export`` refuses.
+    """
+    variant = None if g.chance(0.12) else g.pick(sorted(DCP_VARIANTS))
+    g.note(f"dcp metadata: {variant or 'intact'}")
+    for name, content in dcp_checkpoint(g, variant).items():
+        g.add_file(name, content)
+    which = g.pick(("verify", "verify", "export", "export", "list"))
+    argv = ["ckpt", which, "ck"]
+    if which == "export":
+        argv += ["--out", "model.pt", *_maybe(g, 0.4, "--step", "10")]
+        argv += _maybe(g, 0.3, "--entry", g.pick(("model", "trainer")))
+    argv += _maybe(g, 0.4, "--json")
+    kind = DCP_VARIANTS.get(variant or "")
+    refuse = (kind == "outside" and which != "list") or (kind == "broken" and which == "export")
+    return Draft(argv, must_refuse=refuse, quiet=True)
+
+
+SEED_VALUES: tuple[tuple[str, bool], ...] = (
+    (f"{2**64},1", True),
+    (f"1,{2**64}", True),
+    (f"{2**64 + 1},0", True),
+    ("1" + "0" * 400 + ",1", True),
+    ("-1,0", True),
+    ("0,-1", True),
+    (f"{-(2**63)},1", True),
+    ("1.5,2", True),
+    ("1e3,1", True),
+    ("nan,1", True),
+    ("inf,1", True),
+    ("0x10,1", True),
+    ("\u0661,2", True),
+    ("1_000,2", True),
+    ("+1,2", True),
+    ("1,2,3", True),
+    (",", True),
+    ("", True),
+    (f"{2**63},1", False),
+    (f"{2**63 - 1},1", False),
+    (f"{2**32},{2**32 - 1}", False),
+    ("0,1", False),
+    ("5,5", False),
+)
+"""``--seeds`` values, and whether ``debug determinism`` must refuse them (others may run or be refused)."""
+
+
+def surface_determinism_seeds(g: Gen) -> Draft:
+    """``gpufleet debug determinism SPEC --steps 2 --seeds A,B``: seeds past 2^64, negative, not integers."""
+    args: dict[str, Any] = {"steps": 3, "step_seconds": 0}
+    spec = {"name": "toy", "entrypoint": "gpufleet.workloads.toy:train", "args": args}
+    refuse = False
+    if g.chance(0.2):
+        seed = g.pick((2**64, 2**70, -1, 10**400 if g.chance(0.2) else 2**63, "1", 1.5))
+        args["seed"] = seed
+        g.note(f"spec seed {_short(seed)}")
+    spec_file = g.add_file("spec.yaml", yaml.safe_dump(spec).encode())
+    argv = ["debug", "determinism", spec_file, "--steps", g.pick(("2", "2", "1"))]
+    if g.chance(0.9):
+        seeds, refuse = g.pick(SEED_VALUES)
+        argv += ["--seeds", seeds]
+    argv += _maybe(g, 0.3, "--json")
+    return Draft(argv, must_refuse=refuse)
+
+
 SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "spec-submit": surface_spec_submit,
     "spec-export": surface_spec_export,
@@ -3029,6 +3740,10 @@ SURFACES: dict[str, Callable[[Gen], Draft]] = {
     "bench-net": surface_bench_net,
     "bench-stage": surface_bench_stage,
     "serve": surface_serve,
+    "serve-http": surface_serve_http,
+    "sweep-numerics": surface_sweep_numerics,
+    "ckpt-dcp": surface_ckpt_dcp,
+    "seeds": surface_determinism_seeds,
 }
 SURFACE_WEIGHTS: dict[str, int] = {
     "spec-submit": 3,
@@ -3065,6 +3780,10 @@ SURFACE_WEIGHTS: dict[str, int] = {
     "bench-net": 1,
     "bench-stage": 1,
     "serve": 1,
+    "serve-http": 1,
+    "sweep-numerics": 1,
+    "ckpt-dcp": 1,
+    "seeds": 1,
 }
 
 
@@ -3100,6 +3819,10 @@ def make_case(seed: int, index: int, templates: Templates | None = None) -> Case
         serves_path=draft.serves_path,
         service_exit_ok=draft.service_exit_ok,
         notes=g.notes,
+        http=draft.http,
+        private=draft.private,
+        must_refuse=draft.must_refuse,
+        quiet=draft.quiet,
     )
 
 

@@ -32,6 +32,15 @@ validates the environment and creates the home as the real one does, but launche
 that serves (``observe exporter``) is fetched once when its port file appears, then stopped with
 SIGTERM, and must exit 0.
 
+A serving case with ``http`` steps (``gpufleet serve``) is sent each step's raw request instead, over
+a fresh loopback connection with every wait bounded (:func:`http_exchange`), and each answer is
+judged (:func:`judge`, violations of kind ``http``): the status the step expects (a foreign ``Host``:
+400/403/421; no token: 401/403; too large: 413; ...), no 5xx but a 503 the step allows, the security
+headers (CSP, ``X-Content-Type-Options: nosniff``, ``X-Frame-Options``), and no absolute path of the
+case's folder or of the repository in the body. Then it is stopped with SIGTERM, must exit 0 and
+must not flood stderr. A case marked ``must_refuse`` (a crafted input) must not exit 0, and one
+marked ``quiet`` may print at most one stderr line, and no warning.
+
 Usage::
 
     python tests/fuzz/fuzz_runner.py --cases 2000 --seed 1 --jobs 2 --report report.json
@@ -51,6 +60,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import sqlite3
 import stat
 import sys
@@ -69,11 +79,16 @@ if str(HERE) not in sys.path:
 
 from fuzz_cases import (  # noqa: E402 - the folder above is on sys.path first
     HOME_MARK,
+    INDEX_MARK,
+    PORT_MARK,
+    REPO,
     SURFACE_ORDER,
     SURFACES,
+    TOKEN_MARK,
     WEBHOOK_NOW,
     WEBHOOK_SECRET,
     Case,
+    HttpStep,
     Templates,
     make_case,
     materialize_home,
@@ -103,6 +118,15 @@ PRELOAD = (
     "gpufleet.cli.app",
 )
 SCRUBBED_ENV = ("GPUFLEET_", "MLFLOW_", "OTEL_", "SLURM_", "RAY_", "COLUMNS", "LINES", "PYTHONSTARTUP")
+SECURITY_HEADERS = ("content-security-policy", "x-content-type-options", "x-frame-options")
+"""Headers every answer of ``gpufleet serve`` carries (``X-Content-Type-Options`` must say ``nosniff``)."""
+SERVE_STDERR_LINES = 50
+"""A server stopped after its exchanges printed at most this many stderr lines (no line per request)."""
+HTTP_TIMEOUT_S = 10.0
+"""How long one exchange may wait for an answer; a server silent for longer is reported."""
+HTTP_BUDGET_S = 40.0
+"""How long all the exchanges of one case may take; the steps left are skipped (and said so)."""
+HTTP_BODY_LIMIT = 4 << 20
 HASH_LIMIT = 64 << 20
 """Files larger than this are compared by size and mtime, not hashed."""
 
@@ -144,7 +168,8 @@ class Result:
 
     @property
     def reproducer(self) -> str:
-        return f"python tests/fuzz/fuzz_runner.py --seed {self.seed} --only {self.index}"
+        keep = f"/tmp/gpufleet-fuzz-{self.seed}-{self.index}"
+        return f"python tests/fuzz/fuzz_runner.py --seed {self.seed} --only {self.index} --keep {keep}"
 
     @property
     def outcome(self) -> str:
@@ -491,6 +516,8 @@ class _Running:
     next_probe: float = 0.0
     served: str | None = None
     """What the served endpoint answered (``serves`` cases), once it was fetched."""
+    http: list[Violation] = field(default_factory=list)
+    """What the exchanges of a case with ``http`` steps found wrong."""
 
 
 class Runner:
@@ -525,6 +552,8 @@ class Runner:
         paths.make()
         for name, content in case.files.items():
             write_file(paths.work / name, content)
+        for name in case.private:
+            os.chmod(paths.work / name, 0o600)
         problems = materialize_home(case.home, paths.home) if case.home is not None else []
         case.argv = [a.replace(HOME_MARK, str(paths.home)) for a in case.argv]
         home_before = snapshot(paths.home)
@@ -569,6 +598,13 @@ class Runner:
         try:
             port = int(port_file.read_text().strip())
         except (OSError, ValueError):
+            return
+        if run.case.http is not None:
+            run.served = "exchanged"
+            run.http = exchange_all(run.case, port, _token_of(run), _private_paths(run.paths))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(run.pid, signal.SIGTERM)
+            run.deadline = min(run.deadline, time.monotonic() + 10)
             return
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -688,7 +724,24 @@ class Runner:
             v.append(
                 Violation("wrote-outside", "written outside the working folder and home: " + ", ".join(outside[:8]))
             )
-        if case.serves is not None:
+        if case.must_refuse and code == 0:
+            v.append(Violation("accepted", "exit 0 on an input it must refuse: " + "; ".join(case.notes[:2])))
+        if case.quiet and not crashed:
+            lines = [line for line in err.splitlines() if line.strip()]
+            noisy = [line for line in lines if "warn" in line.lower()]
+            if len(lines) > 1 or noisy:
+                shown = " | ".join(_clip(line, 150) for line in (noisy or lines)[:3])
+                v.append(Violation("stderr-noise", f"{r.outcome} with {len(lines)} stderr line(s): {shown}"))
+        if case.http is not None:
+            v.extend(run.http)
+            lines = [line for line in err.splitlines() if line.strip()]
+            if run.served is None and not v and code == 0:
+                v.append(Violation("serve", "exited 0 without ever writing its port file"))
+            elif run.served is not None and code != 0:
+                v.append(Violation("serve", f"after its exchanges and SIGTERM: {r.outcome}: {_first_line(err)}"))
+            if len(lines) > SERVE_STDERR_LINES:
+                v.append(Violation("stderr-flood", f"{len(lines)} stderr lines while serving: {_clip(lines[-1], 150)}"))
+        elif case.serves is not None:
             if run.served is None and not v and code == 0:
                 v.append(Violation("serve", "exited 0 without ever writing its port file"))
             elif run.served is not None and (run.served != "200" or code != 0):
@@ -735,6 +788,135 @@ class Runner:
                 self._watch(run)
             time.sleep(0.003)
         return results
+
+
+# ---- the exchanges of a serving case -------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """What the server sent back for one request (``status`` None: no answer, ``error`` says why)."""
+
+    status: int | None
+    headers: dict[str, str]
+    body: bytes
+    error: str | None = None
+
+
+HALF_HEAD = b"GET /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+"""What a slow client sends before it stops: half a request head."""
+
+
+def http_exchange(port: int, raw: bytes, *, slow: int = 0, timeout: float = HTTP_TIMEOUT_S) -> Answer:
+    """Send ``raw`` to 127.0.0.1:``port`` on a fresh connection and read the answer, every wait bounded.
+
+    The head goes first; the body follows in pieces only while no answer has come (a server may
+    answer 401 or 413 without reading the body, and then close: the answer is read, not lost to a
+    reset). ``slow`` connections, each holding half a request head, stay open meanwhile.
+    """
+    held: list[socket.socket] = []
+    opening_ends = time.monotonic() + timeout / 2
+    try:
+        for _ in range(slow):
+            if time.monotonic() > opening_ends:
+                break
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=2.0)
+            except OSError:
+                break  # the server refuses more connections: what is held is the test
+            held.append(conn)
+            with contextlib.suppress(OSError):
+                conn.sendall(HALF_HEAD)
+        return _one_exchange(port, raw, timeout)
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def _one_exchange(port: int, raw: bytes, timeout: float) -> Answer:
+    import select
+
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    method = raw.split(b" ", 1)[0].decode("latin-1")
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    except OSError as err:
+        return Answer(None, {}, b"", f"cannot connect: {err}")
+    try:
+        with contextlib.suppress(OSError):
+            sock.sendall(head + sep)
+            for at in range(0, len(body), 16 << 10):
+                if select.select([sock], [], [], 0.2 if at == 0 else 0)[0]:
+                    break  # answered before the body: read that answer
+                sock.sendall(body[at : at + (16 << 10)])
+        response = http.client.HTTPResponse(sock, method=method)
+        response.begin()
+        data = response.read(HTTP_BODY_LIMIT)
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return Answer(response.status, headers, data)
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        return Answer(None, {}, b"", f"{type(err).__name__}: {err}".strip())
+    finally:
+        sock.close()
+
+
+def judge(step: HttpStep, answer: Answer, private: Sequence[str]) -> str | None:
+    """What is wrong with ``answer`` to ``step``, or None: its status, a 5xx, a host path, a missing header."""
+    if answer.status is None:
+        return f"no answer within {HTTP_TIMEOUT_S:g} s ({answer.error})"
+    status = answer.status
+    said = _clip(answer.body.decode("utf-8", "backslashreplace").replace("\n", " "), 160)
+    if status >= 500 and not (status == 503 and step.allow_503):
+        return f"answered {status}: {said}"
+    if step.statuses and status not in step.statuses:
+        return f"answered {status}, not {'/'.join(map(str, step.statuses))}: {said}"
+    for path in private:
+        if path.encode() in answer.body:
+            return f"answered {status} with the host path {path} in its body: {said}"
+    missing = [name for name in SECURITY_HEADERS if name not in answer.headers]
+    if "x-content-type-options" not in missing and answer.headers["x-content-type-options"].lower() != "nosniff":
+        missing.append("X-Content-Type-Options: nosniff")
+    if missing:
+        return f"answered {status} without {', '.join(missing)}"
+    return None
+
+
+def exchange_all(case: Case, port: int, token: bytes, private: Sequence[str]) -> list[Violation]:
+    """Every step of ``case.http`` against the server on ``port``; the first problem of each step is reported."""
+    found: list[Violation] = []
+    ends = time.monotonic() + HTTP_BUDGET_S
+    for n, step in enumerate(case.http or []):
+        if time.monotonic() > ends:
+            found.append(Violation("http", f"steps {n} and later not sent: the exchanges took {HTTP_BUDGET_S:g} s"))
+            break
+        raw = step.raw.replace(PORT_MARK, str(port).encode()).replace(TOKEN_MARK, token)
+        for i in range(step.repeat):
+            answer = http_exchange(port, raw.replace(INDEX_MARK, str(i).encode()), slow=step.slow)
+            problem = judge(step, answer, private)
+            if problem is not None:
+                found.append(Violation("http", f"step {n} ({step.describe()}): {problem}"))
+                break
+    return found
+
+
+def _token_of(run: _Running) -> bytes:
+    """The token a serving case's server uses: its ``--token-file``, else ``$GPUFLEET_HOME/serve.token``."""
+    argv = run.case.argv
+    if "--no-token" in argv:
+        return b""
+    path = run.paths.home / "serve.token"
+    if "--token-file" in argv[:-1]:
+        path = run.paths.work / argv[argv.index("--token-file") + 1]
+    try:
+        return path.read_bytes().strip()
+    except OSError:
+        return b""
+
+
+def _private_paths(paths: CasePaths) -> list[str]:
+    """Absolute paths of this machine no answer may hold: the case's folder and the repository."""
+    found = {str(paths.root), str(paths.root.resolve()), str(REPO)}
+    return sorted(found, key=len, reverse=True)
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -812,8 +994,17 @@ def signature(v: Violation, r: Result) -> str:
         text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", v.detail)
         text = re.sub(r"\d{4,}", "N", text)
         return f"{v.kind}: {text[:200]}"
+    if v.kind == "http":  # by the kind of request and what was wrong with the answer
+        m = _HTTP_DETAIL.match(v.detail)
+        if m:
+            return f"http: {m.group(1)}: {m.group(2)}"
     command = " ".join(a for a in r.argv[:3] if not a.startswith("-") and "/" not in a and "." not in a)[:40]
     return f"{v.kind}: {command}"
+
+
+_HTTP_DETAIL = re.compile(
+    r"step \d+ \(([^:]*): .*?\): (answered \d+(?:, not [\d/]+| without [^:]+| with the host path)?|no answer)"
+)
 
 
 # ---- choosing cases and reporting ----------------------------------------------------------------
@@ -936,6 +1127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = p.parse_args(args)
     quiet_environment()
     indices = case_indices(opts.cases, start=opts.start, surfaces=opts.surface, only=opts.only)
+    print(f"fuzz: {len(indices)} case(s) of seed {opts.seed}", file=sys.stderr, flush=True)
     keep = opts.keep is not None
     root = opts.keep.resolve() if keep else Path(tempfile.mkdtemp(prefix="gpufleet-fuzz-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -993,6 +1185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = [
     "ALLOWED_EXITS",
     "SURFACE_ORDER",
+    "Answer",
     "Limits",
     "Result",
     "Runner",
@@ -1001,6 +1194,9 @@ __all__ = [
     "case_indices",
     "cli_target",
     "diff",
+    "exchange_all",
+    "http_exchange",
+    "judge",
     "main",
     "preload",
     "signature",

@@ -2,14 +2,16 @@
 
 ``test_a_short_run_over_every_surface_finds_no_violation`` runs ``fuzz_runner.py`` in a subprocess
 (a fork server of its own, away from pytest's capture and warning filters) on
-``$GPUFLEET_FUZZ_CASES`` cases (default :data:`DEFAULT_CASES`, 20 to 50 s on two cores)
-of seed ``$GPUFLEET_FUZZ_SEED``, and fails with every violation's reproducer. Cases ``0..N-1``
-cycle through :data:`fuzz_cases.SURFACE_ORDER`, so any run of at least ``len(SURFACE_ORDER)``
-cases touches every surface.
+``$GPUFLEET_FUZZ_CASES`` cases (default :data:`DEFAULT_CASES`, 25 to 60 s on two cores)
+of seed ``$GPUFLEET_FUZZ_SEED``, and fails with every violation's reproducer. The seed defaults to
+the commit's (:func:`commit_seed`), so every commit explores cases no earlier one did, and the run
+prints it first. Cases ``0..N-1`` cycle through :data:`fuzz_cases.SURFACE_ORDER`, so any run of at
+least ``len(SURFACE_ORDER)`` cases touches every surface.
 
 The other tests give the runner a fake command (``Runner(target=...)``): a crash, a write into the
 home before exit 2, two lines on stderr, a hang, a spin, a memory blow-up, a write outside the case's
-folders. Each must be reported as its own violation, so a clean fuzz run means something.
+folders, a server that answers 500, leaks a path of the host or accepts a foreign ``Host``. Each
+must be reported as its own violation, so a clean fuzz run means something.
 """
 
 from __future__ import annotations
@@ -24,14 +26,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_cases import SURFACE_ORDER, SURFACES, Case, HomeJob, HomeRecipe, Templates, make_case, surface_of
+from fuzz_cases import (
+    SURFACE_ORDER,
+    SURFACES,
+    Case,
+    HomeJob,
+    HomeRecipe,
+    HttpStep,
+    Templates,
+    _request,
+    make_case,
+    surface_of,
+)
 from fuzz_runner import Limits, Result, Runner, Target, case_indices
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CASES = 6 * len(SURFACE_ORDER)
-"""Six turns of every surface (366 cases): 25 to 50 s of wall time on two busy cores when no case hangs."""
+"""Six turns of every surface (390 cases): 25 to 60 s of wall time on two busy cores when no case hangs."""
+FALLBACK_SEED = 20261204
+"""The seed where no git commit can be read (a source tarball)."""
+
+
+def commit_seed() -> int:
+    """The first 8 hex digits of the checkout's commit as an int: each commit's run explores new cases,
+    and any one is replayed from the seed the run prints."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=20, check=True
+        ).stdout.strip()
+        return int(head[:8], 16)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return FALLBACK_SEED
+
+
 CASES = int(os.environ.get("GPUFLEET_FUZZ_CASES", str(DEFAULT_CASES)))
-SEED = int(os.environ.get("GPUFLEET_FUZZ_SEED", "20261204"))
+SEED = int(os.environ.get("GPUFLEET_FUZZ_SEED") or commit_seed())
+REPLAY = f"replay the run: GPUFLEET_FUZZ_SEED={SEED} pytest tests/fuzz -k short_run"
 
 
 def _violations(report: dict[str, Any]) -> str:
@@ -45,18 +75,22 @@ def _violations(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def test_a_short_run_over_every_surface_finds_no_violation(tmp_path: Path) -> None:
+def test_a_short_run_over_every_surface_finds_no_violation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print(f"\nfuzz: {CASES} cases of seed {SEED} (GPUFLEET_FUZZ_SEED={SEED} replays them)", flush=True)
     report_path = tmp_path / "report.json"
     argv = [sys.executable, str(HERE / "fuzz_runner.py"), "--cases", str(CASES), "--seed", str(SEED)]
     argv += ["--jobs", "2", "--quiet", "--report", str(report_path), "--timeout", "60", "--idle", "15"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=280, check=False)
-    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert report_path.exists(), f"seed {SEED}; {REPLAY}\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    assert report["cases"] == CASES
+    assert report["cases"] == CASES, REPLAY
     if len(SURFACE_ORDER) <= CASES:
-        assert set(report["per_surface"]) == set(SURFACES)
-    assert report["violations"] == 0, f"{report['violations']} violation(s):\n{_violations(report)}"
-    assert proc.returncode == 0, proc.stdout[-3000:]
+        assert set(report["per_surface"]) == set(SURFACES), REPLAY
+    assert report["violations"] == 0, (
+        f"seed {SEED}: {report['violations']} violation(s), each replayed by its command:\n{_violations(report)}"
+    )
+    assert proc.returncode == 0, f"{REPLAY}\n{proc.stdout[-3000:]}"
 
 
 # ---- the generators -------------------------------------------------------------------------------
@@ -277,3 +311,101 @@ def test_every_surface_generates(surface: str) -> None:
     index = SURFACE_ORDER.index(surface)
     case = make_case(11, index, Templates())
     assert case.surface == surface and case.argv
+
+
+# ---- the HTTP checks of a serving case --------------------------------------------------------------
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+SECURITY = {
+    "Content-Security-Policy": "default-src 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+
+
+def fake_server(case: Case) -> int:
+    """A server that writes ``port.txt`` and answers as ``case.argv[1]`` says, until SIGTERM (then exit 0).
+
+    ``good`` follows the contract (a foreign Host: 421; security headers); ``500`` fails every request;
+    ``leak`` names its working folder in the body; ``any-host`` serves whatever the Host header says.
+    """
+    import signal
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    mode = case.argv[1]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            host = self.headers.get("Host") or ""
+            name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
+            status, body = 200, b'{"jobs": []}'
+            if mode == "500":
+                status, body = 500, b"Internal Server Error"
+            elif mode == "leak":
+                body = json.dumps({"home": os.getcwd()}).encode()
+            elif mode != "any-host" and name not in LOOPBACK_NAMES:
+                status, body = 421, b'{"detail": "misdirected"}'
+            self.send_response(status)
+            for key, value in SECURITY.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    stop: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    server.timeout = 0.1
+    Path("port.txt").write_text(str(server.server_address[1]))
+    while not stop:
+        server.handle_request()
+    server.server_close()
+    return 0
+
+
+def _serving_case(mode: str) -> Case:
+    steps = [
+        HttpStep("plain GET", _request("GET", "/api/jobs"), (200,)),
+        HttpStep("foreign Host", _request("GET", "/api/jobs", host=b"evil.example"), (400, 403, 421)),
+    ]
+    return Case(seed=0, index=0, surface="harness", argv=["fake", mode], serves="port.txt", http=steps)
+
+
+def test_a_server_that_keeps_the_contract_passes(tmp_path: Path) -> None:
+    result = _run(tmp_path, fake_server, _serving_case("good"))
+    assert result.violations == [], result.violations
+
+
+@pytest.mark.parametrize(
+    ("mode", "found"),
+    [
+        ("500", "answered 500"),
+        ("leak", "host path"),
+        ("any-host", "(foreign Host: GET /api/jobs HTTP/1.1): answered 200"),
+    ],
+)
+def test_a_server_that_fails_leaks_or_takes_a_foreign_host_is_caught(tmp_path: Path, mode: str, found: str) -> None:
+    result = _run(tmp_path, fake_server, _serving_case(mode))
+    assert _kinds(result) == {"http"}, result.violations
+    assert any(found in v.detail for v in result.violations), result.violations
+
+
+def warns_then_fails(case: Case) -> int:
+    print("UserWarning: torch.distributed is disabled", file=sys.stderr)
+    print("error: ck/step-00000010: .metadata names a file the manifest does not list", file=sys.stderr)
+    return 1
+
+
+def test_exit_0_on_an_input_to_refuse_is_caught(tmp_path: Path) -> None:
+    case = Case(seed=0, index=0, surface="harness", argv=["fake"], must_refuse=True)
+    assert _kinds(_run(tmp_path, clean, case)) == {"accepted"}
+    assert _run(tmp_path, refuses_cleanly, case).violations == []
+
+
+def test_a_warning_beside_the_error_of_a_quiet_case_is_caught(tmp_path: Path) -> None:
+    case = Case(seed=0, index=0, surface="harness", argv=["fake"], quiet=True)
+    assert _kinds(_run(tmp_path, warns_then_fails, case)) == {"stderr-noise"}
+    assert _run(tmp_path, refuses_cleanly, case).violations == []
