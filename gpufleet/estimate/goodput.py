@@ -710,6 +710,8 @@ def analytic(s: Scenario) -> Goodput:
     before = p_fail / lam - length * q_l  # E[T; T < L]
     weights = [b.rate / lam for b in bs]
     keep = math.fsum(w * math.exp(-lam * b.restart) for w, b in zip(weights, bs, strict=True))  # 1 - P̄
+    if not keep > 0:  # every restart outlasts the interruptions by so far that e^(-λ·restart) underflows
+        raise _cannot_progress(s, tau, "no restart would complete")
     chain = [-math.expm1(-lam * b.restart) / (lam * keep) for b in bs]  # X_c: a restart and its interruptions
     part_save = q_tau * ((1 - q_delta) / lam - delta * q_delta)  # E[(T - τ); τ ≤ T < L]
     progress = tau * q_l

@@ -32,6 +32,8 @@ import resource
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.serve.guard import SECURITY_HEADERS
+
 if TYPE_CHECKING:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -47,11 +49,13 @@ REPEAT_LOG_S = 60.0
 """A repeated log message is shown at most once per this many seconds."""
 LOUD_LOGGERS = ("asyncio", "uvicorn.error")
 
-_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_HEADERS = b"".join(b"%s: %s\r\n" % pair for pair in SECURITY_HEADERS)
+"""The headers every response carries (:data:`~gpufleet.serve.guard.SECURITY_HEADERS`), these raw ones too."""
+_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\n%sContent-Length: 0\r\nConnection: close\r\n\r\n" % _HEADERS
 _BUSY_BODY = b'{"detail": "too many connections: retry in a second"}'
 _BUSY_REPLY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+    b"HTTP/1.1 503 Service Unavailable\r\n%sContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (_HEADERS, len(_BUSY_BODY), _BUSY_BODY)
 )
 
 

@@ -33,7 +33,7 @@ import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from gpufleet.backends import get_backend
-from gpufleet.backends.base import Backend
+from gpufleet.backends.base import Backend, registered
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import TERMINAL, Job, Store
@@ -214,13 +214,17 @@ class SweepDriver:
         self.home = home
         self.sweep = sweep
         self.base = base
-        if sweep.storage:
-            check_storage(sweep.storage)  # before the backend opens (and creates) the home's state.db
+        study = None
+        if sweep.storage:  # the user's own storage is opened before the backend creates the home's state.db
+            check_storage(sweep.storage)
+            if backend not in registered():
+                get_backend(backend, home)  # refused by name, before the study is created
+            study = open_study(home, sweep, base)  # a folder that exists yet takes no file (/proc) fails here
         self.backend: Backend = get_backend(backend, home)
         self.store: Store = self.backend.store
         self.poll_s = poll_s
         self.on_tick = on_tick
-        self.study = open_study(home, sweep, base)
+        self.study = study if study is not None else open_study(home, sweep, base)
         self.stopping: dict[int, str] = {}
         """Jobs of pruned trials, until they have stopped: the reason to give them then."""
 

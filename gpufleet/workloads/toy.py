@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gpufleet.errors import ParameterError
 from gpufleet.jobs.faults import FaultPlan
 from gpufleet.runtime import TrainSession
 from gpufleet.workloads import check_seed
@@ -20,6 +21,8 @@ from gpufleet.workloads import check_seed
 def train(steps: int = 50, step_seconds: float = 0.02, seed: int = 0, exit_code: int = 0) -> dict[str, Any]:
     """Fit y = 3x - 1 by SGD; sleep ``step_seconds`` a step; exit with ``exit_code`` at the end."""
     torch.manual_seed(check_seed(seed))
+    if not 0 <= step_seconds <= 3600:  # NaN too
+        raise ParameterError("{step_seconds} is out of range: give seconds from 0 to 3600", step_seconds=step_seconds)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     faults = FaultPlan.parse(os.environ.get("GPUFLEET_FAULT", ""))

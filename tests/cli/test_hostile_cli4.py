@@ -117,6 +117,7 @@ def test_ranges_within_the_bounds_validate() -> None:
         ("bogus://x", "Can't load plugin"),
         ("not a url", "Could not parse"),
         ("sqlite:///{tmp}/missing/study.db", "no folder"),
+        ("sqlite:////proc/self/study.db", "unable to open"),  # a folder that takes no file
     ],
 )
 def test_a_storage_that_cannot_work_is_refused_before_the_home_is_touched(
@@ -173,6 +174,18 @@ def test_determinism_refuses_a_spec_seed_beyond_the_range(
     code, _, err = run_cli(capsys, monkeypatch, "debug", "determinism", str(spec), "--steps", "2")
     assert code == 2
     assert "args.seed 18446744073709551616 of the spec is out of range" in _one_error(err)
+
+
+@pytest.mark.parametrize("pace", [-1, 1e9])  # NaN is refused by the spec itself
+def test_determinism_refuses_a_toy_step_time_it_cannot_sleep(
+    pace: float, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({**BASE, "args": {**BASE["args"], "step_seconds": pace}}), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, monkeypatch, "debug", "determinism", str(spec), "--steps", "2")
+    assert code == 2
+    assert "step_seconds=" in _one_error(err) and "give seconds from 0 to 3600" in err
 
 
 def test_seed_bounds_of_the_library_and_the_workloads() -> None:

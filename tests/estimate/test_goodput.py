@@ -166,6 +166,8 @@ def test_save_longer_than_mtbf_and_no_progress_are_refused() -> None:
         replace(ONE, save_seconds=4 * H)
     with pytest.raises(ParameterError, match="cannot make progress"):
         analytic(replace(ONE, interval_seconds=200 * H))
+    with pytest.raises(ParameterError, match="no restart would complete"):  # e^(-λ·restart) underflows to 0
+        analytic(replace(ONE, restart_seconds=1e9, reschedule_seconds=0))
 
 
 def test_mix_file(tmp_path: Path) -> None:
