@@ -37,6 +37,8 @@ def describe(event: Event) -> str | None:
             if event.data.get("step") is None:
                 return f"{a} found no checkpoint: starting from scratch"
             return f"[green]{a} restored step {d.get('step')} in {_seconds(event.data.get('seconds', 0))}s[/]"
+        case EventKind.RUN_CHANGED:
+            return f"[yellow]{a} {d.get('message')}[/]"
         case EventKind.CHECKPOINT_SKIPPED:
             return f"[yellow]{a} skipped checkpoint step {d.get('step')}: {d.get('reason')}[/]"
         case EventKind.UNHEALTHY:

@@ -59,6 +59,9 @@ class EventKind(StrEnum):
     """The random state was reseeded because the world size changed since the checkpoint."""
     CONFIG_CHANGED = "config_changed"
     """The restored optimizer settings differ from this run's; the checkpoint's were kept."""
+    RUN_CHANGED = "run_changed"
+    """A resumed run's global batch or ``total_steps`` differ from its checkpoint's (another world size):
+    both numbers of each, the world sizes, and what the data position now stands for."""
     NOTHING_TO_TRAIN = "nothing_to_train"
     """The restored step is already at ``total_steps``: the loop has nothing left to run."""
     TRAIN_START = "train_start"
@@ -167,6 +170,7 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.RESIZED,
     EventKind.RESTORE,
     EventKind.CHECKPOINT_SKIPPED,
+    EventKind.RUN_CHANGED,
     EventKind.UNHEALTHY,
     EventKind.ROLLBACK,
     EventKind.PREEMPT_SIGNAL,

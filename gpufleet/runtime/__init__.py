@@ -1,4 +1,4 @@
-"""What runs inside a training process: checkpoints, health, the preemption guard.
+"""What runs inside a training process: checkpoints, health, the preemption guard, a resumable loader.
 
 Names are imported on first use, so that tools which only need the protocol (the CLI, a
 backend) do not pay for importing torch.
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, CheckpointManifest, Expectation
     from gpufleet.runtime.data import batch_generator, random_batch_indices
     from gpufleet.runtime.health import HealthMonitor
+    from gpufleet.runtime.loader import ResumableLoader
     from gpufleet.runtime.session import Preempted, TrainSession
 
 _LAZY = {
@@ -28,6 +29,7 @@ _LAZY = {
     "EventLog": "gpufleet.jobs.events",
     "HealthMonitor": "gpufleet.runtime.health",
     "Preempted": "gpufleet.runtime.session",
+    "ResumableLoader": "gpufleet.runtime.loader",
     "TrainSession": "gpufleet.runtime.session",
 }
 
@@ -40,6 +42,7 @@ __all__ = [
     "Expectation",
     "HealthMonitor",
     "Preempted",
+    "ResumableLoader",
     "TrainSession",
     "batch_generator",
     "random_batch_indices",

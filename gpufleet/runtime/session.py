@@ -58,10 +58,11 @@ from gpufleet.runtime.group import (
     import_world_defaults,
     is_peer_loss,
     mark_lost,
+    mark_session_end,
 )
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.interval import AutoInterval, PreemptionRate, rate_from
-from gpufleet.runtime.state import capture_rng, hyperparameter_changes, is_plain, restore_rng
+from gpufleet.runtime.state import RunShape, capture_rng, hyperparameter_changes, is_plain, restore_rng, run_change
 from gpufleet.runtime.watchdog import RankInfo, RankWatch, stall_seconds
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, Telemetry, parse_spec
 from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
@@ -255,6 +256,13 @@ class TrainSession:
         """Optimizer steps completed."""
         self.data_position = 0
         """Index of the next batch in the data stream; advances by ``batches`` a step, jumps on rollback."""
+        self.global_batch: int | None = None
+        """Examples a step reads over all ranks, when the script says (``note_data``): saved with each checkpoint."""
+        self.epoch_batches: int | None = None
+        """Data positions per epoch, when the script says (``note_data``)."""
+        self._saved_run: RunShape | None = None
+        """What a step and the run meant in the checkpoint restored at start (``None``: fresh, or not recorded)."""
+        self._run_checked = False
         self.monitor = HealthMonitor(self.health_policy)
         self.rollbacks = 0
         self.last_loss: float | None = None
@@ -388,6 +396,7 @@ class TrainSession:
                 self.gpu_sampler.close()
             self._emit_end(err)
             self.events.close()
+            self._restore_handlers()
             raise
         return self
 
@@ -456,9 +465,9 @@ class TrainSession:
         self._watch.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers.clear()
+        # The preemption handlers stay until session_end is written: torchrun SIGTERMs the ranks
+        # still alive as soon as one dies, and a rank that dies of it before writing its lost-rank
+        # marker and session_end leaves an attempt that reads as failed instead of requeued.
         if self._watch is not None:
             self._watch.close()
         if self._writer is not None:
@@ -472,29 +481,45 @@ class TrainSession:
         try:
             if exc is None:
                 self._finish()
+                self.group.drain()  # no collective's tensors left to a gloo worker when the script tears down
         except BaseException as err:
             exc = err
             raise
         finally:
-            self._emit_end(exc)
-            self.events.close()
+            try:
+                self._emit_end(exc)
+                self.events.close()
+            finally:
+                self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
 
     def _emit_end(self, exc: BaseException | None) -> None:
-        """``session_end``: completed, requeue (preempted, or a rank of the group lost) or failed."""
+        """``session_end``: completed, requeue (preempted, or a rank of the group lost) or failed.
+
+        A rank of a group also records its status for the launcher (``group.mark_session_end``):
+        only rank 0 writes events, and an attempt whose every rank completed is completed even if
+        its processes then fail to exit.
+        """
         if exc is None:
-            self.events.emit(EventKind.SESSION_END, status="completed", step=self.step)
+            status = "completed"
+            self.events.emit(EventKind.SESSION_END, status=status, step=self.step)
         elif isinstance(exc, Preempted):
-            self.events.emit(EventKind.SESSION_END, status="requeue", step=self.step)
+            status = "requeue"
+            self.events.emit(EventKind.SESSION_END, status=status, step=self.step)
         elif self.group.distributed and is_peer_loss(exc):
+            status = "requeue"
             if not isinstance(exc, PeerLost):  # DDP's all-reduce in backward found it, not the session
                 mark_lost(self.group.rank, str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "")
-            self.events.emit(
-                EventKind.SESSION_END, status="requeue", step=self.step, reason="rank_lost", error=str(exc)
-            )
+            self.events.emit(EventKind.SESSION_END, status=status, step=self.step, reason="rank_lost", error=str(exc))
         else:
-            self.events.emit(
-                EventKind.SESSION_END, status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}"
-            )
+            status = "failed"
+            self.events.emit(EventKind.SESSION_END, status=status, step=self.step, error=f"{type(exc).__name__}: {exc}")
+        if self.group.distributed:
+            mark_session_end(self.group.rank, status)
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
@@ -559,6 +584,8 @@ class TrainSession:
         """
         if not self._entered:
             raise RuntimeError("use TrainSession as a context manager: `with session: for step in session.steps()`")
+        if not self._run_checked:
+            self._check_run()
         while True:
             while self.total_steps is None or self.step < self.total_steps:
                 yield self.step
@@ -566,6 +593,36 @@ class TrainSession:
             if bad is None:
                 return
             self._roll_back_bad_state(bad, "at the end")
+
+    def note_data(self, *, global_batch: int, epoch_batches: int | None = None) -> None:
+        """Say what a step reads: ``global_batch`` examples over all ranks, ``epoch_batches`` positions an epoch.
+
+        Call it before the loop (``ResumableLoader.over`` does). Each checkpoint records it; a
+        resume whose global batch differs from the checkpoint's (a per-rank batch on another world
+        size) says so with both numbers and what the data position now stands for.
+        """
+        for name, value in (("global_batch", global_batch), ("epoch_batches", epoch_batches)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"note_data({name}={value!r}): give a whole number of at least 1")
+        self.global_batch, self.epoch_batches = global_batch, epoch_batches
+
+    def _run_shape(self) -> RunShape:
+        return RunShape(self.group.world_size, self.global_batch, self.total_steps, self.epoch_batches)
+
+    def _check_run(self) -> None:
+        """Once, as the loop starts: a resumed run whose global batch or ``total_steps`` changed says so.
+
+        Announced, not refused: ``gpufleet resize`` is a deliberate change, and a script with a
+        per-rank batch cannot keep its global batch on every world size; what must not happen is
+        that the run changes without anybody being told (``run_changed``, on stdout too).
+        """
+        self._run_checked = True
+        if self._saved_run is None:
+            return
+        fields = run_change(self._saved_run, self._run_shape(), self.data_position)
+        if fields is not None:
+            message = str(fields.pop("message"))
+            self._say(EventKind.RUN_CHANGED, message, step=self.step, **fields)
 
     def due(self, kind: str, every: int) -> bool:
         """True when ``step % every == 0`` and nothing of ``kind`` was logged at this step yet.
@@ -593,6 +650,8 @@ class TrainSession:
         loss: each is judged, the event names the offending micro-batch, and a rollback skips up
         to it. ``batches`` is how many data positions the step consumed (default: one per loss).
         """
+        if not self._run_checked:  # a loop of its own, without steps()
+            self._check_run()
         values = loss_values(loss)
         batches = len(values) if batches is None else batches
         now = time.monotonic()
@@ -881,6 +940,7 @@ class TrainSession:
             "values": dict(self.values),
             "logged": dict(self._logged),
             "best": self._best,
+            "run": self._run_shape().to_state(),
         }
         best = self.policy.keep_best
         metrics = {best.metric: self._metric[1]} if best and self._metric and self._metric[0] == self.step else {}
@@ -1096,6 +1156,8 @@ class TrainSession:
         self.data_position = int(trainer["data_position"])
         self.monitor = HealthMonitor(self.health_policy, [float(x) for x in trainer["health_history"]])
         self.rollbacks = int(trainer.get("rollbacks", 0))
+        if cause == "start":  # compared with this run's as the loop starts (an older checkpoint has none)
+            self._saved_run = RunShape.from_state(trainer.get("run"))
         if rng is not None:
             restore_rng(rng)
         else:  # another world size: no saved RNG state for this rank
@@ -1180,6 +1242,10 @@ class TrainSession:
             raise HealthError(
                 f"step {bad_step} is unhealthy and no healthy checkpoint precedes it; "
                 "save more often (checkpoint.every_steps) so there is one to return to"
+                if self.step > 0
+                else f"step {bad_step} is unhealthy before any update of the model: its initialisation or the first "
+                "batch produced the NaN or inf, so no checkpoint can help; check the model's initialisation "
+                "(uninitialised tensors, such as `torch.empty` or `to_empty` without a reset) and the first batch"
             )
         self.rollbacks = rollbacks
         if self.group.is_main:

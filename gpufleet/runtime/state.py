@@ -3,11 +3,17 @@
 Python's ``random`` state is a tuple of ints (accepted by ``torch.load(weights_only=True)``);
 numpy's legacy global state holds an ndarray, which ``weights_only`` refuses, so its key is stored
 as a tensor; torch's CPU generator (and CUDA's, when present) is a byte tensor.
+
+Beside the RNG, what a resumed run compares with the checkpoint's so that nothing changes
+silently: the optimizer's settings (:func:`hyperparameter_changes`) and what one step and the
+whole run mean (:class:`RunShape`, :func:`run_change`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,4 +84,95 @@ def hyperparameter_changes(saved: Any, current: Any) -> list[str]:
     return changes
 
 
-__all__ = ["capture_rng", "hyperparameter_changes", "is_plain", "restore_rng"]
+@dataclass(frozen=True, slots=True)
+class RunShape:
+    """What one step and the whole run mean: recorded in every checkpoint's trainer state (``run``)."""
+
+    world_size: int
+    global_batch: int | None = None
+    """Examples a step reads over all ranks, when the script said (``TrainSession.note_data``)."""
+    total_steps: int | None = None
+    epoch_batches: int | None = None
+    """Data positions per epoch, when the script said."""
+
+    def to_state(self) -> dict[str, int | None]:
+        return {
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "total_steps": self.total_steps,
+            "epoch_batches": self.epoch_batches,
+        }
+
+    @classmethod
+    def from_state(cls, value: Any) -> RunShape | None:
+        """The shape a checkpoint recorded; ``None`` for one written before it was recorded (or unreadable)."""
+        if not isinstance(value, Mapping):
+            return None
+        world = _count(value.get("world_size"))
+        if world is None:
+            return None
+        return cls(
+            world,
+            _count(value.get("global_batch")),
+            _count(value.get("total_steps")),
+            _count(value.get("epoch_batches")),
+        )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_change(saved: RunShape, now: RunShape, data_position: int) -> dict[str, Any] | None:
+    """The fields of a ``run_changed`` event, message included, or ``None`` when the run means what it meant.
+
+    A resume changes the run when its global batch differs from the checkpoint's (a per-rank batch
+    on another world size) or its ``total_steps`` do. The data position, a count of batches, then
+    points elsewhere in the data; the message says where, so that nobody reads a changed run as the
+    one that was started.
+    """
+    batch_changed = (
+        saved.global_batch is not None and now.global_batch is not None and saved.global_batch != now.global_batch
+    )
+    steps_changed = (
+        saved.total_steps is not None and now.total_steps is not None and saved.total_steps != now.total_steps
+    )
+    if not batch_changed and not steps_changed:
+        return None
+    ranks = f"{now.world_size} rank{'s' if now.world_size != 1 else ''}"
+    parts = []
+    if batch_changed:
+        parts.append(f"global batch {saved.global_batch} -> {now.global_batch}")
+    if steps_changed:
+        parts.append(f"total steps {saved.total_steps} -> {now.total_steps}")
+    message = f"resumed on {ranks} (the checkpoint's run had {saved.world_size}): {', '.join(parts)}"
+    if batch_changed:
+        message += (
+            f"; {_where(data_position, saved, now)}. To keep the run as it was, make per-rank batch x ranks "
+            f"(x micro-batches) {saved.global_batch} again"
+        )
+    return {
+        "message": message,
+        "data_position": data_position,
+        "old_world_size": saved.world_size,
+        "world_size": now.world_size,
+        "old_global_batch": saved.global_batch,
+        "global_batch": now.global_batch,
+        "old_total_steps": saved.total_steps,
+        "total_steps": now.total_steps,
+    }
+
+
+def _where(position: int, saved: RunShape, now: RunShape) -> str:
+    """Where data position ``position`` points now, and where it pointed in the checkpoint's run."""
+    if not (saved.epoch_batches and now.epoch_batches):
+        return f"data position {position} now counts batches of another size"
+    epoch, batch = divmod(position, now.epoch_batches)
+    old_epoch, old_batch = divmod(position, saved.epoch_batches)
+    return (
+        f"data position {position} now reads as epoch {epoch}, batch {batch} of {now.epoch_batches} "
+        f"(it was epoch {old_epoch}, batch {old_batch} of {saved.epoch_batches})"
+    )
+
+
+__all__ = ["RunShape", "capture_rng", "hyperparameter_changes", "is_plain", "restore_rng", "run_change"]
