@@ -60,6 +60,7 @@ test: lint typecheck unit
 soak: dev
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
+	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_port_exit.py -k ported
 
 # The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number, and the HTTP API
 # (`make test` runs ~400, seeded by the commit). FUZZ_ARGS narrows it, e.g. FUZZ_ARGS="--surface serve-http".

@@ -22,7 +22,9 @@ import ctypes
 import gc
 import importlib
 import os
+import pickle
 import signal
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,6 +37,15 @@ from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
 """Words of a gloo or NCCL error raised because another rank is gone or stuck."""
 _state = {"lost": False}
+_RETAINED: deque[Any] = deque(maxlen=16)
+"""The tensors of the last collectives of this module, kept alive on purpose.
+
+A gloo worker thread drops its reference to a collective's tensors just after the collective
+completes. If Python has already let go of them, that drop frees their Python objects and needs
+the GIL; a process group destroyed in that moment (DDP's reducer or FSDP's mesh releasing it as
+``main()`` returns) joins that worker while holding the GIL: the rank hangs, or aborts in the
+interpreter's finalisation. Holding the tensors here makes the worker's drop never the last.
+"""
 
 
 class PeerLost(GpufleetError):
@@ -44,6 +55,39 @@ class PeerLost(GpufleetError):
 def lost_marker(job_dir: Path, attempt: int) -> Path:
     """The file a rank leaves when it finds its group broken (read by ``group_launch``: requeue, not failure)."""
     return job_dir / f"rank-lost-attempt-{attempt}"
+
+
+def rank_end_marker(job_dir: Path, attempt: int, rank: int) -> Path:
+    """The file in which a rank records how its session ended (``completed``, ``requeue``, ``failed``).
+
+    Rank 0 writes the job's events; the others write nothing else the launcher can read, and the
+    launcher must know that *every* rank completed to end an attempt whose processes fail to exit.
+    """
+    return job_dir / "ranks" / f"attempt-{attempt}" / f"session-end-{rank}"
+
+
+def mark_session_end(rank: int, status: str) -> None:
+    """Record this rank's ``session_end`` status for the launcher (under gpufleet; else nothing)."""
+    folder, attempt = os.environ.get("GPUFLEET_JOB_DIR"), os.environ.get("GPUFLEET_ATTEMPT", "")
+    if not folder or not attempt.isdigit():
+        return
+    path = rank_end_marker(Path(folder), int(attempt), rank)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(status + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def rank_end_statuses(job_dir: Path, attempt: int, world_size: int) -> list[str | None]:
+    """Every rank's recorded ``session_end`` status, ``None`` for a rank that recorded none."""
+    out: list[str | None] = []
+    for rank in range(world_size):
+        try:
+            out.append(rank_end_marker(job_dir, attempt, rank).read_text(encoding="utf-8").strip() or None)
+        except OSError:
+            out.append(None)
+    return out
 
 
 def is_peer_loss(err: BaseException) -> bool:
@@ -89,9 +133,12 @@ class Group:
     process_group: Any = None
     """The ``torch.distributed`` process group the calls go through (``None``: the default one)."""
 
+    launched: bool = False
+    """Started by torchrun: a group even of one rank (its checkpoints sharded, so a bigger group reshards them)."""
+
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or (self.launched and bool(self.backend))
 
     @property
     def is_main(self) -> bool:
@@ -105,17 +152,25 @@ class Group:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
+    def _all_reduce(self, tensor: Any) -> Any:
+        """Sum ``tensor`` over every rank in place, waited on, the tensor retained (see ``_RETAINED``)."""
+        import torch.distributed as dist
+
+        _RETAINED.append(tensor)
+        with _collective(self.rank):
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+            work.wait()
+        del work
+        return tensor
+
     def agree(self, values: Sequence[float]) -> list[float]:
         """The element-wise sum of ``values`` over every rank (one all-reduce; NaN spreads)."""
         if not self.distributed:
             return [float(v) for v in values]
         import torch
-        import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
-        with _collective(self.rank):
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
-        return [float(v) for v in tensor.cpu().tolist()]
+        return [float(v) for v in self._all_reduce(tensor).cpu().tolist()]
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any."""
@@ -132,12 +187,27 @@ class Group:
         """Rank 0's ``value``, on every rank (any picklable object)."""
         if not self.distributed:
             return value
-        import torch.distributed as dist
+        return self._exchange(value, only_main=True)[0]
 
-        box = [value]
-        with _collective(self.rank):
-            dist.broadcast_object_list(box, src=0, group=self.process_group)
-        return box[0]
+    def _exchange(self, value: Any, *, only_main: bool = False) -> list[Any]:
+        """Every rank's pickled ``value`` (rank 0's only: ``only_main``), through two all-reduces of plain tensors.
+
+        ``all_gather_object`` and ``broadcast_object_list`` hand gloo tensors that Python drops as
+        soon as the call returns; these stay in ``_RETAINED`` (why: see there).
+        """
+        import torch
+
+        send = self.rank == 0 or not only_main
+        data = pickle.dumps(value) if send else b""
+        sizes = torch.zeros(self.world_size, dtype=torch.int64, device=self._device())
+        sizes[self.rank] = len(data)
+        lengths = [int(n) for n in self._all_reduce(sizes).cpu().tolist()]
+        table = torch.zeros((self.world_size, max(lengths) or 1), dtype=torch.uint8, device=self._device())
+        if data:
+            table[self.rank, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(table.device)
+        rows = self._all_reduce(table).cpu()
+        senders = [0] if only_main else range(self.world_size)
+        return [pickle.loads(rows[r, : lengths[r]].numpy().tobytes()) for r in senders]
 
     def side_group(self) -> Group:
         """Collective: the same ranks in a gloo process group of their own, for work in another thread.
@@ -159,12 +229,23 @@ class Group:
         """Every rank's ``value``, in rank order, on every rank."""
         if not self.distributed:
             return [value]
-        import torch.distributed as dist
+        return self._exchange(value)
 
-        out: list[Any] = [None] * self.world_size
-        with _collective(self.rank):
-            dist.all_gather_object(out, value, group=self.process_group)
-        return out
+    def drain(self) -> None:
+        """Collective, the session's last: let every gloo worker finish with the tensors of earlier calls.
+
+        Other code's collectives (DCP's object collectives in the final save) leave tensors that
+        only a gloo worker still references. Two all-reduces that every rank waits in, with the
+        GIL released, give those workers the GIL to free them; ``gc.collect`` then frees what
+        reference cycles still hold, before the script's own teardown destroys the group.
+        """
+        if not self.distributed:
+            return
+        import torch
+
+        for _ in range(2):
+            self._all_reduce(torch.zeros(1, dtype=torch.float64, device=self._device()))
+        gc.collect()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -216,9 +297,30 @@ Imported before, the defaults are ``None`` and the group dies with ``destroy_pro
 
 
 def import_world_defaults() -> None:
-    """Import :data:`WORLD_DEFAULT_MODULES`, before anyone initialises the world group."""
+    """Import :data:`WORLD_DEFAULT_MODULES`, before anyone initialises the world group.
+
+    Also makes the job's ``distributed.timeout_seconds`` the default timeout of a process group,
+    so a script that calls ``init_process_group`` itself, without a ``timeout``, gets it too.
+    """
     for module in WORLD_DEFAULT_MODULES:
         importlib.import_module(module)
+    apply_default_timeout()
+
+
+def apply_default_timeout(env: dict[str, str] | None = None) -> None:
+    """Under gpufleet (``GPUFLEET_DIST_TIMEOUT_S`` set), make it torch's default process-group timeout.
+
+    ``init_process_group(timeout=None)`` reads ``torch.distributed.distributed_c10d``'s defaults at
+    each call, so this reaches a script's own call made afterwards; one made before keeps torch's.
+    """
+    if not (env if env is not None else os.environ).get(ENV_TIMEOUT):
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = timedelta(seconds=dist_timeout(env))
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if getattr(c10d, name, None) is not None:
+            setattr(c10d, name, timeout)
 
 
 def _destroy() -> None:
@@ -243,8 +345,9 @@ def current_group() -> Group:
         available = False
     if not available:
         return Group()
+    launched = os.environ.get("TORCHELASTIC_RUN_ID") is not None
     if not dist.is_initialized():
-        if world <= 1:
+        if world <= 1 and not launched:
             return Group()
         import torch
 
@@ -261,6 +364,7 @@ def current_group() -> Group:
         world_size=dist.get_world_size(),
         local_rank=_env_int("LOCAL_RANK", 0),
         backend=str(dist.get_backend()),
+        launched=launched,
     )
 
 
@@ -269,6 +373,7 @@ __all__ = [
     "WORLD_DEFAULT_MODULES",
     "Group",
     "PeerLost",
+    "apply_default_timeout",
     "current_group",
     "die_with_parent",
     "dist_timeout",
@@ -276,4 +381,7 @@ __all__ = [
     "is_peer_loss",
     "lost_marker",
     "mark_lost",
+    "mark_session_end",
+    "rank_end_marker",
+    "rank_end_statuses",
 ]

@@ -154,7 +154,13 @@ def run_group(srun: Sequence[str], attempt: int, stops: Sequence[int]) -> int:
         return 127
     code = child.wait()
     events = env.get(ENV_EVENTS)
-    status = exit_status(code, Path(events) if events else None, attempt)
+    # srun reports a task killed by signal N as 128 + N: a lost rank (requeue), even when the others
+    # were killed before they could leave the lost-rank marker. Tasks that are the ranks record how
+    # their sessions ended; once all of them completed, a signal in their teardown fails nothing.
+    killed = [128 - code] if 128 < code < 128 + 65 else []
+    tasks = env.get("SLURM_NTASKS", "").strip()
+    world = int(tasks) if tasks.isdigit() and "--per-node" not in srun else 0
+    status = exit_status(code, Path(events) if events else None, attempt, world_size=world, rank_exits=killed)
     return status if status >= 0 else 128 - status  # srun killed by a signal: as a shell reports it
 
 
