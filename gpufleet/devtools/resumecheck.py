@@ -6,30 +6,40 @@ The check a user runs once after porting a script to :class:`~gpufleet.runtime.T
 2. the job runs again (job 2) with ``GPUFLEET_DEBUG_PREEMPT_AT=N``: attempt 1 saves at step ``N``
    and exits 75 as on SIGTERM, attempt 2 resumes; with ``GPUFLEET_DEBUG_ROLLBACK_AT=R`` the
    session also rolls back once after step ``R`` and replays the same batches;
-3. every entry of the two final checkpoints is compared bitwise (:func:`gpufleet.devtools.debug.compare_states`),
-   and so is every step's loss from the two event logs (``GPUFLEET_LOG_EVERY_S=0``).
+3. every entry of the two final checkpoints is compared bitwise (:func:`compare_final_states`), and so
+   is every step's loss from the two event logs (``GPUFLEET_LOG_EVERY_S=0``).
+
+A distributed spec (``resources.gpus`` ranks on one node) runs the same way: each attempt is the
+group launcher over its ranks, as the local backend starts it, and each final checkpoint, sharded
+by the ranks, is gathered into one state (:func:`gpufleet.runtime.sharded.full_state`: the whole
+model and optimizer, the trainer state) with every rank's own file (``rank-00000`` ...: its RNG
+states) beside it. A spec of several nodes is refused before anything runs: one machine cannot
+start it as its backend would.
 
 Each attempt is a separate process started like the local backend starts one (``entry_argv``,
 ``job_environment``, the spec's ``workdir``), so what is checked is the whole path a real
 preemption takes: the script's own set-up code runs again, nothing survives in memory. On CPU
 with deterministic algorithms a correct port is bitwise exact; the usual culprits when it is not
 are batches drawn from the global RNG, a batch prefetched before the loop, and loop state (a best
-validation loss, an EMA) kept in a local variable instead of the checkpoint.
+validation loss, an EMA) kept in a local variable instead of the checkpoint; in a distributed
+script, also a ``DataLoader`` without a generator of its own, whose every ``iter`` draws a seed
+from the global RNG (one draw more at each resume mid-epoch: dropout masks shift from there on).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.devtools.debug import bitwise_equal, compare_states, leaves, plain_equal
+from gpufleet.devtools.debug import leaves, plain_equal
 from gpufleet.errors import CheckpointError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
@@ -41,6 +51,10 @@ ENV_ROLLBACK_AT = "GPUFLEET_DEBUG_ROLLBACK_AT"
 IGNORED = ("trainer.rollbacks",)
 """Runtime bookkeeping that differs in a correct port: the count of rollbacks (an injected one included)."""
 LOG_TAIL_LINES = 20
+RNG_ENTRY = re.compile(r"^(?:trainer|rank-\d+)\.rng\.")
+"""Saved RNG states: the trainer's of one process, each rank's own file of a sharded checkpoint."""
+TORCH_RNG = re.compile(r"\.rng\.(?:torch|cuda)(?:\.|$)")
+"""The torch generators' states: seeded the same in every process, so a difference means other draws."""
 
 Progress = Callable[[str], None]
 
@@ -73,6 +87,11 @@ class ResumeReport:
     """That step's loss in the uninterrupted and in the preempted run (``None``: not logged)."""
     first_tensor: str | None = None
     first_tensor_max_abs_diff: float | None = None
+    """Largest absolute difference of its elements (``None`` when dtype, shape or presence differ)."""
+    first_tensor_at: list[int] | None = None
+    """Index of its first element that differs, when the two have one shape."""
+    first_difference: str | None = None
+    """That tensor's difference in words: ``model.1.weight differs by up to 0.0074 (first at [3, 17])``."""
     tensors_compared: int = 0
     tensors_differing: int = 0
     other_entries: list[str] = field(default_factory=list)
@@ -84,6 +103,8 @@ class ResumeReport:
     seconds: dict[str, float] = field(default_factory=dict)
     folder: str | None = None
     """Where the two job folders were kept (``keep``), else ``None``: they were deleted."""
+    world_size: int = 1
+    """Ranks of each run: above 1, the final states were gathered from sharded checkpoints."""
     failure: RunFailure | None = None
     hints: list[str] = field(default_factory=list)
     """Likely causes of a difference, from where it shows first."""
@@ -113,6 +134,7 @@ def check_resume(
     """
     say = progress or (lambda _line: None)
     spec = _with_steps(spec, steps)
+    _check_runnable(spec)
     if spec.resume == "must":
         raise UsageError(
             f"{spec.name!r} has resume: must, which refuses the fresh job folder each run starts in; "
@@ -131,6 +153,15 @@ def check_resume(
         return _check_in(spec, keep, at, rollback_at, say, kept=True)
     with tempfile.TemporaryDirectory(prefix="gpufleet-resume-check-") as tmp:
         return _check_in(spec, Path(tmp), at, rollback_at, say, kept=False)
+
+
+def _check_runnable(spec: JobSpec) -> None:
+    """Refuse, before the long uninterrupted run, a spec this machine cannot start as its backend would."""
+    if spec.resources.nodes > 1:
+        raise UsageError(
+            f"{spec.name!r} spans {spec.resources.nodes} nodes (resources.nodes): resume-check starts every rank "
+            "on this one machine, as the local backend does; check a copy of the spec with resources.nodes: 1"
+        )
 
 
 def _with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
@@ -180,7 +211,13 @@ def _check_in(
     def report(**fields: Any) -> ResumeReport:
         folder = str(home) if kept else None
         return ResumeReport(
-            job=spec.name, rollback_at=rollback_at, exit_codes=codes, seconds=seconds, folder=folder, **fields
+            job=spec.name,
+            rollback_at=rollback_at,
+            world_size=spec.world_size,
+            exit_codes=codes,
+            seconds=seconds,
+            folder=folder,
+            **fields,
         )
 
     entry = spec.entrypoint if isinstance(spec.entrypoint, str) else " ".join(spec.entrypoint)
@@ -188,7 +225,7 @@ def _check_in(
     failure = _run_job(spec, home, 1, "uninterrupted", {}, (0,), say, codes, seconds)
     if failure is not None:
         return report(verdict="failed", final_step=None, preempt_at=at, failure=failure)
-    final, base_state = _final_checkpoint(job_dir(home, 1), spec)
+    final, base_state = final_checkpoint(job_dir(home, 1), spec)
     _check_steps(at, rollback_at, final)
     preempt = at or final // 2
     if rollback_at is not None:
@@ -199,27 +236,28 @@ def _check_in(
     failure = _run_job(spec, home, 2, "preempted", extra, (REQUEUE_EXIT_CODE, 0), say, codes, seconds)
     if failure is not None:
         return report(verdict="failed", final_step=final, preempt_at=preempt, failure=failure)
-    _, run_state = _final_checkpoint(job_dir(home, 2), spec)
+    _, run_state = final_checkpoint(job_dir(home, 2), spec)
     say("comparing the final checkpoints and every step's loss")
     ref_losses = step_losses(events_file(home, 1))
     run_losses = step_losses(events_file(home, 2))
     loss_step, loss_pair = first_loss_difference(ref_losses, run_losses)
-    left, right = _without(base_state, IGNORED), _without(run_state, IGNORED)
-    diffs = compare_states(left, right)
-    tensors, others = differing_entries(left, right)
+    found = compare_final_states(_without(base_state, IGNORED), _without(run_state, IGNORED))
+    first = found.first
     return report(
-        verdict="exact" if loss_step is None and not tensors and not others else "differs",
+        verdict="exact" if loss_step is None and found.exact else "differs",
         final_step=final,
         preempt_at=preempt,
         steps_compared=len(set(ref_losses) | set(run_losses)),
         first_loss_step=loss_step,
         first_loss=loss_pair,
-        first_tensor=diffs["first"],
-        first_tensor_max_abs_diff=diffs["max_abs_diff"],
-        tensors_compared=diffs["compared"],
-        tensors_differing=len(tensors),
-        other_entries=others,
-        hints=hints(loss_step, preempt, rollback_at, [*tensors, *others]),
+        first_tensor=first.name if first else None,
+        first_tensor_max_abs_diff=first.max_abs_diff if first else None,
+        first_tensor_at=list(first.at) if first and first.at is not None else None,
+        first_difference=first.describe() if first else None,
+        tensors_compared=found.tensors_compared,
+        tensors_differing=len(found.tensors),
+        other_entries=found.others,
+        hints=hints(loss_step, preempt, rollback_at, [*found.tensors, *found.others]),
     )
 
 
@@ -230,19 +268,31 @@ def hints(loss_step: int | None, at: int, rollback_at: int | None, entries: list
         out.append(
             f"the first step after the resume (step {loss_step}) already differs: the batches probably come from the "
             "global RNG or one was fetched before the loop; draw each from gpufleet.runtime.data.batch_generator"
-            "(seed, s.data_position + micro_step)"
+            "(seed, s.data_position + micro_step). A DataLoader without a generator of its own draws a seed from "
+            "the global RNG at every iter(), one draw more at a resume mid-epoch, which shifts dropout and "
+            "shuffling from there: give it DataLoader(..., generator=torch.Generator())"
         )
     elif loss_step is not None and rollback_at is not None and loss_step <= rollback_at:
         out.append(
             f"step {loss_step} differs after the injected rollback: state the session does not restore (a prefetched "
             "batch, an iterator, a counter in a local variable) carried over from the discarded steps"
         )
-    rng = [e for e in entries if e.startswith("trainer.rng.")]
+    rng = [e for e in entries if RNG_ENTRY.match(e)]
     if loss_step is None and rng and len(rng) == len(entries):
-        out.append(
-            f"only saved RNG states differ ({', '.join(rng)}): the script does not seed that generator, so each "
-            "process starts it differently; seed it (random.seed, numpy.random.seed) to make runs comparable"
-        )
+        drawn = [e for e in rng if TORCH_RNG.search(e)]
+        unseeded = [e for e in rng if e not in drawn]
+        if drawn:
+            out.append(
+                f"every loss and weight matches but the torch RNG ends elsewhere ({', '.join(drawn)}): the resumed "
+                "run drew from it a different number of times. A DataLoader without a generator of its own draws a "
+                "seed at every iter(), one more at a resume mid-epoch; dropout or random augmentation would diverge "
+                "from there: give it DataLoader(..., generator=torch.Generator())"
+            )
+        if unseeded:
+            out.append(
+                f"saved RNG states differ ({', '.join(unseeded)}): the script does not seed that generator, so each "
+                "process starts it differently; seed it (random.seed, numpy.random.seed) to make runs comparable"
+            )
     elif loss_step is None and entries:
         out.append(
             f"every loss matches but {entries[0]} ends differently: is it computed from something the checkpoint "
@@ -322,8 +372,13 @@ def _tail(path: Path, lines: int) -> list[str]:
     return text.splitlines()[-lines:]
 
 
-def _final_checkpoint(folder: Path, spec: JobSpec) -> tuple[int, dict[str, Any]]:
-    """Step and loaded state of the newest checkpoint a completed run left."""
+def final_checkpoint(folder: Path, spec: JobSpec) -> tuple[int, dict[str, Any]]:
+    """Step and whole state of the newest checkpoint a completed run left.
+
+    A sharded checkpoint is verified as a restore would (every file's sha256, DCP's index), then
+    gathered into one state; each rank's own file (its RNG states) joins it under its name,
+    ``rank-00000`` ..., so that every rank's part is compared.
+    """
     from gpufleet.runtime.checkpoint import CheckpointDir
 
     ckpts = CheckpointDir(folder / "checkpoints")
@@ -333,8 +388,14 @@ def _final_checkpoint(folder: Path, spec: JobSpec) -> tuple[int, dict[str, Any]]
             f"{spec.name} completed but left no checkpoint in {folder / 'checkpoints'}: "
             "a resume check needs a TrainSession loop (TrainSession.from_env) in the script"
         )
-    _, state = ckpts.load(infos[-1].path)
-    return infos[-1].step, state
+    newest = infos[-1]
+    if newest.manifest is None or newest.manifest.format != "dcp":
+        _, state = ckpts.load(newest.path)
+        return newest.step, state
+    from gpufleet.runtime.sharded import full_state
+
+    manifest, ranks = ckpts.check(newest.path)
+    return newest.step, {**full_state(newest.path, manifest), **ranks}
 
 
 def _check_rollback(folder: Path, at: int, rollback_at: int) -> None:
@@ -409,31 +470,136 @@ def _without(state: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def differing_entries(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Names of the tensors and of the other entries that differ bitwise, in ``a``'s order.
+# ---- comparing two final states: pure functions over plain values ------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorDifference:
+    """How one tensor entry of the uninterrupted run's state differs from the resumed run's."""
 
-    A list of plain values (the loss history, Python's RNG state of 625 numbers) is one entry.
+    name: str
+    """Dotted name in the state: ``model.1.weight``, ``optimizer.state.0.exp_avg``, ``rank-00001.rng.torch``."""
+    left: str = ""
+    right: str = ""
+    """What each side holds when it is not the same kind of tensor: its dtype and/or shape, ``absent``,
+    or the type of a value that is not a tensor; both empty when only the values differ."""
+    max_abs_diff: float | None = None
+    """Largest absolute difference over the elements whose bytes differ; a NaN against a number is ``inf``."""
+    at: tuple[int, ...] | None = None
+    """Index of the first element whose bytes differ (``()`` for a 0-d tensor)."""
+
+    def describe(self) -> str:
+        """One line: ``model.1.weight differs by up to 0.0074 (first at [3, 17])``."""
+        if self.left or self.right:
+            return f"{self.name} is {self.left} in the uninterrupted run, {self.right} in the resumed one"
+        where = f" (first at {list(self.at)})" if self.at else ""
+        by = "only in the sign of a zero" if self.max_abs_diff == 0 else f"by up to {self.max_abs_diff:.4g}"
+        return f"{self.name} differs {by}{where}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateComparison:
+    """Two states entry by entry: which tensors and which other entries differ, the first tensor described."""
+
+    tensors_compared: int
+    tensors: list[str]
+    """Tensor entries that differ (in dtype, shape, presence or any byte), in the first state's order."""
+    others: list[str]
+    """Other entries that differ; a list of plain values (Python's RNG state, the loss history) is one."""
+    first: TensorDifference | None
+
+    @property
+    def exact(self) -> bool:
+        return not self.tensors and not self.others
+
+
+def compare_final_states(a: Mapping[str, Any], b: Mapping[str, Any]) -> StateComparison:
+    """Compare every entry of ``a`` (the uninterrupted run's state) with ``b`` (the resumed run's), bitwise.
+
+    Entries are named by their dotted path through mappings and lists, in ``a``'s order, then those
+    only ``b`` holds. A tensor entry differs when its dtype, its shape or any byte differs (so NaN
+    equals NaN and -0.0 differs from 0.0, as a resumed run must reproduce every bit), or when only
+    one side holds a tensor there; the first such entry is described (:class:`TensorDifference`).
+    Other entries compare as the checkpoint stores them (:func:`_equal`).
     """
     import torch
 
-    def names(left: dict[str, Any], right: dict[str, Any]) -> list[str]:
-        return [*left, *(n for n in right if n not in left)]
-
-    tensors: list[str] = []
     left, right = dict(leaves("", a)), dict(leaves("", b))
-    for name in names(left, right):
-        x, y = left.get(name), right.get(name)
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            same = x.dtype == y.dtype and x.shape == y.shape and bitwise_equal(x, y)
-        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            same = False  # a tensor on one side only
-        else:
+    compared, tensors, first = 0, [], None
+    for name in _names(left, right):
+        x, y = left.get(name, _MISSING), right.get(name, _MISSING)
+        if not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)):
             continue
-        if not same:
-            tensors.append(name.lstrip("."))
-    left, right = dict(_plain_entries("", a)), dict(_plain_entries("", b))
-    others = [n.lstrip(".") for n in names(left, right) if not _equal(left.get(n, _MISSING), right.get(n, _MISSING))]
-    return tensors, others
+        compared += 1
+        found = tensor_difference(name.lstrip("."), x, y)
+        if found is not None:
+            tensors.append(found.name)
+            first = first or found
+    plain_a, plain_b = dict(_plain_entries("", a)), dict(_plain_entries("", b))
+    counted = {f".{name}" for name in tensors}  # a tensor on one side only is named once, as a tensor
+    others = [
+        n.lstrip(".")
+        for n in _names(plain_a, plain_b)
+        if n not in counted and not _equal(plain_a.get(n, _MISSING), plain_b.get(n, _MISSING))
+    ]
+    return StateComparison(tensors_compared=compared, tensors=tensors, others=others, first=first)
+
+
+def tensor_difference(name: str, x: Any, y: Any) -> TensorDifference | None:
+    """How ``x`` differs from ``y`` (at least one a tensor; ``_MISSING`` for an absent entry), or ``None``."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return TensorDifference(name=name, left=_what(x), right=_what(y))
+    if x.dtype != y.dtype or x.shape != y.shape:
+        dtype, shape = x.dtype != y.dtype, x.shape != y.shape
+        return TensorDifference(name=name, left=_layout(x, dtype, shape), right=_layout(y, dtype, shape))
+    x, y = x.detach().cpu(), y.detach().cpu()
+    differs = _differing_elements(x, y)
+    flat = torch.nonzero(differs)
+    if not len(flat):
+        return None
+    wide = torch.complex128 if x.is_complex() else torch.float64
+    gap = (x.reshape(-1)[differs].to(wide) - y.reshape(-1)[differs].to(wide)).abs()
+    gap = torch.where(gap.isnan(), math.inf, gap)
+    return TensorDifference(name=name, max_abs_diff=float(gap.max()), at=_unravel(int(flat[0]), tuple(x.shape)))
+
+
+def _differing_elements(x: Any, y: Any) -> Any:
+    """A flat boolean mask of the elements whose bytes differ (two CPU tensors of one dtype and shape)."""
+    import torch
+
+    if not x.numel():
+        return torch.zeros(0, dtype=torch.bool)
+    rows = [t.contiguous().reshape(-1).view(torch.uint8).reshape(t.numel(), -1) for t in (x, y)]
+    return (rows[0] != rows[1]).any(dim=1)
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index in ``shape`` of element ``flat`` of the row-major order."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def _layout(t: Any, dtype: bool, shape: bool) -> str:
+    """``float32``, ``of shape [3, 4]`` or both: what differs of a tensor."""
+    parts = [str(t.dtype).removeprefix("torch.")] if dtype else []
+    return " ".join([*parts, f"of shape {list(t.shape)}"] if shape else parts)
+
+
+def _what(value: Any) -> str:
+    import torch
+
+    if value is _MISSING:
+        return "absent"
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    return f"not a tensor ({type(value).__name__})"
+
+
+def _names(left: Mapping[str, Any], right: Mapping[str, Any]) -> list[str]:
+    return [*left, *(n for n in right if n not in left)]
 
 
 _MISSING = object()
@@ -473,8 +639,11 @@ __all__ = [
     "IGNORED",
     "ResumeReport",
     "RunFailure",
+    "StateComparison",
+    "TensorDifference",
     "check_resume",
-    "differing_entries",
+    "compare_final_states",
+    "final_checkpoint",
     "first_loss_difference",
     "hints",
     "step_losses",

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import typer
 import yaml
 from typer.testing import CliRunner
 
 from gpufleet.cli.debug import debug_app
-from gpufleet.devtools.resumecheck import first_loss_difference, step_losses
+from gpufleet.devtools.resumecheck import compare_final_states, first_loss_difference, hints, step_losses
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.workloads.tinylm import TINY
 
@@ -159,3 +160,112 @@ def test_losses_of_an_injected_rollback_are_compared_after_the_replay(tmp_path: 
     cut = {k: v for k, v in reference.items() if k < 5}
     step, (old, new) = first_loss_difference(reference, cut)  # type: ignore[misc]
     assert step == 5 and old is not None and math.isnan(old) and new is None
+
+
+# ---- the comparison of two final states, on hand-made states ------------------------------------
+DROP = object()
+
+
+def state(changes: dict[tuple[Any, ...], Any] | None = None) -> dict[str, Any]:
+    """A checkpoint-shaped state (nested dicts, a list of dicts, tensors of several dtypes, plain values),
+    with the entry at each path of ``changes`` replaced (``DROP``: removed)."""
+    base: dict[str, Any] = {
+        "model": {"0.weight": torch.arange(12.0).reshape(3, 4), "0.bias": torch.zeros(3)},
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.ones(3, 4)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "trainer": {"step": 5, "health_history": [1.5, 1.25], "values": {"best": math.nan}},
+        "rank-00001": {"rng": {"torch": torch.arange(8, dtype=torch.uint8), "python": (3, (1, 2, 3), None)}},
+    }
+    for (*path, last), value in (changes or {}).items():
+        node = base
+        for key in path:
+            node = node[key]
+        if value is DROP:
+            del node[last]
+        else:
+            node[last] = value
+    return base
+
+
+def test_identical_states_are_exact_nan_included() -> None:
+    found = compare_final_states(state(), state())
+    assert found.exact and found.first is None and found.tensors == [] and found.others == []
+    assert found.tensors_compared == 5
+
+
+def test_the_first_differing_tensor_is_named_with_its_largest_difference_and_first_index() -> None:
+    weight = torch.arange(12.0).reshape(3, 4)
+    weight[1, 2] += 0.25
+    weight[2, 3] -= 0.5
+    moment = torch.ones(3, 4)
+    moment[0, 0] = 2.0
+    found = compare_final_states(
+        state(), state({("model", "0.weight"): weight, ("optimizer", "state", 0, "exp_avg"): moment})
+    )
+    assert found.tensors == ["model.0.weight", "optimizer.state.0.exp_avg"] and not found.others
+    first = found.first
+    assert first is not None and first.name == "model.0.weight" and first.at == (1, 2)
+    assert first.max_abs_diff == 0.5
+    assert first.describe() == "model.0.weight differs by up to 0.5 (first at [1, 2])"
+
+
+BIAS = ("model", "0.bias")
+
+
+@pytest.mark.parametrize(
+    ("value", "described"),
+    [
+        (torch.zeros(3, dtype=torch.float64), "is float32 in the uninterrupted run, float64 in the resumed one"),
+        (torch.zeros(4), "is of shape [3] in the uninterrupted run, of shape [4] in the resumed one"),
+        (
+            torch.zeros(1, 3, dtype=torch.int64),
+            "is float32 of shape [3] in the uninterrupted run, int64 of shape [1, 3] in the resumed one",
+        ),
+        (DROP, "is a float32 tensor of shape [3] in the uninterrupted run, absent in the resumed one"),
+        (0.0, "is a float32 tensor of shape [3] in the uninterrupted run, not a tensor (float) in the resumed one"),
+        (torch.tensor([0.0, -0.0, 0.0]), "differs only in the sign of a zero (first at [1])"),
+        (torch.tensor([0.0, math.nan, 0.0]), "differs by up to inf (first at [1])"),
+        (torch.tensor([0.0, 0.0, 1e-7]), "differs by up to 1e-07 (first at [2])"),
+    ],
+)
+def test_a_tensor_that_differs_is_described(value: Any, described: str) -> None:
+    found = compare_final_states(state(), state({BIAS: value}))
+    assert found.first is not None and found.first.describe() == f"model.0.bias {described}"
+    assert found.tensors == ["model.0.bias"] and found.others == []  # named once, as a tensor
+
+
+def test_a_0d_tensor_and_a_tensor_only_the_resumed_run_holds() -> None:
+    found = compare_final_states(state(), state({("optimizer", "state", 0, "step"): torch.tensor(6.0)}))
+    assert found.first is not None and found.first.describe() == "optimizer.state.0.step differs by up to 1"
+    found = compare_final_states(state(), state({("model", "extra"): torch.ones(2)}))
+    assert found.tensors == ["model.extra"] and found.first is not None
+    assert found.first.describe() == (
+        "model.extra is absent in the uninterrupted run, a float32 tensor of shape [2] in the resumed one"
+    )
+
+
+def test_every_rank_rng_state_and_plain_entry_is_compared() -> None:
+    rng = ("rank-00001", "rng")
+    found = compare_final_states(
+        state(), state({(*rng, "python"): (3, (1, 2, 4), None), ("trainer", "health_history"): [1.5, 1.0]})
+    )
+    assert found.tensors == [] and found.others == ["trainer.health_history", "rank-00001.rng.python"]
+    assert not found.exact and found.first is None
+    torch_rng = torch.arange(8, dtype=torch.uint8)
+    torch_rng[5] = 0
+    found = compare_final_states(state(), state({(*rng, "torch"): torch_rng, ("trainer", "step"): DROP}))
+    assert found.tensors == ["rank-00001.rng.torch"] and found.others == ["trainer.step"]
+    assert (
+        found.first is not None and found.first.describe() == "rank-00001.rng.torch differs by up to 5 (first at [5])"
+    )
+
+
+def test_rng_states_alone_differing_hint_at_seeding_or_at_extra_draws_on_any_rank() -> None:
+    (unseeded,) = hints(None, 4, None, ["rank-00001.rng.python", "trainer.rng.numpy.key"])
+    assert "seed it" in unseeded and "rank-00001.rng.python, trainer.rng.numpy.key" in unseeded
+    drawn, unseeded = hints(None, 4, None, ["rank-00000.rng.torch", "trainer.rng.cuda.0", "rank-00000.rng.python"])
+    assert "(rank-00000.rng.torch, trainer.rng.cuda.0)" in drawn and "generator=torch.Generator()" in drawn
+    assert "(rank-00000.rng.python)" in unseeded
+    assert not any("seed it" in h for h in hints(None, 4, None, ["rank-00001.rng.python", "model.w"]))
