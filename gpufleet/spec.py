@@ -243,6 +243,10 @@ class Distributed(_Frozen):
     launcher: Literal["torchrun", "script"] = "torchrun"
     """``torchrun``: gpufleet starts the ranks with torchrun; ``script``: the command launches its
     own ranks, and gpufleet starts it once per node."""
+    one_rank: bool = False
+    """``true``: a world of one rank is a group too (torchrun starts one rank, checkpoints stay sharded).
+    ``gpufleet resize --gpus 1`` sets it on a group, so the job keeps its launcher and resizes back;
+    by default one rank with this block is refused as a likely mistake."""
     timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
     """Process-group timeout: a lost or stuck rank fails every collective within it."""
     agree_every: int = Field(default=4, ge=1, le=1000)
@@ -453,13 +457,13 @@ class JobSpec(_Frozen):
                 f"{nodes} nodes need a `distributed` block (e.g. `distributed: {{strategy: ddp}}`): "
                 "add one, or set resources.nodes to 1",
             )
-        if self.distributed is not None and self.world_size < 2:
+        if self.distributed is not None and self.world_size < 2 and not self.distributed.one_rank:
             raise _field_error(
                 "JobSpec",
                 ("distributed",),
                 self.distributed.model_dump(),
                 f"resources.gpus={gpus} on 1 node is a world of 1 rank: drop the `distributed` block, "
-                "or raise resources.gpus to 2 or more (one rank per GPU)",
+                "or raise resources.gpus to 2 or more (one rank per GPU), or set distributed.one_rank: true",
             )
         return self
 

@@ -63,17 +63,25 @@ class Resize:
 
     @property
     def distributed_dropped(self) -> bool:
-        """The job was a group and is now one process (a world of 1 takes no ``distributed`` block)."""
+        """The job was a group and is now one plain process (``one_process``: no ``distributed`` block)."""
         return self.before.distributed is not None and self.after.distributed is None
 
+    @property
+    def one_rank_group(self) -> bool:
+        """The job was a group and is now a group of one rank: still started by its launcher (torchrun)."""
+        return self.before.world_size > 1 and self.after.distributed is not None and self.after.world_size == 1
 
-def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str) -> JobSpec:
+
+def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str, one_process: bool = False) -> JobSpec:
     """``spec`` with ``gpus`` per node on ``nodes`` (``None``: as it is), validated as a submitted spec is.
 
-    A world of one rank takes no ``distributed`` block (``JobSpec`` refuses one), so a group resized
-    to one GPU on one node loses it and runs as one process: a single process restores the group's
-    sharded (DCP) checkpoint, so the job resumes where it was. The block is not brought back by a
-    later resize: that process writes single-process checkpoints, which a group cannot reshard.
+    A group resized to one GPU on one node stays a group of one rank (``distributed.one_rank``): its
+    launcher (torchrun) still starts it, so a script that reads ``RANK`` or calls
+    ``init_process_group()`` runs as before, it restores the group's sharded checkpoint resharded to
+    one rank, and a later resize grows it back into a group that reshards what the one rank wrote.
+    ``one_process`` drops the ``distributed`` block instead (one plain process, still given torchrun's
+    variables by ``job_environment``); a later resize cannot bring the block back: a single
+    process writes single-process checkpoints, which a group cannot reshard.
     """
     if not 0 <= gpus <= MAX_RESOURCE:
         raise ParameterError(
@@ -90,10 +98,20 @@ def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str) ->
             "keep {nodes:name} 1, or submit the job again with a `distributed` block",
             nodes=nodes,
         )
+    world = nodes * max(gpus, 1)
+    if one_process and spec.distributed is not None and world > 1:
+        raise ParameterError(
+            "{gpus} on {nodes!s} node(s) is a world of {world!s} ranks, but {one_process:name} runs the job as "
+            "one process: give {gpus:name} 1 on one node with it, or leave {one_process:name} out",
+            gpus=gpus,
+            nodes=nodes,
+            world=world,
+            one_process=True,
+        )
     fields = spec.model_dump()
     fields["resources"] = {**fields["resources"], "gpus": gpus, "nodes": nodes}
-    if spec.distributed is not None and nodes * max(gpus, 1) < 2:
-        fields["distributed"] = None
+    if spec.distributed is not None and world < 2:
+        fields["distributed"] = None if one_process else {**fields["distributed"], "one_rank": True}
     return parse_spec(fields, source=source)
 
 
@@ -190,8 +208,11 @@ class Backend(ABC):
             raise UsageError(f"job {job_id} is not held: nothing to release")
         self._hold(job, held=False)
 
-    def resize(self, job_id: int, gpus: int, nodes: int | None = None) -> Resize:
+    def resize(self, job_id: int, gpus: int, nodes: int | None = None, *, one_process: bool = False) -> Resize:
         """Give the job ``gpus`` per node on ``nodes`` from its next attempt on (``resized`` event).
+
+        A group resized to one rank stays a group (torchrun with one rank), unless ``one_process``
+        (see :func:`resized_spec`).
 
         A queued job starts at the new size; a running one keeps its GPUs until its attempt ends
         (a preemption ends it now). What lets the job resume on another world size is its
@@ -201,7 +222,7 @@ class Backend(ABC):
         """
         self.require(Feature.RESIZE)
         job = self.active(job_id)
-        spec = resized_spec(job.spec, gpus=gpus, nodes=nodes, source=f"job {job_id} resized")
+        spec = resized_spec(job.spec, gpus=gpus, nodes=nodes, source=f"job {job_id} resized", one_process=one_process)
         done = Resize(job.id, job.state, job.spec, spec)
         if not done.changed:
             return done
@@ -220,6 +241,7 @@ class Backend(ABC):
             old_world_size=job.spec.world_size,
             new_world_size=spec.world_size,
             distributed_dropped=done.distributed_dropped,
+            one_rank_group=done.one_rank_group,
         )
         return Resize(job.id, job.state, job.spec, spec)
 

@@ -14,15 +14,19 @@ attempts it left, kills them by PID and requeues their jobs (their checkpoints a
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from gpufleet.backends.base import Backend, Feature, ingest_events, register, write_spec_file
 from gpufleet.backends.lifecycle import (
@@ -90,25 +94,31 @@ class LocalBackend(Backend):
         if fleet is not None:
             check_fits(spec, fleet)
             return spec
-        slots = configured_slots()
+        slots, running = scheduler_slots(self.home)
         if slots_of(spec) > slots:
             raise UsageError(
-                f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s); "
-                "lower it or set GPUFLEET_LOCAL_SLOTS"
+                f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s)"
+                + (f" (those of its running scheduler, {_restart_hint(running)})" if running else "")
+                + "; lower it or set GPUFLEET_LOCAL_SLOTS"
             )
         return spec
 
     def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
+        if self.spawn:  # a scheduler already running keeps its environment: say so when it differs
+            note = settings_drift(self.home, os.environ)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
         self._wake()
 
     def _resize(self, job: Job, spec: JobSpec) -> JobSpec:
-        slots = configured_slots()
+        slots, running = scheduler_slots(self.home)
         if slots_of(spec) > slots:
             raise ParameterError(
-                "{gpus} exceeds the local backend's {slots!s} virtual GPU slot(s): "
+                "{gpus} exceeds the local backend's {slots!s} virtual GPU slot(s){where!s}: "
                 "give {slots!s} or fewer, or set GPUFLEET_LOCAL_SLOTS",
                 gpus=spec.resources.gpus,
                 slots=slots,
+                where=f" (those of its running scheduler, {_restart_hint(running)})" if running else "",
             )
         return spec
 
@@ -179,8 +189,98 @@ def startable(home: Path, queued: list[Job]) -> list[Job]:
     return [j for j in queued if not hold_file(home, j.id).exists()]
 
 
+SETTINGS_PREFIXES = ("GPUFLEET_", "CUDA_", "NCCL_", "TORCH", "PYTHON", "OMP_", "HF_")
+"""The variables whose change a running scheduler is checked for: those gpufleet reads (``GPUFLEET_*``:
+its slots, its idle time, the runtime's settings) and the usual ones that change a training run. The
+scheduler passes its whole environment on to every attempt it starts."""
+
+
+def settings_file(home: Path) -> Path:
+    """What the running scheduler started with: its PID, slots and a digest of each variable it checks."""
+    return home / "scheduler-env.json"
+
+
+def environment_digests(env: Mapping[str, str]) -> dict[str, str]:
+    """A short sha256 of each checked variable's value (:data:`SETTINGS_PREFIXES`): values may be secrets."""
+    return {
+        name: hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        for name, value in sorted(env.items())
+        if name.startswith(SETTINGS_PREFIXES) and name != "GPUFLEET_HOME"
+    }
+
+
+def record_settings(home: Path, slots: int, idle_exit_s: float) -> None:
+    """Written by the scheduler once it holds the lock (private: a digest is all it keeps of a value)."""
+    data = {"pid": os.getpid(), "slots": slots, "idle_exit_s": idle_exit_s, "env": environment_digests(os.environ)}
+    tmp = home / f".scheduler-env.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, settings_file(home))
+
+
+def running_settings(home: Path) -> tuple[int, dict[str, Any]] | None:
+    """The running scheduler's PID and what it recorded at its start (``None``: none runs, or no record)."""
+    pid = scheduler_pid(home)
+    if pid is None or pid < 0:
+        return None
+    try:
+        data = json.loads(settings_file(home).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("pid") != pid:  # a record left by an earlier scheduler
+        return None
+    return pid, data
+
+
+def scheduler_slots(home: Path) -> tuple[int, int | None]:
+    """The slots a job must fit: the running scheduler's (and its PID), else ``GPUFLEET_LOCAL_SLOTS``'s.
+
+    A running scheduler counted its slots when it started; a job bigger than them would wait
+    for ever, whatever this process's ``GPUFLEET_LOCAL_SLOTS`` says.
+    """
+    running = running_settings(home)
+    if running is not None:
+        slots = running[1].get("slots")
+        if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1:
+            return slots, running[0]
+    return configured_slots(), None
+
+
+def _restart_hint(pid: int | None) -> str:
+    return (
+        f"pid {pid}, which exits once idle; `kill {pid}` stops it now (what runs saves and resumes under "
+        f"the next scheduler, which the next submit starts with this environment)"
+    )
+
+
+def settings_drift(home: Path, env: Mapping[str, str]) -> str | None:
+    """A warning when the running scheduler's environment differs from ``env`` in a checked variable.
+
+    The running scheduler keeps the environment it started with, and its attempts inherit it:
+    a submit with another ``GPUFLEET_LOCAL_SLOTS``, ``GPUFLEET_LOG_EVERY_S`` or
+    ``CUDA_VISIBLE_DEVICES`` would otherwise run, silently, with the old value.
+    """
+    running = running_settings(home)
+    if running is None:
+        return None
+    pid, data = running
+    recorded = data.get("env")
+    theirs: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    mine = environment_digests(env)
+    changed = sorted(name for name in {*mine, *theirs} if mine.get(name) != theirs.get(name))
+    if not changed:
+        return None
+    return (
+        f"warning: the local scheduler of {home} started with another environment ({', '.join(changed)} "
+        f"differ{'s' if len(changed) == 1 else ''}); it keeps its own, and so do the jobs it starts. "
+        f"It is {_restart_hint(pid)}; set a job's own variables in its spec's `env`"
+    )
+
+
 def ensure_scheduler(home: Path) -> None:
-    """Start a detached scheduler for ``home`` unless one holds the lock."""
+    """Start a detached scheduler for ``home`` unless one holds the lock (which keeps its environment)."""
     if scheduler_pid(home) is not None:
         return
     check_environment(os.environ)  # a bad GPUFLEET_SCHEDULER_IDLE_S would kill it at start
@@ -235,6 +335,7 @@ class LocalScheduler:
         except BlockingIOError:
             return
         pid_file(self.home).write_text(str(os.getpid()))
+        record_settings(self.home, self.slots, self.idle_exit_s)
         stop = False
 
         def _stop(signum: int, frame: object) -> None:
@@ -518,6 +619,8 @@ __all__ = [
     "ensure_scheduler",
     "main",
     "scheduler_pid",
+    "scheduler_slots",
+    "settings_drift",
     "slots_of",
     "store_for",
 ]

@@ -267,7 +267,7 @@ def _requested(job_id: int, verb: str, text: str, json_out: bool) -> None:
         console.print(text, highlight=False, markup=False)
 
 
-@parameters_as_flags({"gpus": "--gpus", "nodes": "--nodes"})
+@parameters_as_flags({"gpus": "--gpus", "nodes": "--nodes", "one_process": "--one-process"})
 def resize(
     job_id: JobArg,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs per node from the job's next attempt on.")],
@@ -277,9 +277,21 @@ def resize(
     now: Annotated[
         bool, typer.Option("--now", help="Preempt the job if it runs, so that it resumes at once on the new size.")
     ] = False,
+    one_process: Annotated[
+        bool,
+        typer.Option(
+            "--one-process",
+            help="With --gpus 1: run a distributed job as one plain process, without torchrun (it cannot grow "
+            "back into a group). By default it stays a torchrun job of one rank.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size."""
+    """Change a job's GPUs for its next attempts: it resumes from its checkpoint on the new world size.
+
+    A distributed job resized to one GPU stays a torchrun job of one rank (its script still sees
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``; its checkpoints stay sharded), so it can grow back.
+    """
     # The bounds resized_spec applies, checked before the store is opened: a refused resize writes nothing.
     if not 0 <= gpus <= MAX_RESOURCE:
         raise ParameterError(
@@ -290,7 +302,7 @@ def resize(
             "{nodes} is invalid: give the number of nodes, from 1 to {most!s}", nodes=nodes, most=MAX_RESOURCE
         )
     backend = _backend_of(job_id)
-    done = backend.resize(job_id, gpus, nodes)
+    done = backend.resize(job_id, gpus, nodes, one_process=one_process)
     preempted, missed = False, None
     if now and done.changed and done.state == "running":
         try:
@@ -307,6 +319,7 @@ def resize(
                 "before": _size(done.before),
                 "after": _size(done.after),
                 "distributed_dropped": done.distributed_dropped,
+                "one_rank_group": done.one_rank_group,
                 "preempted": preempted,
                 "not_preempted": missed,
             }
@@ -319,8 +332,14 @@ def resize(
     console.print(f"job {job_id}: {_describe_size(before)} -> {_describe_size(after)}", highlight=False)
     if done.distributed_dropped:
         console.print(
-            "its `distributed` block is dropped: the job now runs as one process, which restores the sharded "
-            "checkpoint its ranks wrote",
+            "its `distributed` block is dropped (--one-process): the job now runs as one process, without "
+            "torchrun, which restores the sharded checkpoint its ranks wrote; it cannot grow back into a group",
+            highlight=False,
+        )
+    elif done.one_rank_group:
+        console.print(
+            "it stays a torchrun job, of one rank: it restores the sharded checkpoint its ranks wrote, and can "
+            "grow back (--one-process runs it without torchrun instead)",
             highlight=False,
         )
     if preempted:
@@ -346,12 +365,16 @@ def _size(spec: JobSpec) -> dict[str, Any]:
         "total_gpus": spec.total_gpus,
         "world_size": spec.world_size,
         "strategy": spec.distributed.strategy if spec.distributed is not None else None,
+        "launcher": spec.distributed.launcher if spec.distributed is not None else None,
     }
 
 
 def _describe_size(size: dict[str, Any]) -> str:
     nodes = f" x {size['nodes']} nodes" if size["nodes"] > 1 else ""
-    ranks = f"{size['world_size']} ranks" if size["world_size"] > 1 else "one process"
+    if size["world_size"] > 1:
+        ranks = f"{size['world_size']} ranks"
+    else:
+        ranks = f"one rank, {size['launcher']}" if size["launcher"] else "one process"
     return f"{size['gpus']} GPU{'' if size['gpus'] == 1 else 's'}{nodes} ({ranks})"
 
 
@@ -377,6 +400,16 @@ def cost(
         emit_json(report.to_dict())
         return
     print_cost(report)
+    killed = report.ledger.total.killed
+    if killed:  # a killed or lost process is not a preemption: never counted under "preempted"
+        which = ", ".join(
+            f"#{j} {report.names.get(j, '?')} ({c.killed})" for j, c in report.ledger.jobs.items() if c.killed
+        )
+        console.print(
+            f"killed: {killed} attempt{'' if killed == 1 else 's'} ended by a killed or lost process (a kill, a lost "
+            f"rank, the OOM killer), not by a preemption: {escape(which)}",
+            highlight=False,
+        )
 
 
 __all__ = ["cancel", "cost", "hold", "job_summary", "jobs", "logs", "preempt", "release", "resize", "show", "submit"]

@@ -29,6 +29,11 @@ process start-up and the restore again. So, per attempt::
 
 A rollback's lost work and restore are in ``lost`` and ``restore`` but not in the overhead: a NaN
 costs them whether or not the job is ever preempted.
+
+**Preempted or killed.** An attempt requeued because a process of it was killed or vanished (a
+``kill -9`` of a rank, a rank lost to its group, the OOM killer, a lost node) is not a preemption:
+it is counted under ``killed``, not ``preemptions``. Its restart costs what a preemption's does,
+so the overhead above counts it the same way.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ BUCKETS = ("useful", "lost", "checkpoint", "restore", "staging", "startup")
 PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "staging", "startup")
 """The buckets a preemption's overhead is drawn from (``useful`` never is)."""
 PREEMPTED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
-"""Outcomes of an attempt that ended because the job was taken away from its GPUs."""
+"""Outcomes of an attempt that ended because the job was taken away from its GPUs (and was requeued):
+a preemption, or a kill (``AttemptUsage.killed``), counted apart but costing a restart alike."""
 
 
 def _seconds(value: float) -> float:
@@ -74,6 +80,10 @@ class AttemptUsage:
     end: float
     outcome: str
     """``completed``, ``preempted``, ``requeued``, ``failed``, ``cancelled``, ``lost`` or ``running``."""
+    killed: bool = False
+    """The attempt ended because a process of it was killed or vanished (a ``kill -9``, a rank lost to
+    its group, the OOM killer, a lost node), not because a scheduler preempted it: listed under
+    ``killed``, never under ``preempted`` (see ``usage.killed_attempt``)."""
     startup_s: float = 0.0
     restore_s: float = 0.0
     staging_s: float = 0.0
@@ -172,6 +182,10 @@ class Cost:
     on_demand_money: float = 0.0
     attempts: int = 0
     preemptions: int = 0
+    """Attempts a scheduler (or a cloud) took away with a preemption signal."""
+    killed: int = 0
+    """Attempts that ended because a process was killed or lost (``AttemptUsage.killed``): not
+    preemptions, though a requeued one costs its restart the same way (counted in the overhead)."""
     steps_redone: int = 0
     unpriced: tuple[str, ...] = ()
     egress_money: float = 0.0
@@ -209,6 +223,7 @@ class Cost:
             on_demand_money=self.on_demand_money + other.on_demand_money,
             attempts=self.attempts + other.attempts,
             preemptions=self.preemptions + other.preemptions,
+            killed=self.killed + other.killed,
             steps_redone=self.steps_redone + other.steps_redone,
             unpriced=tuple(sorted(set(self.unpriced) | set(other.unpriced))),
             egress_money=self.egress_money + other.egress_money,
@@ -229,6 +244,7 @@ class Cost:
             "on_demand_money": _sig(self.on_demand_money),
             "attempts": self.attempts,
             "preemptions": self.preemptions,
+            "killed": self.killed,
             "steps_redone": self.steps_redone,
             "unpriced": list(self.unpriced),
             "egress_money": _sig(self.egress_money),
@@ -271,7 +287,8 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
         egress_money=egress,
         egress_bytes=max(0, usage.egress_bytes),
         attempts=1,
-        preemptions=1 if usage.outcome in PREEMPTED_OUTCOMES else 0,
+        preemptions=1 if usage.outcome in PREEMPTED_OUTCOMES and not usage.killed else 0,
+        killed=1 if usage.killed else 0,
         steps_redone=usage.steps_redone,
         unpriced=() if price is not None else (key,),
     )

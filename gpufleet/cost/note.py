@@ -196,7 +196,9 @@ def _note_markdown(
         f"{_preemption_sentence(total, cur, amount, unit)} "
         f"Of those hours, **{_num(total.gpu_hours['lost'] * (3600.0 if seconds else 1.0))} {unit} "
         f"({_pct(total.gpu_hours['lost'], total.total_gpu_hours)})** were lost to work redone after "
-        f"{_plural(total.preemptions, 'preemption')} and {_plural(rollbacks, 'rollback')}, about "
+        f"{_plural(total.preemptions, 'preemption')}"
+        + (f", {_plural(total.killed, 'killed attempt')}" if total.killed else "")
+        + f" and {_plural(rollbacks, 'rollback')}, about "
         f"{money(total.lost_money, cur)}. At on-demand prices the same hours would have cost "
         f"{money(total.on_demand_money, cur)}"
     )
@@ -243,13 +245,16 @@ def _note_markdown(
         )
         team = _joined(u.team for u in mine)
         job = f"#{job_id} {names.get(job_id, '?')}"
-        rows.append([_cell(job), _cell(team), _cell(gpu), str(c.attempts), str(c.preemptions), *cost_cells(c)])
-    job_head = ["Job", "Team", "GPUs", "Attempts", "Preemptions", *head]
+        rows.append(
+            [_cell(job), _cell(team), _cell(gpu), str(c.attempts), str(c.preemptions), str(c.killed), *cost_cells(c)]
+        )
+    job_head = ["Job", "Team", "GPUs", "Attempts", "Preemptions", "Killed", *head]
     out += ["## By job", "", *markdown_table(job_head, rows, right_from=3)]
     rows = []
     for u in usages:
         steps = "-" if u.first_step is None else f"{u.first_step}..{u.last_step if u.last_step is not None else '?'}"
         outcome = f"**{_cell(u.outcome)}**" if u.outcome in _ENDED else _cell(u.outcome)
+        outcome += " (killed)" if u.killed else ""
         start, wall = f"+{_duration(u.start - t0)}", _duration(u.wall_s)
         job = _cell(f"#{u.job_id} {u.job_name}")
         rows.append([job, str(u.attempt), outcome, start, steps, wall, str(u.steps_done), str(u.steps_redone)])
@@ -267,11 +272,12 @@ def _note_markdown(
 def _preemption_sentence(total: Cost, currency: str, amount: Callable[[float], str], unit: str) -> str:
     """The headline's overhead sentence: what preemptions cost beyond the work they threw away."""
     overhead = total.preemption_overhead_gpu_hours
-    if total.preemptions == 0 and overhead == 0:
+    if total.preemptions == 0 and total.killed == 0 and overhead == 0:
         return "No attempt was preempted."
     parts = total.preemption_gpu_hours
+    killed = f" and {_plural(total.killed, 'killed attempt')}" if total.killed else ""
     return (
-        f"{_plural(total.preemptions, 'preemption')} cost **{amount(overhead)} {unit} "
+        f"{_plural(total.preemptions, 'preemption')}{killed} cost **{amount(overhead)} {unit} "
         f"({_pct(overhead, total.total_gpu_hours)}) of preemption overhead**, about "
         f"{money(total.preemption_money, currency)}: {amount(parts['lost'])} {unit} of lost work, "
         f"{amount(parts['startup'])} {unit} of restart start-up and shut-down, "

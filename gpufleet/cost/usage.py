@@ -13,6 +13,7 @@ from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
 from gpufleet.jobs.events import MAX_TS, EventKind
+from gpufleet.jobs.states import Outcome
 from gpufleet.jobs.store import Attempt, Event, Job, Store
 
 MAX_GPUS = 1024 * 1024
@@ -107,6 +108,28 @@ def attempt_placement(attempt: Attempt, events: Sequence[Event]) -> dict[str, An
     return out
 
 
+def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
+    """Whether the attempt ended because a process of it was killed or vanished, not by a preemption.
+
+    ``mine``: the attempt's runtime events. ``lost``: nobody saw it end (a lost node, a scheduler
+    that died). ``requeued`` (exit 75 without a preemption by the backend): killed when a rank
+    found its group broken (``session_end`` with ``reason: rank_lost``), or when the session never
+    ended on its own (no ``session_end`` with ``status: requeue``: a rank killed by a signal);
+    a session that saved and asked to be requeued heard a preemption signal. ``failed`` by a
+    signal (``exit_code`` below 0: the OOM killer's SIGKILL) was killed too.
+    """
+    if attempt.outcome == Outcome.LOST:
+        return True
+    if attempt.outcome == Outcome.FAILED:
+        return attempt.exit_code is not None and attempt.exit_code < 0
+    if attempt.outcome != Outcome.REQUEUED:
+        return False
+    ends = [e for e in mine if e.kind == EventKind.SESSION_END]
+    if any(e.data.get("reason") == "rank_lost" for e in ends):
+        return True
+    return not any(e.data.get("status") == "requeue" for e in ends)
+
+
 def attempt_usage(
     job: Job, attempt: Attempt, events: Sequence[Event], now: float, *, after_preemption: bool = False
 ) -> AttemptUsage:
@@ -183,6 +206,7 @@ def attempt_usage(
         start=start,
         end=end,
         outcome=outcome,
+        killed=killed_attempt(attempt, mine),
         startup_s=startup_s,
         restore_s=restore_s,
         staging_s=staging_s,
@@ -226,4 +250,4 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
     return out
 
 
-__all__ = ["attempt_gpus", "attempt_usage", "attempt_usages", "job_usages", "store_usages"]
+__all__ = ["attempt_gpus", "attempt_usage", "attempt_usages", "job_usages", "killed_attempt", "store_usages"]

@@ -79,12 +79,40 @@ def threads_per_rank(spec: JobSpec) -> int:
     return max(1, spec.resources.cpus // spec.ranks_per_node)
 
 
+ONE_RANK_RENDEZVOUS = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "0",
+}
+"""What torchrun gives a rank, for a world of one process: a script written for torchrun (it reads
+``RANK``, ``LOCAL_RANK``, calls ``init_process_group()``) runs unchanged as one process. Port 0: the
+one rank's store binds a free port (no peer ever connects), so nothing is picked before the start."""
+
+
+def torchrun_launched(spec: JobSpec) -> bool:
+    """Whether gpufleet starts the job's ranks with torchrun: a ``distributed`` block whose launcher is torchrun.
+
+    Also at one rank (``distributed.one_rank``, what a resize to one GPU keeps): the rank then sees
+    torchrun's variables and the job keeps writing sharded checkpoints that a group reshards again.
+    """
+    return spec.distributed is not None and spec.distributed.launcher == "torchrun"
+
+
 def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dict[str, str]:
-    """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside)."""
+    """What every attempt of ``job_id`` gets on top of its environment (``GPUFLEET_ATTEMPT`` aside).
+
+    A job of one rank also gets torchrun's rendezvous variables (:data:`ONE_RANK_RENDEZVOUS`, unless
+    its spec's ``env`` sets them), whoever starts it; the ranks of a group get theirs from their launcher.
+    """
     folder = job_dir(home, job_id)
     timeout = spec.distributed.timeout_seconds if spec.distributed is not None else DEFAULT_TIMEOUT_S
     group: dict[str, str] = {}
-    if spec.world_size > 1:
+    if spec.world_size == 1:  # torchrun, where it starts the one rank, sets the same for it
+        group.update(ONE_RANK_RENDEZVOUS)
+    if torchrun_launched(spec) or spec.world_size > 1:
         # torchrun gives its ranks this long between its SIGTERM and its SIGKILL (30 s by default):
         # the job's grace, so a preempted group has the whole grace to save, as one process has.
         group[ENV_TORCHRUN_SHUTDOWN] = str(math.ceil(spec.checkpoint.grace_seconds))
@@ -145,13 +173,14 @@ def rank_argv(spec: JobSpec) -> list[str]:
 def entry_argv(spec: JobSpec) -> list[str]:
     """The process an attempt runs: one rank (:func:`rank_argv`), or the group launcher over its ranks.
 
-    A job of more than one rank under ``launcher: torchrun`` runs ``gpufleet.backends.group_launch``,
-    which starts torchrun with ``resources.gpus`` ranks of :func:`rank_argv`: what follows ``--`` is
-    the arguments of gpufleet's interpreter (``-m gpufleet.runtime.launch``, ``train.py --lr 3e-3``),
-    or, after ``--no-python``, a command run as it is (another interpreter, a shell script).
+    A job with a ``distributed`` block under ``launcher: torchrun`` (one rank too, see
+    :func:`torchrun_launched`) runs ``gpufleet.backends.group_launch``, which starts torchrun with
+    ``resources.gpus`` ranks of :func:`rank_argv`: what follows ``--`` is the arguments of
+    gpufleet's interpreter (``-m gpufleet.runtime.launch``, ``train.py --lr 3e-3``), or, after
+    ``--no-python``, a command run as it is (another interpreter, a shell script).
     """
     argv = rank_argv(spec)
-    if spec.world_size <= 1 or spec.distributed is None or spec.distributed.launcher != "torchrun":
+    if not torchrun_launched(spec):
         return argv
     group = [sys.executable, "-m", "gpufleet.backends.group_launch", f"--nproc-per-node={spec.ranks_per_node}"]
     if argv and argv[0] == sys.executable:
@@ -174,6 +203,7 @@ __all__ = [
     "ENV_TIMEOUT",
     "ENV_TORCHRUN_SHUTDOWN",
     "ENV_WORLD_SIZE",
+    "ONE_RANK_RENDEZVOUS",
     "PYTHON_RE",
     "REQUEUE_EXIT_CODE",
     "check_environment",
@@ -182,4 +212,5 @@ __all__ = [
     "job_environment",
     "rank_argv",
     "threads_per_rank",
+    "torchrun_launched",
 ]

@@ -22,7 +22,8 @@ from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.ray.backend import RayBackend
 from gpufleet.backends.slurm.backend import SlurmBackend
 from gpufleet.cost.usage import attempt_gpus, store_usages
-from gpufleet.errors import UsageError
+from gpufleet.errors import SpecError, UsageError
+from gpufleet.jobs.protocol import ENV_TORCHRUN_SHUTDOWN, ONE_RANK_RENDEZVOUS, entry_argv, job_environment, rank_argv
 from gpufleet.jobs.store import Attempt, Event, Outcome, Store
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.workloads.tinylm import TINY
@@ -57,19 +58,56 @@ def slots4(home: Path, monkeypatch: pytest.MonkeyPatch) -> LocalBackend:
 # ---- the spec rewrite -----------------------------------------------------------------------------
 
 
-def test_a_group_resized_to_one_gpu_drops_its_distributed_block() -> None:
+def test_a_group_resized_to_one_gpu_stays_a_torchrun_group_of_one_rank() -> None:
     group = group_of(2)
     one = resized_spec(group, gpus=1, nodes=None, source="job 1 resized")
-    assert one.distributed is None and one.world_size == 1 and one.total_gpus == 1
+    assert one.distributed is not None and one.distributed.one_rank and one.world_size == 1 and one.total_gpus == 1
+    assert group.distributed is not None
+    assert one.distributed.model_dump(exclude={"one_rank"}) == group.distributed.model_dump(exclude={"one_rank"})
     assert one.model_dump(exclude={"resources", "distributed"}) == group.model_dump(
         exclude={"resources", "distributed"}
     )
+    # Started by torchrun with one rank, which gives it RANK, LOCAL_RANK, WORLD_SIZE as it gave the two.
+    assert entry_argv(one)[1:4] == ["-m", "gpufleet.backends.group_launch", "--nproc-per-node=1"]
+    back = resized_spec(one, gpus=2, nodes=None, source="job 1 resized")
+    assert back.world_size == 2 and back.distributed is not None and back.distributed.strategy == "fsdp"
+    plain_one = resized_spec(group, gpus=1, nodes=None, source="job 1 resized", one_process=True)
+    assert plain_one.distributed is None and plain_one.world_size == 1 and entry_argv(plain_one) == rank_argv(group)
+    with pytest.raises(UsageError, match=r"^gpus=2 on 1 node\(s\) is a world of 2 ranks, but one_process runs"):
+        resized_spec(group, gpus=2, nodes=None, source="job 1 resized", one_process=True)
     four = resized_spec(group, gpus=4, nodes=None, source="job 1 resized")
     assert four.distributed == group.distributed and four.world_size == 4
     two_nodes = resized_spec(group, gpus=1, nodes=2, source="job 1 resized")  # one GPU on each of 2 nodes: a group
     assert two_nodes.distributed == group.distributed and two_nodes.world_size == 2
     plain = resized_spec(spec_of(), gpus=3, nodes=None, source="job 1 resized")
     assert plain.distributed is None and plain.world_size == 1 and plain.total_gpus == 3  # one process, 3 GPUs
+
+
+def test_every_one_rank_attempt_gets_torchruns_rendezvous_variables(home: Path) -> None:
+    """A script that reads RANK/LOCAL_RANK or calls init_process_group() runs as one process too."""
+    rendezvous = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    plain = job_environment(spec_of(), 1, home, "local")
+    assert {k: plain[k] for k in rendezvous} == ONE_RANK_RENDEZVOUS
+    one_rank = job_environment(resized_spec(group_of(2), gpus=1, nodes=None, source="x"), 1, home, "local")
+    assert {k: one_rank[k] for k in rendezvous} == ONE_RANK_RENDEZVOUS  # torchrun sets the same for its rank
+    assert ENV_TORCHRUN_SHUTDOWN in one_rank
+    assert not set(rendezvous) & set(job_environment(group_of(2), 1, home, "local"))  # torchrun's own, per rank
+    own = job_environment(spec_of(env={"MASTER_PORT": "29555"}), 1, home, "local")
+    assert own["MASTER_PORT"] == "29555"  # the spec's env wins
+    script = (
+        "import os, torch.distributed as d; d.init_process_group('gloo'); "
+        "print(os.environ['LOCAL_RANK'], d.get_world_size())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, **plain}, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["0", "1"], out.stderr
+
+
+def test_a_submitted_one_rank_group_needs_the_flag() -> None:
+    with pytest.raises(SpecError, match=r"or set distributed.one_rank: true"):
+        spec_of(distributed={"strategy": "ddp"})
+    assert spec_of(distributed={"strategy": "ddp", "one_rank": True}).world_size == 1
 
 
 @pytest.mark.parametrize(
@@ -93,16 +131,17 @@ def test_bad_sizes_are_refused_naming_the_value(gpus: int, nodes: int | None, ma
 def test_a_queued_group_resized_to_one_gpu_is_stored_with_a_resized_event(slots4: LocalBackend, home: Path) -> None:
     job = slots4.submit(group_of(2))
     done = slots4.resize(job, 1)
-    assert done.changed and done.distributed_dropped and done.state == "queued"
+    assert done.changed and done.one_rank_group and not done.distributed_dropped and done.state == "queued"
     stored = slots4.store.job(job).spec
-    assert stored == done.after and stored.distributed is None and stored.total_gpus == 1
+    assert stored == done.after and stored.distributed is not None and stored.total_gpus == 1
     (event,) = slots4.store.events(job, kinds=("resized",))
     assert event.data == {
         "old_gpus": 2,
         "new_gpus": 1,
         "old_world_size": 2,
         "new_world_size": 1,
-        "distributed_dropped": True,
+        "distributed_dropped": False,
+        "one_rank_group": True,
     }
     # The attempt's copy follows when the attempt starts, not before (a running attempt's ranks read it).
     assert spec_file(home, job).total_gpus == 2
@@ -182,7 +221,15 @@ def test_the_cli_resizes_and_refuses_in_one_line(slots4: LocalBackend, home: Pat
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert (result["before"]["world_size"], result["after"]["world_size"]) == (2, 1)
-    assert result["distributed_dropped"] is True and result["state"] == "queued" and result["preempted"] is False
+    assert result["after"]["launcher"] == "torchrun" and result["one_rank_group"] is True
+    assert result["distributed_dropped"] is False and result["state"] == "queued" and result["preempted"] is False
+    bad = subprocess.run([*cli, "--gpus", "2", "--one-process"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --gpus 2 on 1 node(s) is a world of 2 ranks")
+    assert "--one-process runs the job as one process" in bad.stderr
+    plain = subprocess.run([*cli, "--gpus", "1", "--one-process"], capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert f"job {job}: 1 GPU (one rank, torchrun) -> 1 GPU (one process)" in plain.stdout
+    assert "without torchrun" in " ".join(plain.stdout.split())
     slots4.store.set_job_state(job, "running")
     text = subprocess.run([*cli, "--gpus", "2"], capture_output=True, text=True, env=env, timeout=120)
     assert text.returncode == 0, text.stderr

@@ -66,3 +66,34 @@ def test_events_outside_the_recorded_wall_are_clamped_in(tmp_path: Path) -> None
     assert u.wall_s == 60.0 and u.lost_s == 0.0 and u.shutdown_s == 0.0
     assert u.startup_s == pytest.approx(8.25)
     assert sum(u.seconds().values()) == pytest.approx(60.0)
+
+
+def test_killed_attempts_are_listed_apart_from_preemptions(tmp_path: Path) -> None:
+    """A rank lost to its group, a rank killed before its session ended, a vanished attempt and the OOM
+    killer's SIGKILL are kills, not preemptions; a session that saved at a signal and asked to be requeued
+    was preempted, like an attempt the scheduler preempted."""
+    store = Store(tmp_path / "state.db")
+    job_id = store.add_job(SPEC, "local")
+    ends: list[tuple[str, int, dict[str, Any] | None]] = [
+        ("preempted", 75, {"status": "requeue"}),  # the scheduler's SIGTERM
+        ("requeued", 75, {"status": "requeue"}),  # a signal from elsewhere (a cloud's reclaim)
+        ("requeued", 75, {"status": "requeue", "reason": "rank_lost", "error": "connection closed by peer"}),
+        ("requeued", 75, None),  # rank 0 killed: nobody ended its session
+        ("lost", -9, None),
+        ("failed", -9, None),  # the OOM killer
+        ("failed", 1, {"status": "failed", "error": "ValueError: bad"}),
+        ("completed", 0, {"status": "completed"}),
+    ]
+    events: list[dict[str, Any]] = []
+    for n, (outcome, code, end) in enumerate(ends, start=1):
+        start = 1000.0 * n
+        store.upsert_attempt(Attempt(job_id, n, "ended", None, start, start + 60.0, code, Outcome(outcome), None, None))
+        events += [{"ts": start + 1.0, "kind": "train_start", "step": 0, "attempt": n}]
+        if end is not None:
+            events += [{"ts": start + 50.0, "kind": "session_end", "step": 5, "attempt": n, **end}]
+    store.add_runtime_events(job_id, events, offset=1)
+    usages = job_usages(store, store.job(job_id), now=10_000.0)
+    assert [u.killed for u in usages] == [False, False, True, True, True, True, False, False]
+    cost = build_ledger(usages, load_rates()).jobs[job_id]
+    assert (cost.preemptions, cost.killed, cost.attempts) == (2, 4, 8)
+    assert cost.to_dict()["preemptions"] == 2 and cost.to_dict()["killed"] == 4
