@@ -130,6 +130,14 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
     except OSError:
         return None
     try:
+        return read_tail_fd(fd, max_bytes)
+    finally:
+        os.close(fd)
+
+
+def read_tail_fd(fd: int, max_bytes: int) -> tuple[bytes, int] | None:
+    """:func:`read_tail` of an open descriptor (the caller opened it as it must, and closes it)."""
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
@@ -141,8 +149,6 @@ def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
         return b"".join(chunks), info.st_size
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def replace_output(tmp: Path, path: Path, flag: str = "output") -> None:
@@ -180,6 +186,7 @@ __all__ = [
     "check_replaceable_file",
     "is_char_device",
     "read_tail",
+    "read_tail_fd",
     "replace_output",
     "write_port_file",
 ]

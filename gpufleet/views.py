@@ -8,7 +8,6 @@ and ``gpufleet serve`` answers ``GET /api/jobs``, ``/api/jobs/{id}`` and ``/api/
 from __future__ import annotations
 
 import os
-import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import UsageError
 from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.store import Job, Store, latest_step
+from gpufleet.outfiles import read_tail_fd
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 from gpufleet.rl.report import summarize as summarize_rl
 from gpufleet.runtime.checkpoint import CheckpointDir
@@ -97,15 +97,7 @@ def _log_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
         for part in parts[:-1]:
             fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
         fds.append(os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=fds[-1]))
-        info = os.fstat(fds[-1])
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        start = max(0, info.st_size - max_bytes)
-        chunks, left = [], max_bytes
-        while left > 0 and (chunk := os.pread(fds[-1], min(left, 1 << 20), start + max_bytes - left)):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), info.st_size
+        return read_tail_fd(fds[-1], max_bytes)
     except OSError:
         return None
     finally:

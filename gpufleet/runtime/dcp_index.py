@@ -354,15 +354,20 @@ def load_plain(value: io.BytesIO) -> Any:
         return torch.load(value, map_location="cpu", weights_only=True)
 
 
+def _put_plain(planner: DefaultLoadPlanner, read_item: ReadItem, value: io.BytesIO) -> None:
+    """Where DCP's planners put a non-tensor entry, loaded with ``weights_only=True`` instead of a pickle."""
+    loaded = load_plain(value)
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], loaded)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = loaded
+
+
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, but non-tensor entries are loaded with ``weights_only=True``."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        loaded = load_plain(value)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
+        _put_plain(self, read_item, value)
 
 
 class SafeFullPlanner(_EmptyStateDictLoadPlanner):
@@ -372,11 +377,7 @@ class SafeFullPlanner(_EmptyStateDictLoadPlanner):
         super().__init__()  # type: ignore[no-untyped-call]
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        loaded = load_plain(value)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
+        _put_plain(self, read_item, value)
 
 
 # ---- helpers -------------------------------------------------------------------------------------

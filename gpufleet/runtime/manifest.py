@@ -266,15 +266,20 @@ def open_regular(folder: int, name: str, where: Path, *, size: int) -> int:
     """
     fd = _open_in(folder, name, where)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CorruptCheckpoint(f"{where}: {name} is not a regular file; a checkpoint holds files only")
-        if info.st_size != size:
-            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
+        _check_sized(fd, name, where, size)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_sized(fd: int, name: str, where: Path, size: int) -> None:
+    """Refuse the open ``fd`` unless it is a regular file of the ``size`` bytes the manifest lists."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise CorruptCheckpoint(f"{where}: {name} is not a regular file; a checkpoint holds files only")
+    if info.st_size != size:
+        raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
 
 
 def read_regular(folder: int, name: str, where: Path, *, size: int | None = None, limit: int | None = None) -> bytes:
@@ -311,11 +316,7 @@ def hash_regular(folder: int, name: str, where: Path, *, size: int) -> str:
     digest = hashlib.sha256()
     seen = 0
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CorruptCheckpoint(f"{where}: {name} is not a regular file; a checkpoint holds files only")
-        if info.st_size != size:
-            raise CorruptCheckpoint(f"{where}: {name} has {info.st_size} bytes, manifest says {size}")
+        _check_sized(fd, name, where, size)
         while chunk := os.read(fd, _HASH_CHUNK):
             digest.update(chunk)
             seen += len(chunk)
