@@ -75,23 +75,22 @@ def test_a_storm_fails_the_region_over_and_the_checkpoint_follows(
     home: Path, tmp_path: Path, fleet_sched: tuple[LocalBackend, LocalScheduler]
 ) -> None:
     backend, scheduler = fleet_sched
-    use_fleet(
-        home,
-        write_fleet(
+
+    def fleet(storms: list[dict[str, float]]) -> Path:
+        return write_fleet(
             tmp_path / "fleet.yaml",
             offers=[offer("aws", "us-east-1", 2.6, 6.88, 1, egress=0.09), offer("gcp", "us-central1", 3.7, 11.06, 1)],
-            pools=[
-                {
-                    "offer": "aws/us-east-1/H100",
-                    "storms": [{"start_s": 0, "end_s": 3600, "preemptions_per_hour": 1800}],
-                },
-                {"offer": "gcp/us-central1/H100"},
-            ],
+            pools=[{"offer": "aws/us-east-1/H100", "storms": storms}, {"offer": "gcp/us-central1/H100"}],
             failover={"preemptions": 2, "window_minutes": 60, "cooldown_minutes": 60},
-        ),
-    )
-    # Long enough on AWS (20 s of steps at one preemption every 2 s) that its storm preempts it twice.
+        )
+
+    use_fleet(home, fleet([]))
+    # Long enough on AWS (20 s of steps at one preemption every 2 s) that its storm preempts it twice. The storm
+    # begins once the job has a checkpoint on AWS: an interpreter that starts slower than the storm's first
+    # preemption (a loaded machine) would otherwise leave nothing to move.
     job = backend.submit(toy("storm", steps=2000))
+    drive(scheduler, lambda: bool(kinds(backend, job, "checkpoint")) or ended(backend, job), timeout=300)
+    use_fleet(home, fleet([{"start_s": 0, "end_s": 3600, "preemptions_per_hour": 1800}]))
     drive(scheduler, lambda: ended(backend, job), timeout=300)
     assert backend.store.job(job).state == "completed", backend.store.job(job).reason
     placed = [e["offer"] for e in kinds(backend, job, "placed")]
