@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.errors import UsageError
@@ -40,17 +41,23 @@ def is_char_device(path: Path) -> bool:
         return False
 
 
+def _mode(stat_fn: Callable[[Path], os.stat_result], path: Path, named: str) -> int | None:
+    """``path``'s mode by ``stat_fn`` (``os.stat`` or ``os.lstat``), None when it does not exist; a path that
+    cannot be one (a folder above it is a file, no permission) refused in one line starting with ``named``."""
+    try:
+        return stat_fn(path).st_mode
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise UsageError(f"{named}: a folder above it is a file; give a path in a folder") from None
+    except OSError as err:
+        raise UsageError(f"{named}: cannot use it ({err.strerror}); pick another path") from None
+
+
 def check_output_file(path: Path, flag: str) -> Path:
     """``path``, refused (naming ``flag``) when it exists and is not a regular file nor a character device,
     or when a folder above it is a file."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except NotADirectoryError:
-        raise UsageError(f"{flag} {path}: a folder above it is a file; give a path in a folder") from None
-    except OSError as err:
-        raise UsageError(f"{flag} {path}: cannot use it ({err.strerror}); pick another path") from None
+    mode = _mode(os.stat, path, f"{flag} {path}")
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
         raise UsageError(f"{flag} {path} is {_kind(mode)}, not a file: give the path of a file to write")
     return path
@@ -65,14 +72,7 @@ def check_replaceable_file(path: Path, flag: str) -> Path:
     what it points at) are refused, as is a path whose folder is missing, is a file, or is read-only.
     """
     shown = str(path)
-    try:
-        mode: int | None = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except NotADirectoryError:
-        raise UsageError(f"{flag} {shown!r}: a folder above it is a file; give a path in a folder") from None
-    except OSError as err:
-        raise UsageError(f"{flag} {shown!r}: cannot use it ({err.strerror}); pick another path") from None
+    mode = _mode(os.lstat, path, f"{flag} {shown!r}")
     if mode is not None:
         if stat.S_ISCHR(mode):
             raise UsageError(f"{flag} {shown!r} is a device: give the path of a regular file to write")
