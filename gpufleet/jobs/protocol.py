@@ -40,6 +40,10 @@ ENV_TORCHRUN_SHUTDOWN = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 """torchrun's seconds between the SIGTERM it forwards to its ranks and its SIGKILL."""
 ENV_STRATEGY = "GPUFLEET_DIST_STRATEGY"
 """The spec's ``distributed.strategy`` (``none``, ``ddp``, ``fsdp``): how a script that asks should wrap its model."""
+ENV_PRICE = "GPUFLEET_PRICE_PER_GPU_HOUR"
+"""The price of one of the attempt's GPUs for an hour (a number, 0 or more): unset, the metrics carry no money."""
+ENV_CURRENCY = "GPUFLEET_CURRENCY"
+"""The currency of ``GPUFLEET_PRICE_PER_GPU_HOUR`` (default ``USD``)."""
 
 
 def _number(raw: str, *, low: float, integer: bool = False) -> bool:
@@ -192,12 +196,14 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ENV_ATTEMPT",
     "ENV_CKPT_DIR",
+    "ENV_CURRENCY",
     "ENV_DATA_DIR",
     "ENV_EVENTS",
     "ENV_FAULT",
     "ENV_JOB_DIR",
     "ENV_JOB_ID",
     "ENV_LOG_EVERY_S",
+    "ENV_PRICE",
     "ENV_SPEC",
     "ENV_STRATEGY",
     "ENV_TIMEOUT",

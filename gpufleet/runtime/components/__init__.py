@@ -1,0 +1,30 @@
+"""The parts a ``TrainSession`` is made of; each owns its state, none calls back into the session.
+
+::
+
+    announce.py      Announcer            the job's event log, and the lines a person should also see
+    guard.py         PreemptionGuard      SIGTERM/SIGUSR1 in and out, the flag, save-then-exit or go on
+    agreement.py     RankAgreement        the ranks judge the same numbers: one all-reduce per few steps,
+                                          and the watch that names a rank that stops stepping
+    checkpointer.py  CheckpointManager    folder, interval, background writer, keep/best, save, restore,
+                                          rollback, the fits and fingerprint checks
+    ckpt_io.py       (functions)          how one checkpoint is written, found and loaded (sharded too)
+    reporter.py      Reporter             step events, MFU, rank timings, the GPU sampler, session_end,
+                                          the exporters and the price from the environment
+    settings.py      settings_from_env    what the backend exported, read into a session's arguments
+
+``gpufleet.runtime.session`` composes them: it owns the loop's position (step, data cursor, health
+window) and the order of a step boundary, asks each component for a verdict (a frozen dataclass
+or an enum) and decides what happens next, so that order reads in one place.
+
+What a component may import: ``announce``; the runtime's building blocks (``runtime.checkpoint``,
+``runtime.sharded``, ``runtime.group``, ``runtime.state``, ``runtime.interval``, ...);
+``gpufleet.jobs``, ``gpufleet.estimate``, ``gpufleet.telemetry``, ``gpufleet.spec``. Never
+``runtime.session``, never ``gpufleet.cost`` or ``gpufleet.placement`` (a job's price comes from its
+environment). Two helpers are used by one component each: ``ckpt_io`` by ``checkpointer``, the
+reporter's constructors by ``settings``; no other component imports another.
+
+Where later work goes: a memory tier of checkpoints is a second tier inside ``checkpointer``;
+recovering a lost rank in place is a new verdict of ``guard`` fed by ``agreement`` (their module
+docstrings say where).
+"""
