@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from gpufleet._version import __version__
 from gpufleet.errors import GpufleetError
 from gpufleet.spec import JobSpec, load_spec
-
-__version__ = "0.1.0"
 
 __all__ = ["GpufleetError", "JobSpec", "__version__", "load_spec"]

@@ -154,8 +154,8 @@ def stage_command(
 ) -> None:
     """Stage a spec's data cold, and compare its rate with the source's read rate and the disk's write rate."""
     from gpufleet.data.bench import measure_stage
-    from gpufleet.data.urls import check_installed
     from gpufleet.spec import load_spec
+    from gpufleet.spec.sources import check_installed
 
     spec = load_spec(spec_path)
     if spec.data is None:

@@ -11,7 +11,6 @@ line naming the flags, instead of a number.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +19,7 @@ from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, table
-from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
+from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.outfiles import check_plot_file
 from gpufleet.plotting import figure, save_figure
 
@@ -401,17 +400,8 @@ def _plot_interval(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, 
         ax.plot(taus / 60, [100 * y for y in ys], label=f"{name} (analytic)")
     if engine == "montecarlo":
         points = np.geomspace(lo, max(hi, lo * 1.01), 7)
-        ys = []
-        for t in points:
-            try:
-                ys.append(
-                    100
-                    * model.monte_carlo(
-                        replace(s, interval_seconds=float(t)), trials=trials, seed=seed
-                    ).effective_fraction
-                )
-            except ParameterError:
-                ys.append(math.nan)
+        fractions = model.monte_carlo_sweep(s, intervals=[float(t) for t in points], trials=trials, seed=seed)
+        ys = [100 * y for y in fractions]
         ax.plot(points / 60, ys, "o", color="black", label=f"as given (Monte Carlo, {trials} trials)")
     here = model.analytic(s)
     ax.plot(
@@ -447,12 +437,7 @@ def _plot_fleet(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, tri
         ax.plot(sizes, [100 * y for y in ys], label=name, **style)
     if engine == "montecarlo":
         points = [round(n) for n in np.geomspace(*FLEET_SIZES, 6)]
-        ys = []
-        for n in points:
-            try:
-                ys.append(100 * model.monte_carlo(replace(s, gpus=n), trials=trials, seed=seed).effective_fraction)
-            except ParameterError:
-                ys.append(math.nan)
+        ys = [100 * y for y in model.monte_carlo_sweep(s, sizes=points, trials=trials, seed=seed)]
         ax.plot(points, ys, "o", color="black", label=f"as given (Monte Carlo, {trials} trials)")
     for level in (90, 95):
         ax.axhline(level, color="grey", ls=":", lw=1)

@@ -14,14 +14,24 @@ not sold there: the on-demand price is used.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from datetime import date
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.jobs.protocol import ENV_CURRENCY, ENV_PRICE
 from gpufleet.yamlio import parse_yaml, read_yaml, validate
+
+if TYPE_CHECKING:
+    from gpufleet.spec import JobSpec
+
+ENV_RATES = "GPUFLEET_RATES"
+"""A rate card's path, in the environment of the backend (the local scheduler, the Slurm submitter)."""
 
 
 class Rate(BaseModel):
@@ -74,4 +84,23 @@ def load_rates(path: str | Path | None = None) -> RateCard:
     )
 
 
-__all__ = ["Rate", "RateCard", "load_rates"]
+def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The price of one GPU-hour for an attempt's environment: ``GPUFLEET_PRICE_PER_GPU_HOUR`` and its currency.
+
+    The backend prices the attempt when it starts it, so the training process never reads the rate
+    card (the runtime sits below ``cost`` in the layers): it exports what it is handed. The card is
+    ``$GPUFLEET_RATES`` in ``env`` (the backend's environment), else the shipped one. No row for the
+    GPU type, or a card that does not load, prices nothing: an attempt never fails for its price
+    (``gpufleet cost`` reports a bad card where it reads it).
+    """
+    env = os.environ if env is None else env
+    path = env.get(ENV_RATES) or None
+    try:
+        card = load_rates(path)
+    except GpufleetError:
+        return {}
+    price = card.price(spec.resources.gpu_type, spec.provider, spot=spec.spot)
+    return {} if price is None else {ENV_PRICE: repr(float(price)), ENV_CURRENCY: card.currency}
+
+
+__all__ = ["ENV_RATES", "Rate", "RateCard", "load_rates", "price_environment"]

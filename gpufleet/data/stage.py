@@ -24,7 +24,7 @@ under a prefix), then for each file either reuses a verified copy or copies it:
   drops the write bits, and a blob reused for a narrower source is narrowed); an object store's files,
   which have none, are ``0644`` (blobs ``0444``), less the umask. A host a source names that resolves
   to a link-local or cloud metadata address is refused before anything is read
-  (:func:`gpufleet.data.urls.check_resolved_hosts`).
+  (:func:`gpufleet.spec.sources.check_resolved_hosts`).
 
 A bad source (nothing listed, no access, a file that changed size during the copy, a checksum
 mismatch, an object key that would land outside its folder) raises :class:`StageError` naming the
@@ -52,9 +52,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.data.urls import check_relative, check_resolved_hosts, package_hint, split_source
 from gpufleet.errors import GpufleetError
+from gpufleet.extras import require
 from gpufleet.spec import DataPolicy, DataSource
+from gpufleet.spec.sources import check_relative, check_resolved_hosts, package_hint, split_source
 
 CHUNK = 8 << 20
 """Bytes read, hashed and written at a time (and the read-ahead block of a remote file)."""
@@ -181,7 +182,7 @@ Progress = Callable[[int, int], None]
 
 def open_source(source: DataSource) -> tuple[Any, str, str]:
     """``(file system, protocol, root path)`` of a source; ``StageError`` when its package is missing."""
-    import fsspec
+    fsspec = require("fsspec", "data", "staging a job's data sources")
 
     try:
         protocol, path = split_source(source.source)

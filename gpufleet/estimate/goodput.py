@@ -31,7 +31,7 @@ signal it *is* the formula above (:func:`daly_wall_time`). The interval ``auto``
 higher-order optimum ``τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] - δ`` (``τ = M`` once ``δ ≥ 2M``),
 which refines Young's first-order ``√(2δM)`` (J. W. Young, "A first order approximation to the
 optimum checkpoint interval", Communications of the ACM 17(9), 1974; computed by
-:func:`gpufleet.placement.advisor.young_daly_interval`); ``M`` is then the MTBF of the
+:func:`gpufleet.estimate.interval.young_daly_interval`); ``M`` is then the MTBF of the
 interruptions that lose work.
 
 :func:`monte_carlo` simulates whole runs, seeded, vectorised over trials (one numpy step per
@@ -69,7 +69,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.errors import ParameterError, UsageError
-from gpufleet.placement.advisor import young_daly_interval
+from gpufleet.estimate.interval import young_daly_interval
 
 Engine = Literal["analytic", "montecarlo"]
 ENGINES: tuple[Engine, ...] = ("analytic", "montecarlo")
@@ -1057,6 +1057,26 @@ def policies(s: Scenario, knobs: PolicyKnobs | None = None) -> list[Policy]:
     return out
 
 
+def monte_carlo_sweep(
+    s: Scenario, *, intervals: Sequence[float] = (), sizes: Sequence[int] = (), trials: int = 1000, seed: int = 0
+) -> list[float]:
+    """:func:`monte_carlo`'s effective fraction at each interval, or else at each GPU count (NaN where a point
+    cannot be simulated: the job makes no progress there).
+
+    One seed for every point, so the points differ by the knob alone (common random numbers).
+    """
+    if intervals and sizes:
+        raise ParameterError("give {intervals:name} or {sizes:name}, not both", intervals=intervals, sizes=sizes)
+    points = [replace(s, interval_seconds=float(t)) for t in intervals] or [replace(s, gpus=int(n)) for n in sizes]
+    out = []
+    for point in points:
+        try:
+            out.append(monte_carlo(point, trials=trials, seed=seed).effective_fraction)
+        except ParameterError:
+            out.append(math.nan)
+    return out
+
+
 def fleet_sweep(s: Scenario, sizes: Sequence[int], knobs: PolicyKnobs | None = None) -> dict[str, list[float]]:
     """Each policy's analytic effective fraction at each GPU count (NaN where the job cannot make progress)."""
     out: dict[str, list[float]] = {}
@@ -1103,6 +1123,7 @@ __all__ = [
     "interval_sweep",
     "load_mix",
     "monte_carlo",
+    "monte_carlo_sweep",
     "optimum_interval",
     "policies",
     "resolve_mix",

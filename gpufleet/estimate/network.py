@@ -367,11 +367,8 @@ def fleet_placement(
     overriding the fabric's defaults (``latency_us``, ``hop_latency_ns``). Raises ``UsageError`` for a malformed
     hostlist, an unknown node, a node given twice, too few nodes, or nodes in separate switch trees.
     """
-    from gpufleet.backends.slurm.topology import node_names, placement_switches
-
     count, gpus_per_node, intra, name = _placement(gpus, gpus_per_node, gpu)
-    names = node_names(nodes)
-    placement_switches(fleet, names)  # unknown nodes
+    names = fleet.known_nodes(nodes)  # a malformed hostlist, unknown nodes
     seen: set[str] = set()
     for node in names:
         if node in seen:

@@ -39,7 +39,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from gpufleet import __version__
+from gpufleet._version import __version__
 from gpufleet.errors import UsageError
 from gpufleet.export.skypilot import block_yaml
 from gpufleet.jobs.protocol import ENV_CKPT_DIR, ENV_JOB_ID, ENV_SPEC, REQUEUE_EXIT_CODE, job_environment

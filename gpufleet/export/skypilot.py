@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet import __version__
+from gpufleet._version import __version__
 from gpufleet.errors import ParameterError, UsageError
 from gpufleet.jobs.protocol import (
     ENV_CKPT_DIR,

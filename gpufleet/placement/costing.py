@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpufleet.errors import UsageError
-from gpufleet.placement.advisor import SECONDS_PER_HOUR
+from gpufleet.estimate.interval import SECONDS_PER_HOUR
 from gpufleet.placement.catalog import Catalog
 from gpufleet.placement.quota import NO_QUOTA, QuotaBook
 from gpufleet.spec import JobSpec, OfferChoice

@@ -51,9 +51,9 @@ import numpy as np
 import numpy.typing as npt
 
 from gpufleet.errors import UsageError
+from gpufleet.estimate.interval import CheckpointAdvice, advise
 from gpufleet.fmt import finite_or_none
 from gpufleet.paths import NAME_HINT, NAME_RE
-from gpufleet.placement.advisor import CheckpointAdvice, advise
 from gpufleet.placement.catalog import GPU_TYPE_HINT, GPU_TYPE_RE, Catalog, Offer
 from gpufleet.placement.costing import (
     F8,

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.estimate.interval import PreemptionRate
 from gpufleet.fmt import compact_duration
-from gpufleet.placement.advisor import PreemptionRate
 from gpufleet.spec import CheckpointPolicy
 
 ENV_PREEMPTIONS = "GPUFLEET_PREEMPTIONS_PER_HOUR"

@@ -11,6 +11,9 @@ The same spec runs unchanged on every backend::
     priority: 10                                   # higher preempts lower
     checkpoint: {every_steps: 50, keep: 3, grace_seconds: 30}
     max_restarts: 5
+
+Floor 2 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpufleet.errors import SpecError
 from gpufleet.paths import NAME_HINT, NAME_RE
+from gpufleet.spec.gpu_source import PATTERNS, check_scrape_url
 from gpufleet.yamlio import read_yaml, validate
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -181,14 +185,10 @@ class Telemetry(_Frozen):
         if value in ("auto", "none", "nvml"):
             return value
         if kind == "synthetic":
-            from gpufleet.telemetry.synthetic import PATTERNS
-
             if arg not in PATTERNS:
                 raise ValueError(f"unknown synthetic GPU pattern {arg!r}; choose one of {', '.join(PATTERNS)}")
             return value
         if kind == "scrape":
-            from gpufleet.telemetry.gpu.sources import check_scrape_url
-
             return f"scrape:{check_scrape_url(arg)}"
         raise ValueError(f"gpu_source {value!r} is not one of {GPU_SOURCE_HINT}")
 
@@ -278,7 +278,7 @@ class DataSource(_Frozen):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
-        from gpufleet.data.urls import SCHEME_RE, split_source
+        from gpufleet.spec.sources import SCHEME_RE, split_source
 
         if SCHEME_RE.match(value) is None and "://" not in value and not value.startswith("/"):
             # relative: load_spec resolves it against the spec file, and split_source checks the result
@@ -290,7 +290,7 @@ class DataSource(_Frozen):
     @field_validator("dest")
     @classmethod
     def _dest(cls, value: str) -> str:
-        from gpufleet.data.urls import check_dest
+        from gpufleet.spec.sources import check_dest
 
         return check_dest(value)
 
@@ -299,7 +299,7 @@ class DataSource(_Frozen):
         if self.endpoint_url is not None and not self.source.lower().startswith(("s3://", "s3a://")):
             raise ValueError(f"endpoint_url applies to s3:// sources only, not {_clip(self.source)}: remove it")
         if not self.allow_link_local:
-            from gpufleet.data.urls import check_hosts
+            from gpufleet.spec.sources import check_hosts
 
             check_hosts(self.source, self.endpoint_url)
         return self

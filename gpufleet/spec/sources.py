@@ -193,7 +193,10 @@ def check_resolved_hosts(*urls: str | None) -> None:
 
 def package_hint(protocol: str) -> str | None:
     """What to install for ``protocol``, or ``None`` when its file system imports."""
-    from fsspec.registry import get_filesystem_class
+    from gpufleet.extras import required
+
+    with required("fsspec", "data", "staging a job's data sources"):
+        from fsspec.registry import get_filesystem_class
 
     try:
         get_filesystem_class(protocol)

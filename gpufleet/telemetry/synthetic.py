@@ -25,27 +25,14 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
 
 from gpufleet.errors import ParameterError, UsageError
+from gpufleet.spec.gpu_source import PATTERNS, Pattern
 from gpufleet.telemetry.dcgm import ClocksEventReason as CER
 from gpufleet.telemetry.dcgm import Sample
 from gpufleet.telemetry.diagnose import FloatArray, JobSeries
-
-Pattern = Literal[
-    "healthy",
-    "tensor_idle",
-    "memory_bound",
-    "comm_bound",
-    "host_bound",
-    "thermal_throttle",
-    "power_throttle",
-    "oom_risk",
-    "idle",
-]
-PATTERNS: tuple[Pattern, ...] = get_args(Pattern)
 
 MAX_GPUS = 1024
 """Most GPUs of one synthetic job."""

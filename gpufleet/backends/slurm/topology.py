@@ -160,6 +160,17 @@ class Fleet(_Frozen):
             raise ValueError(f"{value!r} is not a valid name: {NAME_HINT}")
         return value
 
+    def known_nodes(self, nodes: str | Iterable[str]) -> list[str]:
+        """``nodes`` (names, or a Slurm hostlist string) as names, each under a leaf of this fleet.
+
+        Raises ``UsageError`` for a malformed hostlist or an unknown node. What
+        :func:`gpufleet.estimate.network.fleet_placement` asks of a fleet, so the estimate never
+        imports the Slurm grammar.
+        """
+        names = node_names(nodes)
+        placement_switches(self, names)
+        return names
+
     @model_validator(mode="after")
     def _tree(self) -> Fleet:
         index: dict[str, int] = {}

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpufleet.errors import UsageError
+from gpufleet.spec.gpu_source import check_scrape_url
 from gpufleet.telemetry.dcgm import (
     CATALOGUE,
     CounterTracker,
@@ -272,35 +273,6 @@ def _dcgm_lines_only(text: str) -> str:
         if m and not m.group(1).startswith("DCGM_FI_"):
             lines[i] = ""
     return "\n".join(lines)
-
-
-_URL_UNSAFE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
-
-
-def check_scrape_url(url: str) -> str:
-    """``url`` when it is a dcgm-exporter address to GET: http(s), a host, no whitespace or control character.
-
-    Raises ``ValueError`` naming what is wrong (the spec's ``telemetry.gpu_source`` validator and
-    ``ScrapeSource`` both call this, so a bad URL is refused before any job is queued).
-    """
-    fix = "give http(s)://host[:port]/path, e.g. scrape:http://node:9400/metrics"
-    if _URL_UNSAFE.search(url):
-        problem = "contains whitespace or a control character"
-    else:
-        parts = urllib.parse.urlsplit(url)
-        try:
-            port_ok = parts.port is None or parts.port > 0
-        except ValueError:
-            port_ok = False
-        if parts.scheme not in ("http", "https"):
-            problem = "is not http:// or https://"
-        elif not parts.hostname:
-            problem = "names no host"
-        elif not port_ok:
-            problem = "has a port that is not 1-65535"
-        else:
-            return url
-    raise ValueError(f"scrape URL {url!r} {problem}; {fix}")
 
 
 class ScrapeSource:

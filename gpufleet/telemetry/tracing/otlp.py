@@ -45,7 +45,7 @@ def _nanos(ts: float) -> str:
 
 def to_otlp_json(spans: Sequence[Span], resource_attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
     """An OTLP/JSON ``ExportTraceServiceRequest`` holding ``spans`` under one resource."""
-    from gpufleet import __version__
+    from gpufleet._version import __version__
 
     out = []
     for s in spans:
