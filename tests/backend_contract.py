@@ -7,7 +7,7 @@ store died; a new one takes over). The ``check_*`` scenarios take a harness; the
 them over in-process fakes (``tests/backends/test_contract.py``), the integration suite over the
 real services (``tests/integration/test_backend_contract.py``).
 
-:class:`FakeSlurm` is a one-node Slurm in this process: ``sbatch``, ``scontrol requeue``,
+:class:`FakeSlurm` is a one-node Slurm in this process: ``sbatch``, ``scontrol requeue``/``hold``/``release``,
 ``scancel`` and ``sacct`` over real processes, running each job's batch script as slurmd would.
 """
 
@@ -232,6 +232,32 @@ def check_odd_exit_signal(h: Harness) -> None:
     h.wait(lambda: h.state(survivor) == "completed")
 
 
+def check_hold_and_release(h: Harness) -> None:
+    """A held job stays queued when there is room for it, and runs once released; without HOLD, refused."""
+    with h.blocked():
+        job = h.backend.submit(command_spec("pass", name="held", resources=h.waits))
+        h.advance()
+        assert h.state(job) == "queued"
+        if Feature.HOLD not in h.backend.features:
+            with pytest.raises(UsageError, match="does not support holding"):
+                h.backend.hold(job)
+            h.backend.cancel(job)
+            h.wait(lambda: h.state(job) == "cancelled")
+            return
+        with pytest.raises(UsageError, match="is not held"):
+            h.backend.release(job)
+        h.backend.hold(job)
+    h.advance()  # the room the filler held is free: a job not held would have started by now
+    stored = h.backend.store.job(job)
+    assert stored.state == "queued" and h.backend.store.attempts(job) == [], stored
+    assert stored.reason is not None and stored.reason.startswith("held"), stored.reason
+    h.backend.release(job)
+    h.wait(lambda: h.state(job) == "completed")
+    kinds = [e.kind for e in h.backend.store.events(job, kinds=["held", "released"])]
+    assert kinds == ["held", "released"], kinds
+    assert [a.outcome for a in h.backend.store.attempts(job)] == ["completed"]
+
+
 SCENARIOS: dict[str, Callable[[Harness], None]] = {
     "preempt_and_resume": check_preempt_and_resume,
     "preempt_with_grace": check_preempt_with_grace,
@@ -240,6 +266,7 @@ SCENARIOS: dict[str, Callable[[Harness], None]] = {
     "refused_submit": check_refused_submit_leaves_nothing,
     "max_restarts": check_max_restarts,
     "odd_exit_signal": check_odd_exit_signal,
+    "hold_and_release": check_hold_and_release,
 }
 
 
@@ -372,6 +399,8 @@ class _SlurmJob:
     proc: subprocess.Popen[bytes] | None = None
     stopping: str | None = None
     term_at: float | None = None
+    held: bool = False
+    """``scontrol hold``: a pending job that does not start until ``scontrol release``."""
 
 
 class FakeSlurm:
@@ -397,13 +426,16 @@ class FakeSlurm:
             out = self._sbatch(args)
         elif command == "scontrol" and args[:1] == ["requeue"]:
             self._requeue(self._job(args[1]))
+        elif command == "scontrol" and args[:1] in (["hold"], ["release"]):  # accepted in any state, as Slurm does
+            self._job(args[1]).held = args[0] == "hold"
         elif command == "scancel":
             self._cancel(self._job(args[0]))
         elif command == "sacct":
             out = self._sacct(args[args.index("-j") + 1].split(","))
-        elif command == "squeue":  # a pending job waits for CPUs
+        elif command == "squeue":  # a pending job waits for CPUs, or for its release
             refs = [int(r) for r in args[args.index("-j") + 1].split(",")]
-            out = "".join(f"{r}|Resources\n" for r in refs if r in self.jobs and self.jobs[r].pending)
+            pending = [self.jobs[r] for r in refs if r in self.jobs and self.jobs[r].pending]
+            out = "".join(f"{j.id}|{'JobHeldUser' if j.held else 'Resources'}\n" for j in pending)
         else:
             raise AssertionError(f"FakeSlurm does not know {list(argv)}")
         return subprocess.CompletedProcess(list(argv), 0, out, "")
@@ -485,7 +517,7 @@ class FakeSlurm:
             job.proc, job.stopping, job.term_at = None, None, None
         busy = sum(j.cpus for j in self.jobs.values() if j.proc is not None)
         for job in self.jobs.values():
-            if job.pending and busy + job.cpus <= self.cpus:
+            if job.pending and not job.held and busy + job.cpus <= self.cpus:
                 env = {**os.environ, "SLURM_JOB_ID": str(job.id)}
                 if job.runs:
                     env["SLURM_RESTART_COUNT"] = str(len(job.runs))

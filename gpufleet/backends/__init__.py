@@ -1,4 +1,15 @@
-"""Schedulers gpufleet runs jobs on; ``local`` is the embedded default."""
+"""Schedulers gpufleet runs jobs on; ``local`` is the embedded default.
+
+``base`` is the contract every backend implements (:class:`Backend`, :class:`Feature`);
+``lifecycle`` the one rule for how an attempt ended; ``pools`` the fleet a home uses (its files
+and the placing) that the local and Slurm backends share; one unit per scheduler: ``local/``
+(backend, scheduler, fleet policy), ``slurm/``, ``ray/``; ``group_launch/`` runs the ranks of one
+attempt under torchrun.
+
+Floor 10 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
+workloads/, devtools/, placement/.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The pieces of an attempt's life that every backend shares: start, signal, find, judge its end.
 
 An attempt is one process (and its process group). A backend starts it behind a small shim that
-asks the kernel to signal it when the process that started it dies (``PR_SET_PDEATHSIG``), so a
-scheduler that crashes never leaves an attempt training unwatched for long: the local scheduler
-asks for SIGTERM (the runtime saves and exits 75), the Ray actor for SIGKILL (Ray restarts the
-actor, which resumes from the checkpoint).
+asks the kernel to signal it when the process that started it dies (``PR_SET_PDEATHSIG``, the one
+shim of ``jobs/deathsig.py``), so a scheduler that crashes never leaves an attempt training
+unwatched for long: the local scheduler asks for SIGTERM (the runtime saves and exits 75), the
+Ray actor for SIGKILL (Ray restarts the actor, which resumes from the checkpoint).
 
 After a crash, a new scheduler finds an attempt it never knew the PID of by the variables every
 attempt carries (``GPUFLEET_JOB_ID``, ``GPUFLEET_ATTEMPT``, ``GPUFLEET_HOME``), and judges how an
@@ -16,31 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufleet.jobs.deathsig import NOT_STARTED as NOT_STARTED  # the shim's; re-exported
+from gpufleet.jobs.deathsig import shim_argv
 from gpufleet.jobs.events import SESSION_EXIT as SESSION_EXIT  # re-exported: it moved to the runtime
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.events import exit_from_events as exit_from_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_JOB_ID, REQUEUE_EXIT_CODE, exit_reason
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, JobState, Outcome, SyncEvent, SyncPlan
-
-# Run by the attempt's own interpreter before it becomes the entrypoint: die with the parent.
-_PDEATHSIG = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]))\n"  # PR_SET_PDEATHSIG
-    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
-    "try:\n"
-    "    os.execvp(sys.argv[3], sys.argv[3:])\n"
-    "except OSError as err:\n"
-    "    print(f'gpufleet: cannot start {sys.argv[3]!r}: {err.strerror}', file=sys.stderr, flush=True)\n"
-    "    os._exit(127)\n"
-)
-NOT_STARTED = 127
-"""The shim's exit status when the entrypoint cannot be executed (as a shell's)."""
 
 
 def failure_reason(code: int | None) -> str:
@@ -124,7 +111,7 @@ def plan_sync(
             event(EventKind.SIGKILL, new.n, new.kill_at, reason="grace time expired")
         if new.ended_at is not None and (old is None or old.ended_at is None):
             event(EventKind.ATTEMPT_END, new.n, new.ended_at, exit_code=new.exit_code, outcome=new.outcome)
-            if new.outcome in REQUEUED_OUTCOMES and (new.n < len(seen) or state in ("queued", "running")):
+            if new.outcome in REQUEUED_OUTCOMES and (new.n < len(seen) or state in (JobState.QUEUED, JobState.RUNNING)):
                 event(EventKind.REQUEUED, new.n, new.ended_at)
     if state in TERMINAL and job.state not in TERMINAL:
         last = seen[-1] if seen else None
@@ -134,10 +121,8 @@ def plan_sync(
 
 
 def attempt_argv(argv: Sequence[str], death_signal: int = signal.SIGKILL) -> list[str]:
-    """``argv`` behind a shim that delivers ``death_signal`` when the starting process dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return list(argv)
-    return [sys.executable, "-I", "-c", _PDEATHSIG, str(os.getpid()), str(int(death_signal)), *argv]
+    """``argv`` behind the death-signal shim: ``death_signal`` when this, the starting process, dies (Linux)."""
+    return shim_argv(argv, death_signal, parent=os.getpid())
 
 
 def signal_group(pid: int | None, sig: int) -> None:

@@ -1,11 +1,17 @@
-"""The local backend's fleet: pools, marks (``fleet down``), region storage and checkpoint moves.
+"""The fleet a home uses, shared by the local and Slurm backends: its files, placing a job, its regions.
 
 Files under ``$GPUFLEET_HOME/fleet/``, each with one writer:
 
 - ``fleet.yaml``: the validated fleet file ``gpufleet fleet use`` copied (the CLI);
 - ``marks.json``: the fleet's clock origin and the targets marked down by hand (the CLI, under
   an ``flock``);
-- ``failover.json``: the failover blocks and recent preemptions (the scheduler).
+- ``failover.json``: the failover blocks and recent preemptions (the local scheduler).
+
+Placing: both backends ask the planner (:func:`~gpufleet.placement.planner.plan`) for a job's offer
+under the name :func:`planning_name` gives it, record the answer as a :class:`Placed` (the
+``placed`` event, what the ledger prices) and explain it with :func:`explain_choice`. What each
+backend then does with the offer is its own: the local scheduler runs the job in the pool's slots
+(``backends/local/fleet.py``), Slurm submits it to the pool's partition and QOS (``backends/slurm/fleet.py``).
 
 A pool keeps its checkpoints in its region: ``regions/<provider>/<region>/<job id>/``. The job's
 ``jobs/<id>/checkpoints`` is a link to the region it last ran in, so ``gpufleet show``, ``ckpt``
@@ -29,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Job
 from gpufleet.paths import checkpoints_dir, private_dir
 from gpufleet.placement.failover import Block, Failover
 from gpufleet.placement.fleetfile import Fleet, load_fleet
-from gpufleet.placement.planner import parse_target
+from gpufleet.placement.planner import Choice, Plan, parse_target, plan
 from gpufleet.runtime.checkpoint import CheckpointDir
 from gpufleet.runtime.manifest import step_dirname
+from gpufleet.spec import JobSpec
 
 
 def fleet_dir(home: Path) -> Path:
@@ -210,6 +218,96 @@ def write_failover(home: Path, failover: Failover) -> None:
     )
 
 
+# ---- placing a job on the fleet ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where one attempt runs, as the planner chose it."""
+
+    offer: str
+    provider: str
+    region: str
+    gpu_type: str
+    spot: bool
+    gpus: int
+    """GPUs held (whole nodes of the offer)."""
+    price_per_gpu_hour: float
+    on_demand_per_gpu_hour: float
+    borrowed_gpus: int
+    team: str
+    why: str
+    preemptions_per_hour: float = 0.0
+    """The catalogue's expected spot preemption rate of the offer (0 on demand): what ``every: auto`` plans for."""
+
+    @property
+    def location(self) -> str:
+        return f"{self.provider}/{self.region}"
+
+    def to_event(self) -> dict[str, Any]:
+        return {
+            "offer": self.offer,
+            "provider": self.provider,
+            "region": self.region,
+            "gpu_type": self.gpu_type,
+            "spot": self.spot,
+            "gpus": self.gpus,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "on_demand_per_gpu_hour": self.on_demand_per_gpu_hour,
+            "borrowed_gpus": self.borrowed_gpus,
+            "why": self.why,
+        }
+
+
+def planning_name(job_id: int) -> str:
+    """The job's name in a plan: unique, where the names users give their jobs need not be."""
+    return f"job-{job_id}"
+
+
+def planning_spec(job: Job, home: Path) -> JobSpec:
+    """The job as the planner sees it: a unique name, and ``provider`` where its checkpoint is."""
+    region = current_region(home, job.id)
+    provider = region.split("/", 1)[0] if region else job.spec.provider
+    return job.spec.copy_with(name=planning_name(job.id), provider=provider)
+
+
+def placed_from(choice: Choice, fleet: Fleet, team: str, why: str) -> Placed:
+    offer = fleet.offer(choice.offer)
+    return Placed(
+        offer=choice.offer,
+        provider=choice.provider,
+        region=choice.region,
+        gpu_type=choice.gpu_type,
+        spot=choice.spot,
+        gpus=choice.allocated_gpus,
+        price_per_gpu_hour=choice.price_per_gpu_hour,
+        on_demand_per_gpu_hour=offer.on_demand_per_gpu_hour,
+        borrowed_gpus=choice.admission.borrowed_gpus if choice.admission is not None else 0,
+        team=team,
+        why=why,
+        preemptions_per_hour=offer.spot_preemptions_per_hour if choice.spot else 0.0,
+    )
+
+
+def check_fits(spec: JobSpec, fleet: Fleet) -> None:
+    """At submit: a job no pool of the empty fleet could ever take is refused (exit 2) with the planner's reasons."""
+    decision = plan([spec], fleet.catalog).decisions[0]
+    if not decision.placed:
+        reasons = "; ".join(decision.reasons) or "no offer matches"
+        raise UsageError(f"job {spec.name!r} fits no pool of the fleet even when it is empty: {reasons}")
+
+
+def explain_choice(result: Plan, name: str) -> str:
+    """The chosen offer and its price, then up to three losing candidates and why each lost."""
+    decision = result.decision(name)
+    choice = decision.choice
+    if choice is None:
+        return ""
+    market = "spot" if choice.spot else "on-demand"
+    lines = [f"{choice.offer} {market} at {choice.price_per_gpu_hour:g}/GPU-h, expected {decision.expected_cost:.4g}"]
+    runners = [c for c in decision.rejected if c.reason not in ("chosen",)][:3]
+    lines += [f"{c.offer} {'spot' if c.spot else 'on-demand'}: {c.reason} ({c.detail})" for c in runners]
+    return "; ".join(lines)
+
+
 # ---- region storage ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Move:
@@ -286,9 +384,12 @@ def place_checkpoints(home: Path, job_id: int, region: str) -> Move | None:
 __all__ = [
     "Marks",
     "Move",
+    "Placed",
     "active_fleet",
+    "check_fits",
     "current_region",
     "drop_fleet",
+    "explain_choice",
     "failover_file",
     "fleet_dir",
     "fleet_file",
@@ -296,6 +397,9 @@ __all__ = [
     "marks_file",
     "matches",
     "place_checkpoints",
+    "placed_from",
+    "planning_name",
+    "planning_spec",
     "read_failover",
     "read_marks",
     "region_dir",

@@ -1,4 +1,9 @@
-"""``gpufleet slurm ...``: the operator's gestures, each printing the native command it runs."""
+"""``gpufleet slurm ...``: the operator's gestures, each printing the native command it runs.
+
+Holding and releasing a job are job verbs (``gpufleet hold``/``release``, through the backend
+contract). ``gpufleet slurm hold``/``release`` stay as aliases: on a gpufleet job id they run that
+verb and say so; on ``slurm:<id>`` (a job gpufleet did not submit) they run ``scontrol`` itself.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from rich.markup import escape
 
 from gpufleet.backends.slurm.backend import SlurmBackend, run_slurm, slurm_usage
 from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, job_store
-from gpufleet.cli.render import console, emit_json, fmt, table
+from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import UsageError
 from gpufleet.paths import check_name, gpufleet_home
 
@@ -103,16 +108,35 @@ def account_list(json_out: JsonOpt = False) -> None:
         console.print(table(None, ["account", "user", "fairshare", "qos"], rows))
 
 
-@slurm_app.command()
-def hold(job: Annotated[str, typer.Argument(help="Job id.")], json_out: JsonOpt = False) -> None:
-    """Keep a pending job from starting (scontrol hold)."""
-    _native(["scontrol", "hold", _slurm_ref(job)], json_out)
+def _job_verb(job: str, verb: str, json_out: bool) -> None:
+    """``scontrol hold|release``: through the job verb for a gpufleet job, natively for ``slurm:<id>``."""
+    ref = _slurm_ref(job)
+    argv = ["scontrol", verb, ref]
+    if job.startswith("slurm:"):
+        _native(argv, json_out)
+        return
+    backend = SlurmBackend(gpufleet_home())
+    if verb == "hold":
+        backend.hold(int(job))
+    else:
+        backend.release(int(job))
+    err_console.print(f"`gpufleet {verb} {job}` is this job's verb: it runs {' '.join(argv)}", highlight=False)
+    if json_out:
+        emit_json({"command": argv, "stdout": ""})
+    else:
+        console.print(f"[dim]$ {escape(' '.join(argv))}[/]", highlight=False)
 
 
 @slurm_app.command()
-def release(job: Annotated[str, typer.Argument(help="Job id.")], json_out: JsonOpt = False) -> None:
-    """Let a held job start (scontrol release)."""
-    _native(["scontrol", "release", _slurm_ref(job)], json_out)
+def hold(job: Annotated[str, typer.Argument(help="Job id, or slurm:<id>.")], json_out: JsonOpt = False) -> None:
+    """Keep a pending job from starting (scontrol hold); for a gpufleet job, the same as `gpufleet hold`."""
+    _job_verb(job, "hold", json_out)
+
+
+@slurm_app.command()
+def release(job: Annotated[str, typer.Argument(help="Job id, or slurm:<id>.")], json_out: JsonOpt = False) -> None:
+    """Let a held job start (scontrol release); for a gpufleet job, the same as `gpufleet release`."""
+    _job_verb(job, "release", json_out)
 
 
 @slurm_app.command()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import importlib
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import GpufleetError
+from gpufleet.jobs import deathsig
 from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 
 LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
@@ -270,13 +270,9 @@ def die_with_parent() -> None:
     group (a scheduler's last resort after the grace time) does not reach the ranks; without
     this they would train on, unwatched, into the job's checkpoint folder.
     """
-    if os.environ.get("TORCHELASTIC_RUN_ID") is None or not hasattr(os, "getppid"):
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None:
         return
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the launcher died before the call
-        os._exit(137)
+    deathsig.die_with_parent(signal.SIGKILL)
 
 
 WORLD_DEFAULT_MODULES = (

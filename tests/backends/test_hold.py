@@ -1,4 +1,7 @@
-"""Holding a queued job back and releasing it, on the local backend; refused elsewhere and for other states."""
+"""Holding a queued job back and releasing it, on the local backend; refused on Ray and for other states.
+
+Slurm holds through ``scontrol hold``: the contract scenario ``hold_and_release`` runs it on FakeSlurm and on
+the real cluster, and ``test_slurm_unit.py`` covers its refusals."""
 
 from __future__ import annotations
 
@@ -59,7 +62,11 @@ def test_release_of_a_job_not_held_and_hold_of_a_running_one_are_refused(local: 
     drive(scheduler, lambda: backend.store.job(job).state == "cancelled")
 
 
-@pytest.mark.parametrize("backend_class", [SlurmBackend, RayBackend])
+def test_slurm_declares_hold() -> None:
+    assert Feature.HOLD in SlurmBackend.features
+
+
+@pytest.mark.parametrize("backend_class", [RayBackend])
 def test_backends_without_a_queue_of_ours_refuse_hold_naming_the_feature(backend_class: Any, home: Path) -> None:
     assert Feature.HOLD not in backend_class.features
     backend = backend_class.__new__(backend_class)  # the refusal comes before any service is reached

@@ -39,7 +39,7 @@ def write(path: Path, text: str) -> Path:
 @pytest.fixture
 def no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """A submit that gets through starts no scheduler (so a wrongly accepted spec runs nothing)."""
-    monkeypatch.setattr("gpufleet.backends.local.ensure_scheduler", lambda home: None)
+    monkeypatch.setattr("gpufleet.backends.local.process.ensure_scheduler", lambda home: None)
 
 
 # --- 1. a refused command creates no store --------------------------------------------------------
@@ -251,7 +251,7 @@ def test_a_truncated_csv_gz_is_refused_not_taken_for_ctrl_d(
 def test_a_csv_gz_that_decompresses_past_the_limit_is_refused(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpufleet.quality.io.MAX_TABLE_BYTES", 100_000)
+    monkeypatch.setattr("gpufleet.tables.MAX_TABLE_BYTES", 100_000)
     bomb = tmp_path / "bomb.csv.gz"
     bomb.write_bytes(gzip.compress(b"a,b\n" + b"1,2\n" * 1_000_000))  # 4 MB from a few kB
     assert bomb.stat().st_size < 100_000

@@ -195,7 +195,7 @@ def _exit_status(code: object) -> int:
 
 def _replace_scheduler() -> None:
     """Let ``submit`` and friends run the client side only: nothing launches a local scheduler."""
-    from gpufleet.backends import local
+    from gpufleet.backends.local import process as local
     from gpufleet.cli import jobs
     from gpufleet.jobs.protocol import check_environment
     from gpufleet.paths import scheduler_log

@@ -38,7 +38,7 @@ SPEC = "name: retrain\nentrypoint: gpufleet.workloads.toy:train\nargs: {steps: 3
 @pytest.fixture(autouse=True)
 def no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """A submission queues the job in the store; no scheduler process is started to run it."""
-    monkeypatch.setattr("gpufleet.backends.local.ensure_scheduler", lambda home: None)
+    monkeypatch.setattr("gpufleet.backends.local.process.ensure_scheduler", lambda home: None)
 
 
 def table(path: Path, *, shift: float, rows: int = 800, seed: int = 0) -> Path:

@@ -13,10 +13,11 @@ child and stays its parent, so that:
   group of its own, so it hears each signal once (a second SIGTERM would interrupt its shut-down).
 * **nothing outlives the attempt.** torchrun starts each rank in a session of its own, out of reach
   of a SIGKILL to the attempt's process group. torchrun is started with ``PR_SET_PDEATHSIG``
-  (SIGKILL) so it dies with this process, and every rank runs behind a small shim that sets the same
-  for itself, so it dies with torchrun: a SIGKILL of this process leaves no rank alive, whatever the
-  script does. This process itself dies with *its* parent the way every attempt does (the backend
-  starts it behind ``lifecycle.attempt_argv``'s shim, whose death signal survives the exec).
+  (SIGKILL) so it dies with this process, and every rank runs behind the death-signal shim
+  (``jobs/deathsig.py``) that sets the same for itself, so it dies with torchrun: a SIGKILL of this
+  process leaves no rank alive, whatever the script does. This process itself dies with *its*
+  parent the way every attempt does (the backend starts it behind the same shim, through
+  ``lifecycle.attempt_argv``; its death signal survives the exec).
 * **the exit status means what a single process's would.** torchrun exits 1 when any rank fails,
   including a rank that exited 75 after saving ("requeue me"). So when the attempt's last
   ``session_end`` event (``$GPUFLEET_EVENTS``, attempt ``$GPUFLEET_ATTEMPT``; rank 0 writes them)
@@ -43,7 +44,6 @@ interpreter, a shell script). ``N`` defaults to ``$GPUFLEET_WORLD_SIZE`` (one no
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -54,6 +54,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from gpufleet.jobs.deathsig import PR_SET_PDEATHSIG as PR_SET_PDEATHSIG  # re-exported: it lives with the shim
+from gpufleet.jobs.deathsig import die_with_parent, shim_argv
 from gpufleet.jobs.events import exit_from_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
 from gpufleet.runtime.group import lost_marker, rank_end_statuses
@@ -65,21 +67,6 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """torchrun's ``--signals-to-handle`` (given as ``PET_SIGNALS_TO_HANDLE``, which a torchrun too old to
 know the option ignores): its default plus SIGUSR1, a preemption signal of the runtime. Without it
 torchrun dies of SIGUSR1 instead of passing it on (and the ranks die with it)."""
-
-PR_SET_PDEATHSIG = 1
-
-# Each rank runs behind this (``python -I -c RANK_SHIM ARGV...``): die with torchrun, then become ARGV.
-RANK_SHIM = (
-    "import ctypes, os, sys\n"
-    "parent = os.getppid()\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
-    "os.getppid() == parent or os._exit(137)\n"
-    "try:\n"
-    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
-    "except OSError as err:\n"
-    "    print(f'gpufleet: cannot start {sys.argv[1]!r}: {err.strerror}', file=sys.stderr, flush=True)\n"
-    "    os._exit(127)\n"
-)
 
 USAGE = "usage: python -m gpufleet.backends.group_launch [--nproc-per-node=N] [--no-python] -- ARGV..."
 
@@ -116,7 +103,7 @@ TORCHRUN_MAIN = (
 
 
 def torchrun_argv(nproc: int, argv: Sequence[str], *, no_python: bool = False) -> list[str]:
-    """The torchrun command that runs ``nproc`` ranks of ``argv`` on this node, each behind the rank shim."""
+    """The torchrun command that runs ``nproc`` ranks of ``argv`` on this node, each behind the death-signal shim."""
     rank = list(argv) if no_python else [sys.executable, "-u", *argv]
     return [
         sys.executable,
@@ -127,11 +114,7 @@ def torchrun_argv(nproc: int, argv: Sequence[str], *, no_python: bool = False) -
         f"--nproc-per-node={nproc}",
         "--max-restarts=0",
         "--no-python",
-        sys.executable,
-        "-I",
-        "-c",
-        RANK_SHIM,
-        *rank,
+        *shim_argv(rank, signal.SIGKILL),  # torchrun's PID is not known yet: the shim takes its parent's
     ]
 
 
@@ -203,10 +186,7 @@ def _parse(argv: Sequence[str]) -> tuple[int, bool, list[str]]:
 def _die_with_parent(parent: int) -> None:
     """In torchrun, before it starts: a group of its own, and SIGKILL when this launcher dies."""
     os.setpgid(0, 0)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != parent:
-        os._exit(137)
+    die_with_parent(signal.SIGKILL, parent)
 
 
 def _attempt() -> tuple[Path | None, int | None]:
@@ -302,7 +282,6 @@ __all__ = [
     "ENV_RANK_EXITS",
     "FORWARDED",
     "PR_SET_PDEATHSIG",
-    "RANK_SHIM",
     "TORCHRUN_MAIN",
     "TORCHRUN_SIGNALS",
     "USAGE",

@@ -63,6 +63,7 @@ from gpufleet.backends.ray.ranks import (
     rank_environments,
     rank_order,
 )
+from gpufleet.cost.rates import price_environment
 from gpufleet.errors import UsageError
 from gpufleet.jobs.protocol import ENV_EVENTS, entry_argv, job_environment, rank_argv
 from gpufleet.jobs.store import TERMINAL
@@ -380,6 +381,7 @@ class JobRunner:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **job_environment(self.spec, self.job_id, self.home, "ray"),
+            **price_environment(self.spec),
             "GPUFLEET_ATTEMPT": str(n),
             "GPUFLEET_BACKEND_JOB_ID": self.status.actor_id or "",
         }

@@ -37,6 +37,13 @@ An attempt's wall is its run's sacct ``Start``..``End``, the very seconds Slurm 
 runtime's first and last events: the interpreter start before the first event is start-up the
 GPUs were held for (see ``slurm_usage``).
 ``$GPUFLEET_HOME`` must be on a file system the compute nodes share.
+
+Hold and release (``gpufleet hold``/``release``, :attr:`Feature.HOLD`) are ``scontrol hold`` and
+``scontrol release``: a held job is pending with the reason ``JobHeldUser`` (``JobHeldAdmin`` when an
+administrator held it), which is what :meth:`SlurmBackend.release` checks. Slurm also accepts a hold
+of a running job (its priority drops to 0, which only matters once it is requeued): a job that
+started between the check and the hold is released again and the hold refused, as on the local
+backend.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, attempt_end
 from gpufleet.backends.slurm.fleet import SlurmPlacement, place_on_slurm
-from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.cost.rates import price_environment
+from gpufleet.errors import Conflict, ServiceUnavailable, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE, entry_argv, job_environment, rank_argv, threads_per_rank
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, Store, SyncPlan
@@ -189,7 +197,7 @@ def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
     event names the GPUs and world size the attempt runs with (``spec.total_gpus``, ``world_size``).
     """
     folder = job_dir(home, job_id)
-    env = job_environment(spec, job_id, home, "slurm")
+    env = {**job_environment(spec, job_id, home, "slurm"), **price_environment(spec)}
     size = {"gpus": spec.total_gpus, "world_size": spec.world_size}
     head = f"#!{sys.executable}\n# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt"
     if not runs_ranks(spec):
@@ -408,8 +416,16 @@ PLACEMENT_KEYS = ("offer", "provider", "region", "gpu_type", "spot", "price_per_
 """What a ``placed`` event gives each attempt's start, for the ledger (``cost.usage.attempt_placement``)."""
 
 
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+"""Slurm's reasons of a pending job that was held (``scontrol hold``): it waits for ``scontrol release``."""
+HELD = "held: `gpufleet release` lets it start"
+"""A held job's reason, the words the local backend gives it too."""
+
+
 def waiting_reason(slurm_reason: str, placed: Mapping[str, Any] | None, team: str) -> str:
     """``gpufleet jobs``' words for a pending Slurm job: Slurm's reason, and the quota behind a QOS limit."""
+    if slurm_reason in HELD_REASONS:
+        return f"{HELD} (Slurm {slurm_reason})"
     text = f"waiting: Slurm {slurm_reason}"
     if placed and slurm_reason.startswith("QOS") and placed.get("qos"):
         text += f" (QOS {placed['qos']}: team {team}'s {placed.get('gpu_type', '?')} quota is full)"
@@ -422,7 +438,7 @@ def waiting_reason(slurm_reason: str, placed: Mapping[str, Any] | None, team: st
 class SlurmBackend(Backend):
     """Submit to a real Slurm; attempts and states come back through ``sync``."""
 
-    features = frozenset({Feature.MULTI_RANK, Feature.MULTI_NODE})
+    features = frozenset({Feature.MULTI_RANK, Feature.MULTI_NODE, Feature.HOLD})
 
     def __init__(self, home: Path, runner: Runner = run_slurm) -> None:
         super().__init__(home)
@@ -450,7 +466,7 @@ class SlurmBackend(Backend):
 
     def _ref(self, job: Job) -> str:
         if not job.backend_ref:
-            raise UsageError(f"job {job.id} has no Slurm job id: it was never accepted by sbatch")
+            raise Conflict(f"job {job.id} has no Slurm job id: it was never accepted by sbatch")
         return job.backend_ref
 
     def _preempt(self, job: Job, grace: float | None) -> None:
@@ -460,6 +476,37 @@ class SlurmBackend(Backend):
 
     def _cancel(self, job: Job) -> None:
         self.run(["scancel", self._ref(job)])
+
+    def _pending_reason(self, job: Job) -> str | None:
+        """slurmctld's reason the job waits, now (squeue); ``None`` when it is not pending."""
+        ref = self._ref(job)
+        try:
+            out = self.run(["squeue", "-h", "-t", "PD", "-j", ref, "-o", "%i|%r"])
+        except UsageError:  # a job slurmctld no longer knows is not pending
+            return None
+        for line in out.stdout.splitlines():
+            found, _, reason = line.partition("|")
+            if found.strip() == ref:
+                return reason.strip()
+        return None
+
+    def _held(self, job: Job) -> bool:
+        return self._pending_reason(job) in HELD_REASONS
+
+    def _hold(self, job: Job, *, held: bool) -> None:
+        """``scontrol hold`` / ``scontrol release``; a job that started meanwhile is released again, and refused."""
+        ref = self._ref(job)
+        if not held:
+            self.run(["scontrol", "release", ref])
+            self.store.set_reason(job.id, None)
+            self.store.add_event(job.id, EventKind.RELEASED, via="scontrol release")
+            return
+        self.run(["scontrol", "hold", ref])
+        if self._pending_reason(job) not in HELD_REASONS:  # it started: Slurm would hold its next run
+            self.run(["scontrol", "release", ref])
+            raise Conflict(f"job {job.id} started meanwhile: preempt it, then hold it")
+        self.store.set_reason(job.id, f"{HELD} (Slurm JobHeldUser)")
+        self.store.add_event(job.id, EventKind.HELD, via="scontrol hold")
 
     # ---- following ---------------------------------------------------------------------------
     def sync(self) -> None:
@@ -577,6 +624,8 @@ def slurm_usage(store: Store, runner: Runner = run_slurm) -> dict[str, Any]:
 
 
 __all__ = [
+    "HELD",
+    "HELD_REASONS",
     "OUTCOME",
     "RANK_EXIT_SPREAD_S",
     "SACCT_FIELDS",

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends.fleet_sched import explain_choice, placed_from, planning_name
-from gpufleet.backends.pools import active_fleet, read_marks
+from gpufleet.backends.pools import active_fleet, explain_choice, placed_from, planning_name, read_marks
 from gpufleet.errors import UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store

@@ -33,8 +33,11 @@ import math
 import re
 from collections.abc import Iterable
 
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
-from ClusterShell.RangeSet import RangeSetException
+from gpufleet.extras import required
+
+with required("ClusterShell", "slurm", "reading Slurm hostlists"):
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+    from ClusterShell.RangeSet import RangeSetException
 
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SLURM_NAME_HINT = "use 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"

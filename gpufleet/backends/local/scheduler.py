@@ -1,4 +1,4 @@
-"""The embedded local backend: virtual GPU slots, priority preemption with requeue.
+"""The local scheduler: the loop that owns the attempts of one ``$GPUFLEET_HOME``.
 
 It behaves like Slurm with ``PreemptType=preempt/partition_prio`` and ``PreemptMode=REQUEUE``:
 when a pending job cannot fit and lower-priority jobs hold enough slots, the lowest-priority,
@@ -6,29 +6,29 @@ most recently started of them get SIGTERM, then SIGKILL after their grace time, 
 to the queue (up to ``max_restarts`` times). Nothing is lost: the runtime saves at the next
 step boundary and the next attempt restores it.
 
-One scheduler process per ``$GPUFLEET_HOME`` (an ``flock`` on ``scheduler.lock``) owns the
-attempts; ``submit`` starts it when none runs, and it exits after ``idle_exit`` seconds with
-nothing queued or running. Its PID is in ``scheduler.pid``. If it dies, the next one finds the
-attempts it left, kills them by PID and requeues their jobs (their checkpoints are intact).
+If a scheduler dies, the next one finds the attempts it left, kills them by PID and requeues
+their jobs (their checkpoints are intact). The process around the loop (lock, PID, settings) is
+``process.py``.
+
+When the home has a fleet, a :class:`FleetPolicy` places the queued jobs instead of the one pool
+of slots. The loop calls it through that protocol only: the fleet policy (``fleet.py``) imports
+this module and plugs itself in with :func:`plug_fleet_policy`, never the other way round.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import hashlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Protocol
 
-from gpufleet.backends.base import Backend, Feature, ingest_events, register, write_spec_file
+from gpufleet.backends.base import ingest_events, write_spec_file
 from gpufleet.backends.lifecycle import (
     NOT_STARTED,
     alive,
@@ -38,150 +38,16 @@ from gpufleet.backends.lifecycle import (
     exit_from_events,
     signal_group,
 )
-from gpufleet.errors import ParameterError, StoreError, UsageError
+from gpufleet.backends.local.process import configured_slots, lock_file, record_settings, slots_of, store_for
+from gpufleet.backends.pools import Placed
+from gpufleet.cost.rates import price_environment
+from gpufleet.errors import StoreError
 from gpufleet.jobs.events import EventKind
-from gpufleet.jobs.protocol import check_environment, entry_argv, job_environment
-from gpufleet.jobs.store import TERMINAL, Job, Store
-from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, scheduler_log, spec_file, state_db
+from gpufleet.jobs.protocol import entry_argv, job_environment
+from gpufleet.jobs.store import TERMINAL, Job
+from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, spec_file
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.interval import ENV_PREEMPTIONS
-from gpufleet.spec import JobSpec
-
-if TYPE_CHECKING:
-    from gpufleet.backends.fleet_sched import FleetScheduling, Placed
-
-DEFAULT_SLOTS = 1
-
-
-def configured_slots() -> int:
-    raw = os.environ.get("GPUFLEET_LOCAL_SLOTS", str(DEFAULT_SLOTS))
-    try:
-        slots = int(raw)
-    except ValueError:
-        slots = 0
-    if slots < 1:
-        raise UsageError(f"GPUFLEET_LOCAL_SLOTS={raw!r} is invalid: give a positive number of virtual GPU slots")
-    return slots
-
-
-def slots_of(spec: JobSpec) -> int:
-    """Virtual GPU slots a job holds: all its GPUs (one node here, so a slot per rank of a distributed job)."""
-    return spec.total_gpus
-
-
-def store_for(home: Path) -> Store:
-    return Store(state_db(home))
-
-
-@register("local")
-class LocalBackend(Backend):
-    """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
-
-    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE, Feature.HOLD})
-    """One host: a job of several ranks runs them all here (one slot each); never several nodes. Each
-    attempt is launched from the job's stored spec, so a resized job simply starts its next one bigger
-    or smaller."""
-
-    def __init__(self, home: Path, *, spawn: bool = True) -> None:
-        super().__init__(home)
-        self.spawn = spawn
-
-    def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
-        from gpufleet.backends.fleet_sched import check_fits
-        from gpufleet.backends.pools import active_fleet
-
-        fleet = active_fleet(self.home)
-        if fleet is not None:
-            check_fits(spec, fleet)
-            return spec
-        slots, running = scheduler_slots(self.home)
-        if slots_of(spec) > slots:
-            raise UsageError(
-                f"resources.gpus={spec.resources.gpus} exceeds the local backend's {slots} virtual GPU slot(s)"
-                + (f" (those of its running scheduler, {_restart_hint(running)})" if running else "")
-                + "; lower it or set GPUFLEET_LOCAL_SLOTS"
-            )
-        return spec
-
-    def _start(self, job_id: int, folder: Path, spec: JobSpec) -> None:
-        if self.spawn:  # a scheduler already running keeps its environment: say so when it differs
-            note = settings_drift(self.home, os.environ)
-            if note is not None:
-                print(note, file=sys.stderr, flush=True)
-        self._wake()
-
-    def _resize(self, job: Job, spec: JobSpec) -> JobSpec:
-        slots, running = scheduler_slots(self.home)
-        if slots_of(spec) > slots:
-            raise ParameterError(
-                "{gpus} exceeds the local backend's {slots!s} virtual GPU slot(s){where!s}: "
-                "give {slots!s} or fewer, or set GPUFLEET_LOCAL_SLOTS",
-                gpus=spec.resources.gpus,
-                slots=slots,
-                where=f" (those of its running scheduler, {_restart_hint(running)})" if running else "",
-            )
-        return spec
-
-    def _preempt(self, job: Job, grace: float | None) -> None:
-        self.store.add_request(job.id, "preempt", grace)
-        self._wake()
-
-    def _cancel(self, job: Job) -> None:
-        self.store.add_request(job.id, "cancel")
-        self._wake()
-
-    def _held(self, job: Job) -> bool:
-        return hold_file(self.home, job.id).exists()
-
-    def _hold(self, job: Job, *, held: bool) -> None:
-        marker = hold_file(self.home, job.id)
-        if held:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-            if self.store.job(job.id).state != "queued":  # the scheduler started it meanwhile
-                marker.unlink(missing_ok=True)
-                raise UsageError(f"job {job.id} started meanwhile: preempt it, then hold it")
-            self.store.set_reason(job.id, "held: `gpufleet release` lets it start")
-            self.store.add_event(job.id, EventKind.HELD)
-        else:
-            marker.unlink(missing_ok=True)
-            self.store.set_reason(job.id, None)
-            self.store.add_event(job.id, EventKind.RELEASED)
-            self._wake()
-
-    def _wake(self) -> None:
-        if self.spawn:
-            ensure_scheduler(self.home)
-
-    def sync(self) -> None:
-        """The scheduler writes the store itself; if it died with jobs to run, start a new one and say so."""
-        died = pid_file(self.home).exists()  # a scheduler that exits cleanly removes it
-        if self.spawn and died and self.store.has_active(self.name) and scheduler_pid(self.home) is None:
-            ensure_scheduler(self.home)
-            raise UsageError(
-                f"the local scheduler of {self.home} was not running (it died?); a new one was started "
-                "and recovers its jobs"
-            )
-
-
-# ---- the scheduler process ------------------------------------------------------------------
-
-
-def scheduler_pid(home: Path) -> int | None:
-    """PID of the running scheduler, or ``None`` (checked against the lock, not just the file)."""
-    lock = home / "scheduler.lock"
-    if not lock.exists():
-        return None
-    with lock.open("a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                return int(pid_file(home).read_text().strip())
-            except (OSError, ValueError):
-                return -1
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return None
 
 
 def startable(home: Path, queued: list[Job]) -> list[Job]:
@@ -189,120 +55,10 @@ def startable(home: Path, queued: list[Job]) -> list[Job]:
     return [j for j in queued if not hold_file(home, j.id).exists()]
 
 
-SETTINGS_PREFIXES = ("GPUFLEET_", "CUDA_", "NCCL_", "TORCH", "PYTHON", "OMP_", "HF_")
-"""The variables whose change a running scheduler is checked for: those gpufleet reads (``GPUFLEET_*``:
-its slots, its idle time, the runtime's settings) and the usual ones that change a training run. The
-scheduler passes its whole environment on to every attempt it starts."""
-
-
-def settings_file(home: Path) -> Path:
-    """What the running scheduler started with: its PID, slots and a digest of each variable it checks."""
-    return home / "scheduler-env.json"
-
-
-def environment_digests(env: Mapping[str, str]) -> dict[str, str]:
-    """A short sha256 of each checked variable's value (:data:`SETTINGS_PREFIXES`): values may be secrets."""
-    return {
-        name: hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        for name, value in sorted(env.items())
-        if name.startswith(SETTINGS_PREFIXES) and name != "GPUFLEET_HOME"
-    }
-
-
-def record_settings(home: Path, slots: int, idle_exit_s: float) -> None:
-    """Written by the scheduler once it holds the lock (private: a digest is all it keeps of a value)."""
-    data = {"pid": os.getpid(), "slots": slots, "idle_exit_s": idle_exit_s, "env": environment_digests(os.environ)}
-    tmp = home / f".scheduler-env.{os.getpid()}.tmp"
-    with contextlib.suppress(OSError):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, settings_file(home))
-
-
-def running_settings(home: Path) -> tuple[int, dict[str, Any]] | None:
-    """The running scheduler's PID and what it recorded at its start (``None``: none runs, or no record)."""
-    pid = scheduler_pid(home)
-    if pid is None or pid < 0:
-        return None
-    try:
-        data = json.loads(settings_file(home).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("pid") != pid:  # a record left by an earlier scheduler
-        return None
-    return pid, data
-
-
-def scheduler_slots(home: Path) -> tuple[int, int | None]:
-    """The slots a job must fit: the running scheduler's (and its PID), else ``GPUFLEET_LOCAL_SLOTS``'s.
-
-    A running scheduler counted its slots when it started; a job bigger than them would wait
-    for ever, whatever this process's ``GPUFLEET_LOCAL_SLOTS`` says.
-    """
-    running = running_settings(home)
-    if running is not None:
-        slots = running[1].get("slots")
-        if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1:
-            return slots, running[0]
-    return configured_slots(), None
-
-
-def _restart_hint(pid: int | None) -> str:
-    return (
-        f"pid {pid}, which exits once idle; `kill {pid}` stops it now (what runs saves and resumes under "
-        f"the next scheduler, which the next submit starts with this environment)"
-    )
-
-
-def settings_drift(home: Path, env: Mapping[str, str]) -> str | None:
-    """A warning when the running scheduler's environment differs from ``env`` in a checked variable.
-
-    The running scheduler keeps the environment it started with, and its attempts inherit it:
-    a submit with another ``GPUFLEET_LOCAL_SLOTS``, ``GPUFLEET_LOG_EVERY_S`` or
-    ``CUDA_VISIBLE_DEVICES`` would otherwise run, silently, with the old value.
-    """
-    running = running_settings(home)
-    if running is None:
-        return None
-    pid, data = running
-    recorded = data.get("env")
-    theirs: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
-    mine = environment_digests(env)
-    changed = sorted(name for name in {*mine, *theirs} if mine.get(name) != theirs.get(name))
-    if not changed:
-        return None
-    return (
-        f"warning: the local scheduler of {home} started with another environment ({', '.join(changed)} "
-        f"differ{'s' if len(changed) == 1 else ''}); it keeps its own, and so do the jobs it starts. "
-        f"It is {_restart_hint(pid)}; set a job's own variables in its spec's `env`"
-    )
-
-
-def ensure_scheduler(home: Path) -> None:
-    """Start a detached scheduler for ``home`` unless one holds the lock (which keeps its environment)."""
-    if scheduler_pid(home) is not None:
-        return
-    check_environment(os.environ)  # a bad GPUFLEET_SCHEDULER_IDLE_S would kill it at start
-    home.mkdir(parents=True, exist_ok=True)
-    with scheduler_log(home).open("ab") as log:
-        # The launcher forks the scheduler off and exits at once: we reap it here, and the
-        # scheduler, in a session of its own, outlives this process.
-        subprocess.run(
-            [sys.executable, "-m", "gpufleet.backends.local", "--detach", str(home)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "GPUFLEET_HOME": str(home)},
-            check=True,
-        )
-    deadline = time.monotonic() + 10
-    while scheduler_pid(home) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 @dataclass
-class _Running:
+class RunningAttempt:
+    """An attempt this scheduler started and has not yet reaped."""
+
     job: Job
     n: int
     proc: subprocess.Popen[bytes]
@@ -315,21 +71,72 @@ class _Running:
     started: float = 0.0
 
 
+class FleetPolicy(Protocol):
+    """What the loop asks of the placement on a fleet: it replaces the one pool of slots while current."""
+
+    def tick(self) -> None:
+        """Stop, place and launch for one tick, through the scheduler's ``stop`` and ``launch``."""
+
+    def current(self) -> bool:
+        """Whether this is still the fleet in use (``gpufleet fleet use`` or ``drop`` may have changed it)."""
+
+
+FleetLoader = Callable[["LocalScheduler"], "FleetPolicy | None"]
+"""The policy for a scheduler's home, ``None`` when the home has no fleet."""
+
+_fleet_loaders: list[FleetLoader] = []
+
+
+def plug_fleet_policy(loader: FleetLoader) -> FleetLoader:
+    """Make ``loader`` give every scheduler its fleet policy (``fleet.py`` does, when imported).
+
+    Every import of this module runs the package's ``__init__`` first, which imports ``fleet.py``:
+    a scheduler never runs without its fleet policy, yet the loop does not import it.
+    """
+    if loader not in _fleet_loaders:
+        _fleet_loaders.append(loader)
+    return loader
+
+
+def no_fleet(sched: LocalScheduler) -> FleetPolicy | None:
+    """The loader of a scheduler told to ignore fleets: always the one pool of slots."""
+    return None
+
+
+def plugged_fleet(sched: LocalScheduler) -> FleetPolicy | None:
+    """The first policy a plugged-in loader gives for the scheduler's home."""
+    for loader in _fleet_loaders:
+        policy = loader(sched)
+        if policy is not None:
+            return policy
+    return None
+
+
 class LocalScheduler:
     """Owns the attempts of one ``$GPUFLEET_HOME``; call ``tick`` in a loop, or ``run``."""
 
-    def __init__(self, home: Path, *, slots: int | None = None, poll_s: float = 0.1, idle_exit_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        slots: int | None = None,
+        poll_s: float = 0.1,
+        idle_exit_s: float = 10.0,
+        fleet: FleetLoader = plugged_fleet,
+    ) -> None:
         self.home = home
         self.store = store_for(home)
         self.slots = slots if slots is not None else configured_slots()
         self.poll_s = poll_s
         self.idle_exit_s = idle_exit_s
-        self.running: dict[int, _Running] = {}
-        self.fleet: FleetScheduling | None = None
+        self.running: dict[int, RunningAttempt] = {}
+        self.fleet_loader = fleet
+        """Gives the fleet policy of the home, re-asked whenever the current one is no longer current."""
+        self.fleet: FleetPolicy | None = None
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        lock = (self.home / "scheduler.lock").open("a+")
+        lock = lock_file(self.home).open("a+")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -403,7 +210,7 @@ class LocalScheduler:
                 outcome = "cancelled" if kind == "cancel" else "preempted"
                 self._stop(run, outcome, grace)
 
-    def stop(self, run: _Running, outcome: str, grace: float | None, *, abrupt: bool = False) -> None:
+    def stop(self, run: RunningAttempt, outcome: str, grace: float | None, *, abrupt: bool = False) -> None:
         """SIGTERM the attempt, SIGKILL after ``grace`` (the job's own by default); ``abrupt``: SIGKILL now."""
         if abrupt:
             now = time.time()
@@ -414,7 +221,7 @@ class LocalScheduler:
             return
         self._stop(run, outcome, grace)
 
-    def _stop(self, run: _Running, outcome: str, grace: float | None) -> None:
+    def _stop(self, run: RunningAttempt, outcome: str, grace: float | None) -> None:
         grace_s = grace if grace is not None else run.job.spec.checkpoint.grace_seconds
         now = time.time()
         run.stop, run.kill_at = outcome, time.monotonic() + grace_s
@@ -500,6 +307,7 @@ class LocalScheduler:
         env = {
             **os.environ,
             **job_environment(spec, job.id, self.home, "local"),
+            **price_environment(spec, {**os.environ, **job.env}),
             **job.env,
             "GPUFLEET_ATTEMPT": str(n),
         }
@@ -541,7 +349,7 @@ class LocalScheduler:
             return
         # Ours before anything else can fail: if the store does, the next scheduler finds the process
         # by its GPUFLEET_* variables.
-        self.running[job.id] = _Running(job, n, proc, log, placed=placed, started=started)
+        self.running[job.id] = RunningAttempt(job, n, proc, log, placed=placed, started=started)
         self.store.set_attempt_pid(job.id, n, proc.pid)
         where = {} if placed is None else placed.to_event()
         for key in ("why", "gpus"):  # the reasons are in the `placed` event; the GPUs are counted below
@@ -559,9 +367,8 @@ class LocalScheduler:
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
-        from gpufleet.backends.fleet_sched import FleetScheduling
-
-        self.fleet = FleetScheduling.load(self, self.fleet)
+        if self.fleet is None or not self.fleet.current():
+            self.fleet = self.fleet_loader(self)
         if self.fleet is not None:
             self.fleet.tick()
             return
@@ -594,6 +401,7 @@ class LocalScheduler:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m gpufleet.backends.local [--detach] GPUFLEET_HOME``: run the scheduler of a home."""
     if argv[:1] == ["--detach"]:
         argv = argv[1:]
         if os.fork() != 0:
@@ -607,20 +415,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 __all__ = [
-    "DEFAULT_SLOTS",
-    "LocalBackend",
+    "FleetLoader",
+    "FleetPolicy",
     "LocalScheduler",
-    "configured_slots",
-    "ensure_scheduler",
+    "RunningAttempt",
     "main",
-    "scheduler_pid",
-    "scheduler_slots",
-    "settings_drift",
-    "slots_of",
-    "store_for",
+    "no_fleet",
+    "plug_fleet_policy",
+    "plugged_fleet",
+    "startable",
 ]

@@ -1,7 +1,9 @@
-"""The local scheduler with a fleet: Kueue-style admission, the planner's placement, storms, failover.
+"""The local scheduler on a fleet: Kueue-style admission, the planner's placement, storms, failover.
 
-One :meth:`FleetScheduling.tick` replaces the single-pool ``_schedule`` of
-:class:`~gpufleet.backends.local.LocalScheduler` when ``$GPUFLEET_HOME/fleet/fleet.yaml`` exists:
+:class:`FleetScheduling` is the scheduler's :class:`~gpufleet.backends.local.scheduler.FleetPolicy`:
+one :meth:`FleetScheduling.tick` replaces the one pool of slots of
+:class:`~gpufleet.backends.local.scheduler.LocalScheduler` while ``$GPUFLEET_HOME/fleet/fleet.yaml``
+exists (the fleet's files and the placing both backends share are ``backends/pools.py``):
 
 1. **Down.** Jobs running on a target marked down (``gpufleet fleet down``) or in an outage of the
    fleet file are stopped: with their grace (they save), or at once when abrupt (they lose the work
@@ -25,18 +27,20 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpufleet.backends.local import startable
+from gpufleet.backends.local.scheduler import LocalScheduler, RunningAttempt, plug_fleet_policy, startable
 from gpufleet.backends.pools import (
     Move,
+    Placed,
     active_fleet,
-    current_region,
+    explain_choice,
     fleet_file,
     matches,
     place_checkpoints,
+    placed_from,
+    planning_name,
+    planning_spec,
     read_failover,
     read_marks,
     write_failover,
@@ -46,90 +50,12 @@ from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Job
 from gpufleet.placement.failover import Failover
 from gpufleet.placement.fleetfile import Fleet
-from gpufleet.placement.planner import Allocation, Choice, Plan, plan
+from gpufleet.placement.planner import Allocation, Plan, plan
 from gpufleet.placement.quota import NO_QUOTA, QuotaBook
 from gpufleet.spec import JobSpec
 
-if TYPE_CHECKING:
-    from gpufleet.backends.local import LocalScheduler, _Running
-
 REPLAN_S = 2.0
 """Seconds between two placements of an unchanged queue (a blocked target may have expired)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Placed:
-    """Where one attempt runs, as the planner chose it."""
-
-    offer: str
-    provider: str
-    region: str
-    gpu_type: str
-    spot: bool
-    gpus: int
-    """GPUs held (whole nodes of the offer)."""
-    price_per_gpu_hour: float
-    on_demand_per_gpu_hour: float
-    borrowed_gpus: int
-    team: str
-    why: str
-    preemptions_per_hour: float = 0.0
-    """The catalogue's expected spot preemption rate of the offer (0 on demand): what ``every: auto`` plans for."""
-
-    @property
-    def location(self) -> str:
-        return f"{self.provider}/{self.region}"
-
-    def to_event(self) -> dict[str, Any]:
-        return {
-            "offer": self.offer,
-            "provider": self.provider,
-            "region": self.region,
-            "gpu_type": self.gpu_type,
-            "spot": self.spot,
-            "gpus": self.gpus,
-            "price_per_gpu_hour": self.price_per_gpu_hour,
-            "on_demand_per_gpu_hour": self.on_demand_per_gpu_hour,
-            "borrowed_gpus": self.borrowed_gpus,
-            "why": self.why,
-        }
-
-
-def planning_name(job_id: int) -> str:
-    return f"job-{job_id}"
-
-
-def planning_spec(job: Job, home: Path) -> JobSpec:
-    """The job as the planner sees it: a unique name, and ``provider`` where its checkpoint is."""
-    region = current_region(home, job.id)
-    provider = region.split("/", 1)[0] if region else job.spec.provider
-    return job.spec.copy_with(name=planning_name(job.id), provider=provider)
-
-
-def placed_from(choice: Choice, fleet: Fleet, team: str, why: str) -> Placed:
-    offer = fleet.offer(choice.offer)
-    return Placed(
-        offer=choice.offer,
-        provider=choice.provider,
-        region=choice.region,
-        gpu_type=choice.gpu_type,
-        spot=choice.spot,
-        gpus=choice.allocated_gpus,
-        price_per_gpu_hour=choice.price_per_gpu_hour,
-        on_demand_per_gpu_hour=offer.on_demand_per_gpu_hour,
-        borrowed_gpus=choice.admission.borrowed_gpus if choice.admission is not None else 0,
-        team=team,
-        why=why,
-        preemptions_per_hour=offer.spot_preemptions_per_hour if choice.spot else 0.0,
-    )
-
-
-def check_fits(spec: JobSpec, fleet: Fleet) -> None:
-    """At submit: a job no pool of the empty fleet could ever take is refused (exit 2) with the planner's reasons."""
-    decision = plan([spec], fleet.catalog).decisions[0]
-    if not decision.placed:
-        reasons = "; ".join(decision.reasons) or "no offer matches"
-        raise UsageError(f"job {spec.name!r} fits no pool of the fleet even when it is empty: {reasons}")
 
 
 class FleetScheduling:
@@ -150,15 +76,17 @@ class FleetScheduling:
         """Job id -> the borrowers preempted for it, until they are gone."""
 
     @staticmethod
-    def load(sched: LocalScheduler, current: FleetScheduling | None) -> FleetScheduling | None:
-        """The fleet in use (re-read when ``fleet use`` changed it), or ``None``."""
-        path = fleet_file(sched.home)
-        if not path.exists():
-            return None
-        if current is not None and current.mtime == path.stat().st_mtime_ns:
-            return current
+    def load(sched: LocalScheduler) -> FleetScheduling | None:
+        """The policy of the fleet in use in the scheduler's home, or ``None`` when it has none."""
         fleet = active_fleet(sched.home)
         return None if fleet is None else FleetScheduling(sched, fleet)
+
+    def current(self) -> bool:
+        """Whether the fleet file is still the one this was made from (``fleet use`` rewrites it)."""
+        try:
+            return fleet_file(self.home).stat().st_mtime_ns == self.mtime
+        except OSError:  # dropped (`gpufleet fleet drop`): back to the one pool
+            return False
 
     # ---- one tick ------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -177,7 +105,7 @@ class FleetScheduling:
         blocked = set(self.failover.blocked(hours)) | set(down)
         self._place(blocked, hours, now)
 
-    def _live(self) -> list[_Running]:
+    def _live(self) -> list[RunningAttempt]:
         return [r for r in self.sched.running.values() if r.placed is not None and r.stop is None]
 
     def _stop_down(self, down: dict[str, bool]) -> None:
@@ -357,7 +285,7 @@ class FleetScheduling:
             self.reclaiming[job.id] = {v.job.id for v in victims}
             return
 
-    def _borrowers_for(self, job: Job) -> list[_Running]:
+    def _borrowers_for(self, job: Job) -> list[RunningAttempt]:
         """Running jobs of other teams in the cohort that borrowed what ``job``'s team is owed."""
         catalog, need = self.fleet.catalog, job.spec.total_gpus
         for gpu_type in sorted(_gpu_types(job.spec)):
@@ -401,26 +329,6 @@ def _gpu_types(spec: JobSpec) -> set[str]:
     return {spec.resources.gpu_type} | {c.gpu_type for c in choices if c.gpu_type}
 
 
-def explain_choice(result: Plan, name: str) -> str:
-    """The chosen offer and its price, then up to three losing candidates and why each lost."""
-    decision = result.decision(name)
-    choice = decision.choice
-    if choice is None:
-        return ""
-    market = "spot" if choice.spot else "on-demand"
-    lines = [f"{choice.offer} {market} at {choice.price_per_gpu_hour:g}/GPU-h, expected {decision.expected_cost:.4g}"]
-    runners = [c for c in decision.rejected if c.reason not in ("chosen",)][:3]
-    lines += [f"{c.offer} {'spot' if c.spot else 'on-demand'}: {c.reason} ({c.detail})" for c in runners]
-    return "; ".join(lines)
+plug_fleet_policy(FleetScheduling.load)
 
-
-__all__ = [
-    "REPLAN_S",
-    "FleetScheduling",
-    "Placed",
-    "check_fits",
-    "explain_choice",
-    "placed_from",
-    "planning_name",
-    "planning_spec",
-]
+__all__ = ["REPLAN_S", "FleetScheduling"]
