@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from gpufleet.errors import GpufleetError, ParameterError, StoreError, UsageError
+from gpufleet.errors import Conflict, GpufleetError, ParameterError, StoreError, UsageError
 from gpufleet.jobs.events import EventKind, read_events_checked
 from gpufleet.jobs.protocol import check_environment
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import events_file, job_dir, private_dir, state_db
 from gpufleet.spec import JobSpec, parse_spec
@@ -144,11 +145,16 @@ class Backend(ABC):
 
     # ---- the contract -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, env: dict[str, str] | None = None) -> int:
-        """Queue a job; return its id. A refused job leaves no row and no folder."""
+        """Queue a job; return its id. A refused job leaves no row and no folder.
+
+        What needs no scheduler (the features, the job's ``GPUFLEET_*`` variables, the data tools) is
+        refused before the store is opened, so a submit refused for it leaves a new home as it was.
+        """
         if spec.world_size > 1:
             self.require(Feature.MULTI_RANK)
         if spec.resources.nodes > 1:
             self.require(Feature.MULTI_NODE)
+        check_submittable(spec, env)
         spec = self._admit(spec, env)
         fresh = [p for p in (self.home, self.home / "jobs", state_db(self.home)) if not os.path.lexists(p)]
         job_id, folder = add_job_folder(self.store, self.home, spec, self.name, env)
@@ -182,8 +188,8 @@ class Backend(ABC):
                 raise ParameterError("{grace} is invalid: give a positive number of seconds", grace=grace)
             self.require(Feature.PREEMPT_GRACE)
         job = self.active(job_id)
-        if job.state != "running":
-            raise UsageError(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
+        if job.state != JobState.RUNNING:
+            raise Conflict(f"job {job_id} is {job.state}, not running: only a running job can be preempted")
         self._preempt(job, grace)
 
     def cancel(self, job_id: int) -> None:
@@ -194,8 +200,8 @@ class Backend(ABC):
         """Keep a queued job from starting until :meth:`release` (a ``held`` event; its reason says so)."""
         self.require(Feature.HOLD)
         job = self.active(job_id)
-        if job.state != "queued":
-            raise UsageError(
+        if job.state != JobState.QUEUED:
+            raise Conflict(
                 f"job {job_id} is {job.state}, not queued: only a queued job can be held (preempt it, then hold it)"
             )
         self._hold(job, held=True)
@@ -205,7 +211,7 @@ class Backend(ABC):
         self.require(Feature.HOLD)
         job = self.active(job_id)
         if not self._held(job):
-            raise UsageError(f"job {job_id} is not held: nothing to release")
+            raise Conflict(f"job {job_id} is not held: nothing to release")
         self._hold(job, held=False)
 
     def resize(self, job_id: int, gpus: int, nodes: int | None = None, *, one_process: bool = False) -> Resize:
@@ -250,14 +256,17 @@ class Backend(ABC):
         return None
 
     def active(self, job_id: int) -> Job:
-        """The job, as fresh as the backend can make it; ``UsageError`` when it is another's or has ended."""
+        """The job, as fresh as the backend can make it.
+
+        ``NotFound`` for an unknown id, ``UsageError`` when it is another backend's, ``Conflict`` when it has ended.
+        """
         job = self.store.job(job_id)
         if job.backend != self.name:
             raise UsageError(f"job {job_id} runs on the {job.backend} backend, not {self.name}")
         if job.state not in TERMINAL:
             job = self._refresh(job)
         if job.state in TERMINAL:
-            raise UsageError(f"job {job_id} is already {job.state}")
+            raise Conflict(f"job {job_id} is already {job.state}")
         return job
 
     def require(self, feature: Feature) -> None:
@@ -302,20 +311,26 @@ class Backend(ABC):
         return job
 
 
+def check_submittable(spec: JobSpec, env: dict[str, str] | None) -> None:
+    """Refuse a job whose ``GPUFLEET_*`` variables (those it will see) are bad, or whose data tools are missing.
+
+    A bad one is a usage error at submission, not a scheduler or a job that dies later.
+    """
+    check_environment({**os.environ, **(env or {})})
+    if spec.data is not None:
+        from gpufleet.spec.sources import check_installed
+
+        check_installed(spec.data)
+
+
 def add_job_folder(
     store: Store, home: Path, spec: JobSpec, backend: str, env: dict[str, str] | None
 ) -> tuple[int, Path]:
     """Record a submitted job and lay out its folder (``logs/``, ``spec.json``); its id and folder.
 
-    The ``GPUFLEET_*`` variables the job will see are checked first (a bad one is a usage error
-    here, not a scheduler or a job that dies later). The folder is private to its owner: a spec's
-    ``env`` may hold tokens.
+    The caller has checked the job (:func:`check_submittable`) before it opened ``store``. The folder
+    is private to its owner: a spec's ``env`` may hold tokens.
     """
-    check_environment({**os.environ, **(env or {})})
-    if spec.data is not None:
-        from gpufleet.data.urls import check_installed
-
-        check_installed(spec.data)
     job_id = store.add_job(spec, backend, env)
     folder = job_dir(home, job_id)
     private_dir(folder.parent)
@@ -413,6 +428,7 @@ __all__ = [
     "Feature",
     "Resize",
     "add_job_folder",
+    "check_submittable",
     "get_backend",
     "ingest_events",
     "register",

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, SpecArg, check_path_name, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
-from gpufleet.errors import GpufleetError, UsageError, parameters_as_flags
+from gpufleet.errors import GpufleetError, NotFound, UsageError, parameters_as_flags
 from gpufleet.outfiles import check_plot_file
 from gpufleet.paths import events_file, gpufleet_home, job_dir, spec_file
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
@@ -227,7 +227,7 @@ def _resolve_run(run: str) -> tuple[Path, Path | None]:
         home, job_id = gpufleet_home(), int(run)
         folder = job_dir(home, job_id)
         if not events_file(home, job_id).is_file():
-            raise UsageError(f"job {run} has no events under {folder}: check the id with `gpufleet jobs`")
+            raise NotFound(f"job {run} has no events under {folder}: check the id with `gpufleet jobs`")
         return events_file(home, job_id), spec_file(home, job_id)
     path = check_path_name(Path(run), "RUN")
     if not path.exists():

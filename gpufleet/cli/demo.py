@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +32,7 @@ from gpufleet.cost.gather import cost_report
 from gpufleet.cost.ledger import Cost
 from gpufleet.errors import UsageError
 from gpufleet.jobs.faults import FaultPlan
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import latest_step
 from gpufleet.paths import gpufleet_home, notes_dir
 from gpufleet.spec import JobSpec, parse_spec
@@ -91,7 +92,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     for position in plan.faults:
         if not 0 < position < LOW_STEPS:
             raise UsageError(f"--fault step {position} is outside the demo job's 1..{LOW_STEPS - 1} steps")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     home = home or gpufleet_home() / "demo" / stamp
     home.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -125,7 +126,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     report = cost_report(store, out=note_dir, title="gpufleet demo: cost note")
     jobs = {j.id: j for j in store.jobs()}
     low_attempts = store.attempts(low)
-    ok = all(j.state == "completed" for j in jobs.values()) and len(low_attempts) >= 2
+    ok = all(j.state == JobState.COMPLETED for j in jobs.values()) and len(low_attempts) >= 2
     if json_out:
         emit_json(
             {
@@ -163,7 +164,7 @@ def run_fleet(*, json_out: bool = False, home: Path | None = None) -> bool:
     """``demo --fleet``: quota borrow and reclaim, a spot storm, a failover with the checkpoint moved; priced."""
     from gpufleet.demos.fleet_demo import run_fleet_demo
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     home = home or gpufleet_home() / "demo-fleet" / stamp
     started = time.monotonic()
     story: list[dict[str, object]] = []
@@ -183,7 +184,7 @@ def run_fleet(*, json_out: bool = False, home: Path | None = None) -> bool:
     report = cost_report(store, out=notes_dir(home) / stamp, title="gpufleet demo --fleet: cost note")
     jobs = [store.job(i) for i in demo.jobs.values()]
     kinds = {k: sum(len(store.events(j.id, kinds=(k,))) for j in jobs) for k in demo_kinds()}
-    ok = all(j.state == "completed" for j in jobs) and all(kinds.values())
+    ok = all(j.state == JobState.COMPLETED for j in jobs) and all(kinds.values())
     if json_out:
         priced = report.to_dict()
         states = {j.id: {"team": j.team, "state": j.state} for j in jobs}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,41 +11,21 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from gpufleet.backends import Backend, Feature, get_backend, registered, sync_remote
+from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.backends.base import MAX_RESOURCE
 from gpufleet.backends.local import ensure_scheduler
 from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_store, job_store, open_store
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
-from gpufleet.errors import ParameterError, UsageError, parameters_as_flags
-from gpufleet.jobs.protocol import check_environment
+from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_flags
+from gpufleet.jobs.states import JobState
 from gpufleet.outfiles import check_output_dir
 from gpufleet.paths import gpufleet_home
-from gpufleet.rl.report import describe as describe_rl
 from gpufleet.spec import JobSpec, load_spec
-from gpufleet.views import job_summary, job_view, jobs_view, log_view
+from gpufleet.views import JobView, job_summary, jobs_view, log_view
 
 
 def _backend_of(job_id: int) -> Backend:
     return get_backend(job_store(job_id, sync=False).job(job_id).backend, gpufleet_home())
-
-
-def _admissible(backend: str, spec: JobSpec) -> None:
-    """Refuse, before the store is opened, what ``backend`` declares it cannot run and a bad ``GPUFLEET_*``
-    variable: a submit refused for them leaves a new home as it was. (The backend checks both again, with
-    the checks only it can make, such as its free capacity, once its store is open.)"""
-    declared = registered().get(backend)
-    if declared is not None:  # an unknown name: get_backend says which ones there are
-        for feature, needed in (
-            (Feature.MULTI_RANK, spec.world_size > 1),
-            (Feature.MULTI_NODE, spec.resources.nodes > 1),
-        ):
-            if needed and feature not in declared.features:
-                raise UsageError(f"the {backend} backend does not support {feature.value}")
-    check_environment(os.environ)
-    if spec.data is not None:
-        from gpufleet.data.urls import check_installed
-
-        check_installed(spec.data)
 
 
 def submit(
@@ -66,7 +45,6 @@ def submit(
     spec = load_spec(spec_path)
     if gpu_source is not None:
         spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
-    _admissible(backend, spec)
     home = gpufleet_home()
     job_id = get_backend(backend, home).submit(spec)
     store = open_store()
@@ -88,7 +66,7 @@ def submit(
         emit_json(job_summary(store, job))
     else:
         console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""), markup=False)
-    if job.state != "completed":
+    if job.state != JobState.COMPLETED:
         raise typer.Exit(1)
 
 
@@ -105,7 +83,7 @@ def jobs(
         emit_json(view)
         return
     # Why a job waits (its quota, the capacity, a reclaim) or failed is worth a column when any has a reason.
-    why = [r["reason"] if r["state"] in ("queued", "failed") and r["reason"] else "" for r in rows]
+    why = [r["reason"] if r["state"] in (JobState.QUEUED, JobState.FAILED) and r["reason"] else "" for r in rows]
     console.print(
         table(
             None,
@@ -133,11 +111,12 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """One job: its attempts, notable events and checkpoints."""
     store = job_store(job_id)
     job = store.job(job_id)
-    view = job_view(store, gpufleet_home(), job_id)
+    detail = JobView.read(store, gpufleet_home(), job_id)
+    view = detail.to_json()
     if json_out:
         emit_json(view)
         return
-    summary, events, ckpts, rl = view, view["events"], view["checkpoints"], view["rl"]
+    summary, events, ckpts = view, view["events"], view["checkpoints"]
     console.print(
         f"[bold]job {job.id}[/] {escape(job.name)}  team={escape(job.team)}  priority={job.priority}  "
         f"state=[bold]{job.state}[/]" + (f"  ({escape(job.reason)})" if job.reason else "")
@@ -152,8 +131,8 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
             f"{' (spot)' if job.spec.spot else ''}  restarts {job.restarts}/{job.spec.max_restarts}"
         )
     )
-    if rl is not None:
-        console.print(escape("rl: " + describe_rl(rl)))
+    for line in detail.feature_lines():
+        console.print(escape(line))
     t0 = job.submitted_at
     console.print(
         table(
@@ -249,7 +228,7 @@ def cancel(job_id: JobArg, json_out: JsonOpt = False) -> None:
 
 
 def hold(job_id: JobArg, json_out: JsonOpt = False) -> None:
-    """Keep a queued job from starting until `gpufleet release` (local backend)."""
+    """Keep a queued job from starting until `gpufleet release` (local and Slurm backends)."""
     _backend_of(job_id).hold(job_id)
     _requested(job_id, "hold", f"job {job_id} is held: `gpufleet release {job_id}` lets it start", json_out)
 
@@ -304,7 +283,7 @@ def resize(
     backend = _backend_of(job_id)
     done = backend.resize(job_id, gpus, nodes, one_process=one_process)
     preempted, missed = False, None
-    if now and done.changed and done.state == "running":
+    if now and done.changed and done.state == JobState.RUNNING:
         try:
             backend.preempt(job_id)
             preempted = True
@@ -348,7 +327,7 @@ def resize(
         console.print(
             f"not preempted ({escape(missed)}): its next attempt, if any, starts on the new size", highlight=False
         )
-    elif done.state == "running":
+    elif done.state == JobState.RUNNING:
         console.print(
             f"job {job_id} keeps running on its current GPUs until its attempt ends; "
             f"`gpufleet preempt {job_id}` applies the change now (it saves and resumes on the new size)",
@@ -394,7 +373,7 @@ def cost(
     if out is not None:
         check_output_dir(check_path_name(out, "--out"), "--out")
     if job and existing_store(sync=False) is None:
-        raise UsageError(f"no job {job[0]} (list them with `gpufleet jobs`)")
+        raise NotFound(f"no job {job[0]} (list them with `gpufleet jobs`)")
     report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
     if json_out:
         emit_json(report.to_dict())

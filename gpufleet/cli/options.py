@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from gpufleet.backends import sync_remote
 from gpufleet.cli.render import err_console
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import GpufleetError, NotFound, UsageError
 from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home, has_store, state_db
 from gpufleet.yamlio import shown_path
@@ -113,7 +113,7 @@ def job_store(job_id: int, sync: bool = True) -> Store:
     the refusal creates no store (nor the home) to say so."""
     home = gpufleet_home()
     if not has_store(home):
-        raise UsageError(f"no job {job_id} in {state_db(home)} (list them with `gpufleet jobs`)")
+        raise NotFound(f"no job {job_id} in {state_db(home)} (list them with `gpufleet jobs`)")
     store = open_store(sync=False)
     store.job(job_id)  # an unknown id is refused before the refresh, which may write the store
     if sync:

@@ -6,14 +6,14 @@ MLflow is imported inside the commands so ``gpufleet --help`` stays fast.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import NotFound, UsageError
 
 if TYPE_CHECKING:
     from gpufleet.quality.registry import AliasEvent
@@ -37,14 +37,14 @@ def require_registered(model: str) -> None:
     uri = tracking_uri()
     db = sqlite_path(uri)
     if db is not None and not os.path.exists(db):
-        raise UsageError(f"model {model!r} is not registered in {uri} (registered: none)")
+        raise NotFound(f"model {model!r} is not registered in {uri} (registered: none)")
 
 
 def _events_rows(events: list[AliasEvent]) -> list[list[Any]]:
     return [
         [
             e.seq,
-            datetime.fromtimestamp(e.when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            datetime.fromtimestamp(e.when, UTC).strftime("%Y-%m-%d %H:%M:%S"),
             e.action,
             f"@{e.alias}",
             e.from_version or "-",

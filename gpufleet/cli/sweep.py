@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
-from gpufleet.errors import UsageError
+from gpufleet.errors import Conflict, UsageError
 from gpufleet.outfiles import check_output_file, check_plot_file
 from gpufleet.paths import gpufleet_home
 
@@ -190,7 +190,7 @@ def note_command(
     home = gpufleet_home()
     study = load_sweep_study(home, name, storage)
     if not finished_trials(study):
-        raise UsageError(f"sweep {name!r} has no finished trial yet: the note measures the best one")
+        raise Conflict(f"sweep {name!r} has no finished trial yet: the note measures the best one")
     with err_console.status("measuring the best trial") as status:
         runs = measure(home, study, counts, steps, backend, on_wait=lambda what: status.update(f"measuring: {what}"))
     figures = note_figures(study, home, runs, sweep_price(study))

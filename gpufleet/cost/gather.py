@@ -12,7 +12,7 @@ from gpufleet.cost.ledger import AttemptUsage, Ledger, build_ledger
 from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
-from gpufleet.errors import ParameterError, UsageError
+from gpufleet.errors import NotFound, ParameterError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store
 
@@ -131,7 +131,7 @@ def cost_report(
         known = {j.id for j in store.jobs()}
         missing = [j for j in job_ids if j not in known]
         if missing:
-            raise UsageError(f"no job {missing[0]} (list them with `gpufleet jobs`)")
+            raise NotFound(f"no job {missing[0]} (list them with `gpufleet jobs`)")
     ledger = build_ledger(usages, rates)
     names = {u.job_id: u.job_name for u in usages}
     note = None

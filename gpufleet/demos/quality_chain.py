@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.errors import UsageError
+from gpufleet.errors import Timeout, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Event, latest_step
 from gpufleet.paths import job_dir
@@ -165,7 +165,7 @@ class Chain:
                 self.backend.preempt(job_id, grace=30)
                 preempted = True
             time.sleep(0.05)
-        raise UsageError(f"job #{job_id} did not finish within 600s; see `gpufleet show {job_id}`")
+        raise Timeout(f"job #{job_id} did not finish within 600s; see `gpufleet show {job_id}`")
 
     def submit(self, backend: LocalBackend, data: str, *, seed: int, flip: float = 0.0, slow: bool = False) -> int:
         spec = training_spec(self.cfg.model, self.data[data], steps=self.cfg.steps, seed=seed, slow=slow, flip=flip)

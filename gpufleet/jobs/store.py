@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufleet.errors import SpecError, StoreError, UsageError
+from gpufleet.errors import Conflict, NotFound, SpecError, StoreError, UsageError
 from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.states import JobState as JobState  # re-exported: where jobs are defined
 from gpufleet.jobs.states import Outcome as Outcome
@@ -360,11 +360,11 @@ class Store:
         with self.transaction() as db:
             row = db.execute("SELECT spec, state FROM jobs WHERE id=?", (job_id,)).fetchone()
             if row is None:
-                raise UsageError(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
+                raise NotFound(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
             if row["state"] in TERMINAL:
-                raise UsageError(f"job {job_id} is already {row['state']}: an ended job keeps the spec it ran with")
+                raise Conflict(f"job {job_id} is already {row['state']}: an ended job keeps the spec it ran with")
             if parse_spec(json.loads(row["spec"]), source=f"job {job_id}") != old:
-                raise UsageError(
+                raise Conflict(
                     f"job {job_id} was resized by another command meanwhile: see `gpufleet show {job_id}`, "
                     "then run this one again if it is still needed"
                 )
@@ -422,7 +422,7 @@ class Store:
         row = None if not 0 < job_id <= MAX_ROW_ID else self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,))
         row = row.fetchone() if row is not None else None
         if row is None:
-            raise UsageError(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
+            raise NotFound(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
         return self._job(row)
 
     def jobs(self, *, states: Sequence[str] | None = None, team: str | None = None) -> list[Job]:

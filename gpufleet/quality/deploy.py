@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from gpufleet.errors import UsageError
+from gpufleet.errors import Conflict, UsageError
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 Action = Literal["pass", "reject", "promote", "rollback", "extend"]
@@ -240,7 +240,7 @@ def plan_promotion(aliases: Mapping[str, str], version: str) -> list[AliasMove]:
     """``@champion`` to ``version``, ``@previous`` to the old champion, ``@challenger`` dropped if it was this."""
     old = aliases.get(CHAMPION)
     if old == version:
-        raise UsageError(f"version {version} is already @champion: nothing to promote")
+        raise Conflict(f"version {version} is already @champion: nothing to promote")
     moves = [AliasMove(CHAMPION, old, version)]
     if old is not None:
         moves.append(AliasMove(PREVIOUS, aliases.get(PREVIOUS), old))
@@ -253,11 +253,11 @@ def plan_rollback(aliases: Mapping[str, str], model: str = "the model") -> list[
     """``@champion`` back to ``@previous``, then ``@previous`` dropped."""
     previous = aliases.get(PREVIOUS)
     if previous is None:
-        raise UsageError(
+        raise Conflict(
             f"{model} has no @previous version: nothing to roll back to (use `gpufleet registry promote` instead)"
         )
     if aliases.get(CHAMPION) == previous:
-        raise UsageError(f"{model}: @champion is already @previous (version {previous})")
+        raise Conflict(f"{model}: @champion is already @previous (version {previous})")
     return [AliasMove(CHAMPION, aliases.get(CHAMPION), previous), AliasMove(PREVIOUS, previous, None)]
 
 

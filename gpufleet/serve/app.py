@@ -18,7 +18,9 @@ server needs no restart when jobs come and go, and a route never holds the store
 Every request first passes :class:`gpufleet.serve.guard.Guard` (its Host, its token before its body,
 its body's size, the response's security headers, no host path in a body); the server's connections
 are bounded by :mod:`gpufleet.serve.limits`. A job's ``env`` values are never served (names only).
-Bad input answers 422, a request the state refuses 409.
+Every refusal answers the ``http_status`` of its :mod:`gpufleet.errors` class: bad input 400 (422 for a
+value the API validates), an unknown job or model 404, a request the state refuses 409, a service that
+does not answer 503 (504 when it was waited for), with the body ``{"detail": message}``.
 """
 
 from __future__ import annotations
@@ -28,20 +30,15 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, HTTPException, Query, Request
-from fastapi import Path as PathParam
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
-
-from gpufleet.errors import GpufleetError, ParameterError, UsageError
+from gpufleet.errors import GpufleetError, NotFound, UsageError
+from gpufleet.extras import required
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Store
@@ -50,6 +47,13 @@ from gpufleet.serve.auth import action_refusal
 from gpufleet.serve.cache import ViewCache
 from gpufleet.serve.guard import MAX_BODY_BYTES, Guard, accepted_hosts
 from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+
+with required("fastapi", "serve", "gpufleet serve"):
+    from fastapi import Body, FastAPI, HTTPException, Query, Request
+    from fastapi import Path as PathParam
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger("gpufleet.serve")
 
@@ -118,11 +122,11 @@ def _store(home: Path) -> Store | None:
 def _job_store(home: Path, job_id: int) -> Store:
     store = _store(home)
     if store is None:
-        raise HTTPException(404, f"no job {job_id}: this home has no jobs")
+        raise NotFound(f"no job {job_id}: this home has no jobs")
     try:
         store.job(job_id)
-    except UsageError:
-        raise HTTPException(404, f"no job {job_id} in this home (GET /api/jobs lists them)") from None
+    except NotFound:
+        raise NotFound(f"no job {job_id} in this home (GET /api/jobs lists them)") from None
     return store
 
 
@@ -139,7 +143,7 @@ def fleet_view(home: Path) -> dict[str, Any]:
     queue = [
         {"id": j["id"], "name": j["name"], "team": j["team"], "priority": j["priority"], "reason": j["reason"]}
         for j in sorted(jobs, key=lambda j: (-j["priority"], j["submitted_at"]))
-        if j["state"] == "queued"
+        if j["state"] == JobState.QUEUED
     ]
     recent: list[dict[str, Any]] = []
     if store is not None:
@@ -206,7 +210,7 @@ def quality_home(home: Path, name: str) -> Path:
     for known, path in quality_homes(home):
         if name == known:
             return path
-    raise HTTPException(404, f"no quality home {name!r}: use one of those GET /api/quality lists")
+    raise NotFound(f"no quality home {name!r}: use one of those GET /api/quality lists")
 
 
 def quality_view(home: Path) -> dict[str, Any]:
@@ -255,6 +259,11 @@ def _page(title: str, page: str, cfg: ServeConfig, **data: Any) -> HTMLResponse:
 
 def create_app(cfg: ServeConfig) -> FastAPI:
     """The app; every state-changing route is reached only through :class:`Guard`'s token check."""
+    from gpufleet.features import load_features
+    from gpufleet.views import FleetPage, JobsView, job_view_model
+
+    for name, why in load_features().items():  # the others load: a job of that feature shows its raw events
+        log.warning("feature %s not loaded: %s", name, why)
     home = cfg.home
     cache = ViewCache(cfg.cache_s)
     stop = threading.Event()
@@ -298,7 +307,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(GpufleetError)
     async def _refused(_: Request, err: GpufleetError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=_status_of(err))
+        return JSONResponse({"detail": str(err)}, status_code=err.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
@@ -341,7 +350,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         every = cache.get(("jobs", None, None), lambda: jobs_view(_store(home)))
         return any(j["team"] == team for j in every["jobs"])
 
-    @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json")
+    @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json", response_model=JobsView)
     def api_jobs(team: Team = None, state: JobState | None = None) -> dict[str, Any]:
         from gpufleet.views import jobs_view
 
@@ -352,7 +361,13 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
         return cache.get(("jobs", team, wanted), build) if known_team(team) else build()
 
-    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="gpufleet show ID --json")
+    @app.get(
+        "/api/jobs/{job_id}",
+        tags=["jobs"],
+        summary="gpufleet show ID --json",
+        response_model=job_view_model(),
+        response_model_exclude_unset=True,
+    )
     def api_job(job_id: JobId) -> dict[str, Any]:
         from gpufleet.views import job_view
 
@@ -366,7 +381,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     def api_logs(job_id: JobId, attempt: int | None = Query(default=None, ge=1, le=MAX_ID)) -> dict[str, Any]:
         from gpufleet.views import log_view
 
-        return log_view(_job_store(home, job_id), home, job_id, attempt, LOG_TAIL_BYTES)
+        store = _job_store(home, job_id)
+        return log_view(store, home, job_id, attempt, LOG_TAIL_BYTES)
 
     @app.get("/api/jobs/{job_id}/trace", tags=["jobs"], summary="The job's spans (gpufleet trace ID)")
     def api_trace(job_id: JobId) -> dict[str, Any]:
@@ -401,7 +417,13 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             f"/api/jobs/{{job_id}}/{verb}", tags=["actions"], summary=f"gpufleet {verb} ID (token)", name=f"api_{verb}"
         )(job_action(verb))
 
-    @app.get("/api/fleet", tags=["fleet"], summary="Jobs by state and team, the queue, the pools, recent events")
+    @app.get(
+        "/api/fleet",
+        tags=["fleet"],
+        summary="Jobs by state and team, the queue, the pools, recent events",
+        response_model=FleetPage,
+        response_model_exclude_unset=True,
+    )
     def api_fleet() -> dict[str, Any]:
         return cache.get(("fleet",), lambda: fleet_view(home))
 
@@ -434,7 +456,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     ) -> dict[str, Any]:
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
-        events = _registry(quality_home(home, home_name), model).promote(model, version, why=reason.strip())
+        with _registry(quality_home(home, home_name), model) as registry:
+            events = registry.promote(model, version, why=reason.strip())
         return {"model": model, "events": [e.to_dict() for e in events]}
 
     @app.post("/api/registry/{model}/rollback", tags=["actions"], summary="gpufleet registry rollback (token)")
@@ -443,7 +466,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     ) -> dict[str, Any]:
         if not reason.strip():
             raise HTTPException(422, "give a reason: it is recorded in the alias history")
-        events = _registry(quality_home(home, home_name), model).rollback(model, why=reason.strip())
+        with _registry(quality_home(home, home_name), model) as registry:
+            events = registry.rollback(model, why=reason.strip())
         return {"model": model, "events": [e.to_dict() for e in events]}
 
     # ---- the webhook ----------------------------------------------------------------------------
@@ -471,13 +495,6 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     return app
 
 
-def _status_of(err: GpufleetError) -> int:
-    """422 for a bad value (a library function's argument), 409 for a request the state refuses, else 400."""
-    if isinstance(err, ParameterError):
-        return 422
-    return 409 if isinstance(err, UsageError) else 400
-
-
 def _problem(error: Any) -> dict[str, Any]:
     """One validation error as FastAPI words it, without echoing the input (a NaN there is no JSON)."""
     return {"type": str(error.get("type")), "loc": [str(x) for x in error.get("loc", ())], "msg": str(error.get("msg"))}
@@ -490,19 +507,23 @@ def _span(span: Any) -> dict[str, Any]:
     return out
 
 
-def _registry(path: Path, model: str) -> Any:
+@contextmanager
+def _registry(path: Path, model: str) -> Iterator[Any]:
     """The registry of ``path`` to act on ``model``: 422 for a name no model may have; 404 where there is no
-    registry (a refused action creates no store)."""
-    from gpufleet.quality.registry import Registry, check_model_name, sqlite_path, tracking_uri
+    registry (a refused action creates no store); 503 at once when its tracking server does not answer
+    (:func:`gpufleet.quality.registry.mlflow_errors`, as the CLI's registry commands do)."""
+    from gpufleet.quality.registry import Registry, check_model_name, mlflow_errors, sqlite_path, tracking_uri
 
     try:
         check_model_name(model)
     except UsageError as err:
         raise HTTPException(422, str(err)) from None
-    db = sqlite_path(tracking_uri(path))
+    uri = tracking_uri(path)
+    db = sqlite_path(uri)
     if db is not None and not db.exists():
-        raise HTTPException(404, f"model {model!r} is not registered: that home has no registry")
-    return Registry(path)
+        raise NotFound(f"model {model!r} is not registered: that home has no registry")
+    with mlflow_errors(uri):
+        yield Registry(path)
 
 
 def _backend_of(home: Path, job_id: int) -> Any:

@@ -28,18 +28,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-import sqlalchemy.exc
-from optuna.trial import FrozenTrial, TrialState
-
 from gpufleet.backends import get_backend
 from gpufleet.backends.base import Backend, registered
-from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.errors import Conflict, GpufleetError, UsageError
+from gpufleet.extras import required
 from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec
+from gpufleet.sweeps.feature import PRUNED
 from gpufleet.sweeps.spec import SweepSpec
+
+with required("optuna", "sweeps", "gpufleet sweep"):
+    import optuna
+    import sqlalchemy.exc
+    from optuna.trial import FrozenTrial, TrialState
 
 JOB_NAME = "gpufleet_job_name"
 JOB_ID = "gpufleet_job_id"
@@ -134,7 +138,7 @@ def open_study(home: Path, sweep: SweepSpec, base: JobSpec) -> optuna.Study:
         study.set_user_attr("definition", defined)
         study.set_user_attr("sweep", sweep.model_dump())
     elif known != defined:
-        raise UsageError(
+        raise Conflict(
             f"sweep {sweep.name!r} exists with another space or objective: give the sweep another name "
             f"(or remove {sweep_dir(home, sweep.name)})"
         )
@@ -299,10 +303,10 @@ class SweepDriver:
             if fresh and not done and self.sweep.pruner.kind != "none" and trial.should_prune():
                 self._prune(frozen, job, seen)
             return
-        if job.state == "completed" and values:
+        if job.state == JobState.COMPLETED and values:
             self._tell(frozen.number, values[-1][1])
             return
-        if job.state == "completed":
+        if job.state == JobState.COMPLETED:
             why = (
                 f"the trial never logged {self.sweep.objective.metric!r}: "
                 f'log it with session.log("eval", {self.sweep.objective.metric}=...)'
@@ -318,9 +322,7 @@ class SweepDriver:
         except UsageError:
             return  # it ended meanwhile: the next pass ends its trial from the job's state
         value = frozen.intermediate_values.get(step)
-        self.store.add_event(
-            job.id, EventKind.PRUNED, sweep=self.sweep.name, trial=frozen.number, step=step, value=value
-        )
+        self.store.add_event(job.id, PRUNED, sweep=self.sweep.name, trial=frozen.number, step=step, value=value)
         self.stopping[job.id] = f"pruned by sweep {self.sweep.name} at step {step}"
         self.study._storage.set_trial_user_attr(frozen._trial_id, PRUNED_AT, step)
         self._tell(frozen.number, state=TrialState.PRUNED)

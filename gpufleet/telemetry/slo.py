@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.errors import UsageError
 from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Attempt, Event, Job
 from gpufleet.yamlio import read_yaml, validate
 
@@ -148,7 +149,7 @@ def queue_waits(job: Job, attempts: Sequence[Attempt], since: float | None, now:
         if ready is not None and (since is None or a.started_at >= since):
             waits.append(max(0.0, a.started_at - ready))
         ready = a.ended_at
-    waiting = job.state == "queued" and ready is not None
+    waiting = job.state == JobState.QUEUED and ready is not None
     if waiting and ready is not None:
         waits.append(max(0.0, now - ready))
     return waits, waiting

@@ -61,7 +61,7 @@ from gpufleet.backends.ray.runner import (
     read_status,
     status_path,
 )
-from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.errors import Conflict, ServiceUnavailable, Timeout, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import threads_per_rank
 from gpufleet.jobs.store import TERMINAL, Attempt, Job, Outcome, SyncPlan
@@ -420,14 +420,14 @@ class RayBackend(Backend):
         try:
             attempt = self.cluster().call(job_id, "preempt", grace, timeout=CALL_TIMEOUT_S)
         except LookupError:
-            raise UsageError(f"job {job_id} has no live Ray actor {actor_name(job_id)}; see `gpufleet show`") from None
+            raise Conflict(f"job {job_id} has no live Ray actor {actor_name(job_id)}; see `gpufleet show`") from None
         except TimeoutError:
-            raise UsageError(
+            raise Timeout(
                 f"job {job_id}'s actor did not answer in {CALL_TIMEOUT_S:g}s (waiting for resources or restarting); "
                 "try again"
             ) from None
         if attempt is None:
-            raise UsageError(f"job {job_id} has no running attempt: only a running job can be preempted")
+            raise Conflict(f"job {job_id} has no running attempt: only a running job can be preempted")
 
     def _cancel(self, job: Job) -> None:
         """A started job stops like a preemption but for good; a queued one's actor is removed."""

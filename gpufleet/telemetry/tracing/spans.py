@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeAlias
 
 from gpufleet.fmt import compact_duration
 from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Attempt, Event, Job
 
 AttributeValue: TypeAlias = "str | int | float | bool"
@@ -189,7 +190,11 @@ def job_spans(
     if job.backend_ref:
         root_attrs["gpufleet.backend_ref"] = job.backend_ref
     status: StatusCode = (
-        "error" if job.state == "failed" else "ok" if job.state in ("completed", "cancelled") else "unset"
+        "error"
+        if job.state == JobState.FAILED
+        else "ok"
+        if job.state in (JobState.COMPLETED, JobState.CANCELLED)
+        else "unset"
     )
     root = b.add(
         "job", f"job {job.id} {job.name}", None, job.submitted_at, end, root_attrs, (), status, job.reason or ""
