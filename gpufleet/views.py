@@ -1,8 +1,14 @@
 """The objects gpufleet reports, built once for the CLI's ``--json`` and the server's ``/api/``.
 
-Each function returns plain JSON-ready data: ``gpufleet jobs --json`` prints :func:`jobs_view`,
-``gpufleet show ID --json`` :func:`job_view`, ``gpufleet fleet show --json`` :func:`fleet_status`,
-and ``gpufleet serve`` answers ``GET /api/jobs``, ``/api/jobs/{id}`` and ``/api/fleet`` with the very same.
+The main ones are pydantic models, so that the CLI, the server and ``/api/openapi.json`` share one
+definition: :class:`JobsView` (``gpufleet jobs --json``, ``GET /api/jobs``) of :class:`JobRow` rows,
+:class:`JobView` (``gpufleet show ID --json``, ``GET /api/jobs/{id}``), :class:`FleetStatus`
+(``gpufleet fleet show --json``) and :class:`FleetPage` (``GET /api/fleet``). Each is read with its
+``read`` class method and printed with :meth:`View.to_json`; :func:`job_summary`, :func:`jobs_view`,
+:func:`job_view` and :func:`fleet_status` return that JSON object directly.
+
+A job's view carries, under each feature's name, that feature's summary, typed by its model
+(:mod:`gpufleet.jobs.features`; ``rl`` for actor-learner jobs): the view knows no feature by name.
 """
 
 from __future__ import annotations
@@ -10,16 +16,19 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, create_model
 
 from gpufleet.backends.pools import active_fleet, matches, read_failover, read_marks
 from gpufleet.cost.usage import attempt_gpus
-from gpufleet.errors import UsageError
+from gpufleet.errors import Conflict, NotFound, ParameterError
+from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Job, Store, latest_step
 from gpufleet.outfiles import read_tail_fd
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
-from gpufleet.rl.report import summarize as summarize_rl
 from gpufleet.runtime.checkpoint import CheckpointDir
 
 if TYPE_CHECKING:
@@ -27,33 +36,307 @@ if TYPE_CHECKING:
     from gpufleet.telemetry import DiagnosisConfig, Finding
 
 
+class View(BaseModel):
+    """Base of the reported objects: frozen, each field documented where it is declared."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object as the CLI prints it and the API serves it: a field never set is left out, not null
+        (a fleet view without a fleet, a figure a job never reported)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class JobRow(View):
+    """One job in a list: who, where, how far."""
+
+    id: int
+    name: str
+    team: str
+    priority: int
+    state: JobState
+    reason: str | None
+    """Why a queued job waits or a job failed; null when nothing is to be said."""
+    backend: str
+    gpu_type: str
+    """Where the last placement put it, else what its spec asks for."""
+    gpus: int
+    """GPUs per node."""
+    nodes: int
+    world_size: int
+    strategy: str | None
+    """The distributed strategy (ddp, fsdp); null for a job without a ``distributed`` block."""
+    provider: str
+    offer: str | None
+    """The fleet offer its last attempt was placed on."""
+    spot: bool
+    attempts: int
+    restarts: int
+    step: int | None
+    """The latest step its runtime reported; null before any."""
+    submitted_at: float
+    updated_at: float
+
+    @classmethod
+    def read(cls, store: Store, job: Job) -> JobRow:
+        spec = job.spec
+        placed = store.last_event(job.id, EventKind.PLACED)
+        offer = placed.data.get("offer") if placed is not None else None
+        return cls(
+            id=job.id,
+            name=job.name,
+            team=job.team,
+            priority=job.priority,
+            state=job.state,
+            reason=job.reason,
+            backend=job.backend,
+            gpu_type=str(placed.data.get("gpu_type") or spec.resources.gpu_type) if placed else spec.resources.gpu_type,
+            gpus=spec.resources.gpus,
+            nodes=spec.resources.nodes,
+            world_size=spec.world_size,
+            strategy=spec.distributed.strategy if spec.distributed is not None else None,
+            provider=spec.provider,
+            offer=offer if isinstance(offer, str) else None,
+            spot=spec.spot,
+            attempts=len(store.attempts(job.id)),
+            restarts=job.restarts,
+            step=latest_step(store, job.id),
+            submitted_at=job.submitted_at,
+            updated_at=job.updated_at,
+        )
+
+
+class JobsView(View):
+    """``gpufleet jobs --json``: every job asked for, oldest first."""
+
+    jobs: list[JobRow]
+
+    @classmethod
+    def read(cls, store: Store | None, *, team: str | None = None, state: str | None = None) -> JobsView:
+        found = [] if store is None else store.jobs(team=team, states=(state,) if state else None)
+        return cls(jobs=[JobRow.read(store, j) for j in found if store is not None])
+
+
+class AttemptRow(View):
+    """One attempt of a job."""
+
+    attempt: int
+    outcome: str
+    """How it ended (completed, preempted, failed...), or its state while it runs."""
+    pid: int | None
+    gpus: int
+    """GPUs it held over all nodes, as its backend recorded them."""
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+
+
+class CheckpointRow(View):
+    """One checkpoint folder of a job, as found on disk (not verified)."""
+
+    step: int
+    path: str
+    healthy: bool | None
+    """The manifest's flag; null where the folder has no readable manifest."""
+    problem: str | None
+    """Why it cannot be restored; null for a sound one."""
+
+
+class JobView(JobRow):
+    """``gpufleet show ID --json``: the job's row, its spec, attempts, notable events and checkpoints, and each
+    feature's summary under the feature's name (:func:`job_view_model` types them; null: nothing reported)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    spec: dict[str, Any]
+    """The JobSpec, its ``env`` values shown as ``"set"``."""
+    attempts: list[AttemptRow]  # type: ignore[assignment]  # JobRow's count, listed here
+    events: list[dict[str, Any]]
+    """The notable events, oldest first: ``ts``, ``attempt``, ``kind`` and the fields as written."""
+    checkpoints: list[CheckpointRow]
+
+    @classmethod
+    def read(  # type: ignore[override]
+        cls, store: Store, home: Path, job_id: int, *, reveal_env: bool = False
+    ) -> JobView:
+        """The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
+        job = store.job(job_id)
+        row = JobRow.read(store, job)
+        starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
+        attempts = [
+            AttemptRow(
+                attempt=a.n,
+                outcome=a.outcome or a.state,
+                pid=a.pid,
+                gpus=attempt_gpus(job, a, starts),
+                started_at=a.started_at,
+                ended_at=a.ended_at,
+                exit_code=a.exit_code,
+            )
+            for a in store.attempts(job_id)
+        ]
+        kinds = tuple(dict.fromkeys((*NOTABLE, *features.notable_kinds())))
+        events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, kinds)]
+        ckpts = [
+            CheckpointRow(
+                step=i.step, path=str(i.path), healthy=i.manifest.healthy if i.manifest else None, problem=i.problem
+            )
+            for i in CheckpointDir(checkpoints_dir(home, job_id)).scan(verify=False)
+        ]
+        values: dict[str, Any] = {
+            **row.model_dump(),
+            "spec": spec_view(job.spec, reveal_env=reveal_env),
+            "attempts": attempts,
+            "events": events,
+            "checkpoints": ckpts,
+            **_summaries(store, job_id),
+        }
+        return job_view_model().model_validate(values)
+
+    def summaries(self) -> dict[str, features.Summary]:
+        """Each feature's summary of this job, by the feature's name (features it logged nothing for left out).
+
+        A field of :func:`job_view_model`'s model, or an extra one for a feature registered after it was built."""
+        found = {f.name: getattr(self, f.name, None) for f in features.features() if f.summary is not None}
+        return {name: summary for name, summary in found.items() if isinstance(summary, features.Summary)}
+
+    def feature_lines(self) -> list[str]:
+        """``<feature>: <its line>`` for each feature summary the job has (``gpufleet show``)."""
+        describers = {f.name: f.describe for f in features.features() if f.describe is not None}
+        return [f"{name}: {describers[name](s)}" for name, s in self.summaries().items() if name in describers]
+
+
+def _summaries(store: Store, job_id: int) -> dict[str, features.Summary | None]:
+    """Each feature with a summary: its summary of the job's events of its kinds (``None``: it logged none)."""
+    out: dict[str, features.Summary | None] = {}
+    for feature in features.features():
+        if feature.summarize is None:
+            continue
+        found = store.events(job_id, sorted(feature.kinds)) if feature.kinds else []
+        out[feature.name] = feature.summarize(
+            [{"kind": e.kind, "attempt": e.attempt, "ts": e.ts, **e.data} for e in found]
+        )
+    return out
+
+
+_VIEW_MODELS: dict[int, type[JobView]] = {}
+
+
+def job_view_model() -> type[JobView]:
+    """:class:`JobView` with a field per registered feature summary, typed by its model (what
+    ``/api/openapi.json`` documents); rebuilt when the registered features change."""
+    generation = features.generation()
+    model = _VIEW_MODELS.get(generation)
+    if model is None:
+        summaries: dict[str, Any] = {}
+        for f in features.features():
+            if f.summary is None:
+                continue
+            if f.name in JobView.model_fields or hasattr(JobView, f.name):
+                raise ParameterError("feature {name}'s summary would hide a job's own field: rename it", name=f.name)
+            summaries[f.name] = (f.summary | None, None)
+        model = create_model("JobView", __base__=JobView, __doc__=JobView.__doc__, **summaries)
+        _VIEW_MODELS.clear()
+        _VIEW_MODELS[generation] = model
+    return model
+
+
+class PoolRow(View):
+    """One pool of the fleet: an offer with its slots, prices, state, storm and jobs."""
+
+    offer: str
+    slots: int
+    on_demand_per_gpu_hour: float
+    spot_per_gpu_hour: float | None
+    state: Literal["up", "down", "blocked"]
+    """``down``: marked down or in an outage; ``blocked``: failover keeps jobs off it."""
+    storm_per_hour: int | float
+    """Injected spot preemptions per hour now."""
+    jobs: list[int]
+    """The running jobs placed on it."""
+    blocks: list[dict[str, Any]]
+    """The failover blocks on it, and why."""
+
+
+class FleetStatus(View):
+    """``gpufleet fleet show --json``: the local backend's fleet; only ``fleet`` (null) when none is in use."""
+
+    fleet: str | None
+    """The fleet file in use."""
+    seconds: float | None = None
+    """Since the fleet began (storms and outages are timed from it)."""
+    down: dict[str, bool] | None = None
+    """Targets marked down, each with whether it went down abruptly."""
+    pools: list[PoolRow] | None = None
+    quotas: list[dict[str, Any]] | None = None
+    failover: dict[str, Any] | None = None
+
+    @classmethod
+    def read(cls, home: Path) -> FleetStatus:
+        fleet = active_fleet(home)
+        if fleet is None:
+            return cls(fleet=None)
+        marks = read_marks(home)
+        now = time.time()
+        seconds, hours = marks.seconds(now), marks.seconds(now) / 3600
+        blocks = read_failover(home, fleet).active(hours)
+        running = running_on(home)
+        pools = []
+        for o in fleet.catalog.offers:
+            outage = fleet.outage(o.key, seconds)
+            down = [t for t in marks.down if matches(t, o.key)]
+            blocked = [b.to_dict() for b in blocks if matches(b.target, o.key)]
+            pools.append(
+                PoolRow(
+                    offer=o.key,
+                    slots=o.capacity_gpus,
+                    on_demand_per_gpu_hour=o.on_demand_per_gpu_hour,
+                    spot_per_gpu_hour=o.spot_per_gpu_hour,
+                    state="down" if down or outage is not None else "blocked" if blocked else "up",
+                    storm_per_hour=fleet.storm_rate(o.key, seconds),
+                    jobs=running.get(o.key, []),
+                    blocks=blocked,
+                )
+            )
+        return cls(
+            fleet=str(home / "fleet" / "fleet.yaml"),
+            seconds=seconds,
+            down=marks.down,
+            pools=pools,
+            quotas=[q.model_dump() for q in fleet.catalog.quotas],
+            failover=fleet.failover.model_dump(),
+        )
+
+
+class QueueRow(View):
+    """A queued job, in the order the scheduler considers them (priority, then age)."""
+
+    id: int
+    name: str
+    team: str
+    priority: int
+    reason: str | None
+    """Why it waits."""
+
+
+class FleetPage(View):
+    """``GET /api/fleet``: counts by state and team, the queue and why each job waits, the pools, recent events."""
+
+    jobs: list[JobRow]
+    states: dict[str, int]
+    """Jobs per state."""
+    teams: dict[str, dict[str, int]]
+    """Per team, jobs per state."""
+    queue: list[QueueRow]
+    recent: list[dict[str, Any]]
+    """The latest preemptions, rollbacks and failovers (at most 50, newest first), with ``job`` and ``name``."""
+    fleet: FleetStatus
+    generated_at: float
+
+
 def job_summary(store: Store, job: Job) -> dict[str, Any]:
-    attempts = store.attempts(job.id)
-    spec = job.spec
-    placed = store.last_event(job.id, EventKind.PLACED)
-    offer = placed.data.get("offer") if placed is not None else None
-    return {
-        "id": job.id,
-        "name": job.name,
-        "team": job.team,
-        "priority": job.priority,
-        "state": job.state,
-        "reason": job.reason,
-        "backend": job.backend,
-        "gpu_type": str(placed.data.get("gpu_type") or spec.resources.gpu_type) if placed else spec.resources.gpu_type,
-        "gpus": spec.resources.gpus,
-        "nodes": spec.resources.nodes,
-        "world_size": spec.world_size,
-        "strategy": spec.distributed.strategy if spec.distributed is not None else None,
-        "provider": spec.provider,
-        "offer": offer if isinstance(offer, str) else None,
-        "spot": spec.spot,
-        "attempts": len(attempts),
-        "restarts": job.restarts,
-        "step": latest_step(store, job.id),
-        "submitted_at": job.submitted_at,
-        "updated_at": job.updated_at,
-    }
+    """One job's row as JSON (:class:`JobRow`)."""
+    return JobRow.read(store, job).to_json()
 
 
 def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_bytes: int) -> dict[str, Any]:
@@ -64,16 +347,16 @@ def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_byt
     """
     attempts = store.attempts(store.job(job_id).id)
     if not attempts:
-        raise UsageError(f"job {job_id} has not started yet: no logs")
+        raise Conflict(f"job {job_id} has not started yet: no logs")
     n = attempt or attempts[-1].n
     if not 1 <= n <= len(attempts):
-        raise UsageError(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
+        raise NotFound(f"job {job_id} has {len(attempts)} attempt(s); --attempt {n} does not exist")
     path = attempt_log(home, job_id, n)
     text, size = "", 0
     if os.path.lexists(path):
         tail = _log_tail(path, max_bytes)
         if tail is None:
-            raise UsageError(
+            raise Conflict(
                 f"cannot read {path}: not a regular file in a real folder (a link, a device or a FIFO); "
                 "remove it: the attempt's log is written there as a plain file"
             )
@@ -122,7 +405,7 @@ def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, l
         note = f"no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}): only the ranks were judged"
         return source, ranked, [note]
     if not samples:
-        raise UsageError(
+        raise Conflict(
             f"job {job.id} has no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}); set "
             "telemetry.gpu_source to nvml, scrape:<url> or synthetic:<pattern> in its spec"
         )
@@ -144,9 +427,8 @@ def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, l
 
 
 def jobs_view(store: Store | None, *, team: str | None = None, state: str | None = None) -> dict[str, Any]:
-    """``{"jobs": [...]}``: every job (of ``team``, in ``state``) as :func:`job_summary`."""
-    found = [] if store is None else store.jobs(team=team, states=(state,) if state else None)
-    return {"jobs": [job_summary(store, j) for j in found if store is not None]}
+    """``{"jobs": [...]}``: every job (of ``team``, in ``state``) as JSON (:class:`JobsView`)."""
+    return JobsView.read(store, team=team, state=state).to_json()
 
 
 ENV_SET = "set"
@@ -166,43 +448,9 @@ def spec_view(spec: JobSpec, *, reveal_env: bool = False) -> dict[str, Any]:
 
 
 def job_view(store: Store, home: Path, job_id: int, *, reveal_env: bool = False) -> dict[str, Any]:
-    """One job: its summary, spec, attempts, notable events, checkpoints and RL figures (``show --json``).
-
-    The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
-    job = store.job(job_id)
-    summary = job_summary(store, job)
-    starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
-    attempts = [
-        {
-            "attempt": a.n,
-            "outcome": a.outcome or a.state,
-            "pid": a.pid,
-            "gpus": attempt_gpus(job, a, starts),
-            "started_at": a.started_at,
-            "ended_at": a.ended_at,
-            "exit_code": a.exit_code,
-        }
-        for a in store.attempts(job_id)
-    ]
-    events = [{"ts": e.ts, "attempt": e.attempt, "kind": e.kind, **e.data} for e in store.events(job_id, NOTABLE)]
-    rl = summarize_rl({"kind": e.kind, "attempt": e.attempt, **e.data} for e in store.events(job_id, (EventKind.RL,)))
-    ckpts = [
-        {
-            "step": i.step,
-            "path": str(i.path),
-            "healthy": i.manifest.healthy if i.manifest else None,
-            "problem": i.problem,
-        }
-        for i in CheckpointDir(checkpoints_dir(home, job_id)).scan(verify=False)
-    ]
-    return {
-        **summary,
-        "spec": spec_view(job.spec, reveal_env=reveal_env),
-        "attempts": attempts,
-        "events": events,
-        "checkpoints": ckpts,
-        "rl": rl,
-    }
+    """One job as JSON (:class:`JobView`): its row, spec, attempts, notable events, checkpoints and feature
+    summaries (``show --json``). The spec's ``env`` values are ``"set"`` unless ``reveal_env``."""
+    return JobView.read(store, home, job_id, reveal_env=reveal_env).to_json()
 
 
 def running_on(home: Path) -> dict[str, list[int]]:
@@ -219,49 +467,27 @@ def running_on(home: Path) -> dict[str, list[int]]:
 
 
 def fleet_status(home: Path) -> dict[str, Any]:
-    fleet = active_fleet(home)
-    if fleet is None:
-        return {"fleet": None}
-    marks = read_marks(home)
-    now = time.time()
-    seconds, hours = marks.seconds(now), marks.seconds(now) / 3600
-    blocks = read_failover(home, fleet).active(hours)
-    running = running_on(home)
-    pools = []
-    for o in fleet.catalog.offers:
-        outage = fleet.outage(o.key, seconds)
-        down = [t for t in marks.down if matches(t, o.key)]
-        blocked = [b.to_dict() for b in blocks if matches(b.target, o.key)]
-        state = "down" if down or outage is not None else "blocked" if blocked else "up"
-        pools.append(
-            {
-                "offer": o.key,
-                "slots": o.capacity_gpus,
-                "on_demand_per_gpu_hour": o.on_demand_per_gpu_hour,
-                "spot_per_gpu_hour": o.spot_per_gpu_hour,
-                "state": state,
-                "storm_per_hour": fleet.storm_rate(o.key, seconds),
-                "jobs": running.get(o.key, []),
-                "blocks": blocked,
-            }
-        )
-    quotas = [q.model_dump() for q in fleet.catalog.quotas]
-    return {
-        "fleet": str(home / "fleet" / "fleet.yaml"),
-        "seconds": seconds,
-        "down": marks.down,
-        "pools": pools,
-        "quotas": quotas,
-        "failover": fleet.failover.model_dump(),
-    }
+    """The fleet as JSON (:class:`FleetStatus`): ``{"fleet": null}`` alone when none is in use."""
+    return FleetStatus.read(home).to_json()
 
 
 __all__ = [
     "ENV_SET",
+    "AttemptRow",
+    "CheckpointRow",
+    "FleetPage",
+    "FleetStatus",
+    "JobRow",
+    "JobView",
+    "JobsView",
+    "PoolRow",
+    "QueueRow",
+    "View",
     "fleet_status",
     "job_diagnosis",
     "job_summary",
     "job_view",
+    "job_view_model",
     "jobs_view",
     "log_view",
     "running_on",

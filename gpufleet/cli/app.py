@@ -36,6 +36,9 @@ from gpufleet.cli.slurm import slurm_app
 from gpufleet.cli.sweep import sweep_app
 from gpufleet.cli.trace import trace_command
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.features import load_features
+
+load_features()  # rl, data, sweeps and installed plugins: their events, metrics and `show` lines
 
 app = typer.Typer(
     name="gpufleet",

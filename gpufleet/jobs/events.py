@@ -8,7 +8,6 @@ Lines are ``{"ts": <unix time>, "attempt": <n>, "kind": <str>, ...}``.
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import math
 import os
@@ -18,30 +17,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
 
-if sys.version_info >= (3, 11):
-    from enum import StrEnum
-else:  # Python 3.10 (still supported): the same thing, a str whose str() and format() are the value
-
-    class StrEnum(str, enum.Enum):
-        def __str__(self) -> str:
-            return str(self.value)
-
-        def __format__(self, spec: str) -> str:
-            return format(str(self.value), spec)
-
 
 class EventKind(StrEnum):
-    """Every event kind gpufleet itself writes: the runtime to ``events.jsonl``, the backends and the store to
-    the database's ``events`` table.
+    """Every event kind the core writes or reads: the runtime to ``events.jsonl``, the backends and the store
+    to the database's ``events`` table.
 
     A member equals its string (``EventKind.STEP == "step"``), which is what logs and databases hold, so
-    reading code may compare either way. ``TrainSession.log(kind, ...)`` may still write any other kind
-    of a user's choosing: a kind read back is a ``str``, not necessarily a member.
+    reading code may compare either way. A feature's own kinds (RL's ``rl``, a sweep's ``pruned``) are
+    strings it registers with their payloads (:mod:`gpufleet.jobs.features`), and ``TrainSession.log(kind,
+    ...)`` may write any other kind of a user's choosing: a kind read back is a ``str``, not necessarily a
+    member, and one nobody registered is shown as it was written.
     """
 
     # ---- the runtime (TrainSession, its rank watchdog), in events.jsonl ----------------------------
@@ -89,17 +80,15 @@ class EventKind(StrEnum):
     RANK_STALL_CLEARED = "rank_stall_cleared"
     """The group steps again after a reported stall."""
     SESSION_END = "session_end"
+    """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
+
+    # ---- data staging (gpufleet.data.stage_in, before the runtime starts), in events.jsonl -----------
+    # The data feature registers their payloads and gauges (gpufleet.data.feature); they are members
+    # because the core reads them: the cost ledger's staging bucket, the trace's staging span, `watch`.
     DATA_STAGED = "data_staged"
     """An attempt's data was staged in before its first step: seconds, files and bytes copied and reused."""
-    RL = "rl"
-    """A reinforcement-learning learner's rates: env steps/s, updates/s, reuse, lag, buffer fill, return, restarts."""
-    RL_RESTORED = "rl_restored"
-    """A resumed learner's replay buffer: its size and SHA-256, to compare with the checkpoint's."""
-    RL_DONE = "rl_done"
-    """A learner ended: the environment step it was solved at (or null), the mean return of the last 100 episodes."""
     DATA_STAGE_FAILED = "data_stage_failed"
     """Staging the data failed (the file and why); the attempt exits without training."""
-    """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
 
     # ---- the backends and the store, in the database ---------------------------------------------
     QUEUED = "queued"
@@ -142,8 +131,6 @@ class EventKind(StrEnum):
     """A queued job was held back (``gpufleet hold``): it is not started until released."""
     RELEASED = "released"
     """A held job was released: it waits for a slot like any queued job."""
-    PRUNED = "pruned"
-    """A sweep's pruner stopped the trial this job runs: the sweep, the trial, the step, the value."""
     EVENTS_REJECTED = "events_rejected"
     """Lines of the job's ``events.jsonl`` that are not events were skipped when it was read."""
 
@@ -151,8 +138,6 @@ class EventKind(StrEnum):
 NOTABLE: tuple[EventKind, ...] = (
     EventKind.DATA_STAGED,
     EventKind.DATA_STAGE_FAILED,
-    EventKind.RL_RESTORED,
-    EventKind.RL_DONE,
     EventKind.QUEUED,
     EventKind.ATTEMPT_START,
     EventKind.SIGTERM,
@@ -164,7 +149,6 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.FAILOVER,
     EventKind.FLEET_DOWN,
     EventKind.RECLAIMED_BY,
-    EventKind.PRUNED,
     EventKind.HELD,
     EventKind.RELEASED,
     EventKind.RESIZED,
@@ -183,7 +167,8 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.RANK_STALL_CLEARED,
     EventKind.CHECKPOINT_FAILED,
 )
-"""The events a person watching a job should see (``gpufleet show``, ``gpufleet watch``)."""
+"""The core's events a person watching a job should see (``gpufleet show``, ``gpufleet watch``); a feature
+marks its own notable kinds when it registers them (:func:`gpufleet.jobs.features.notable_kinds`)."""
 
 
 def _clean(value: Any) -> Any:

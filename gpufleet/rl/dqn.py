@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from gpufleet.errors import SpecError
-from gpufleet.jobs.events import EventKind
+from gpufleet.extras import require
+from gpufleet.rl.feature import RL, RL_DONE, RL_RESTORED
 from gpufleet.rl.replay import RETURNS_KEPT, Experience, ReplayBuffer
 from gpufleet.runtime import TrainSession
 
@@ -43,7 +44,7 @@ SOLVED_RETURN = 195.0
 
 
 def make_env(env_id: str, seed: int) -> Any:
-    import gymnasium as gym
+    gym = require("gymnasium", "rl", "the RL workload (gpufleet.rl.dqn)")
 
     try:
         env = gym.make(env_id)
@@ -345,14 +346,14 @@ def train(
             experience.reseed(seed * 1_000_003 + sess.step)
             if sess.step > 0:  # resumed: say what the buffer holds, so that it can be compared with the checkpoint
                 sess.log(
-                    EventKind.RL_RESTORED,
+                    RL_RESTORED,
                     buffer_size=len(experience),
                     buffer_sha256=experience.digest(),
                     env_steps=experience.env_steps,
                 )
             collector = start_collector()
             if actors:
-                sess.log(EventKind.RL, actor_kind=collector.kind, actor_pids=collector.pids(), actor_restarts=0)
+                sess.log(RL, actor_kind=collector.kind, actor_pids=collector.pids(), actor_restarts=0)
             t0, steps0, updates0 = time.monotonic(), experience.env_steps, sess.step
             lags: list[float] = []
             solved_at: int | None = state.get("solved_at")
@@ -366,7 +367,7 @@ def train(
             publish()
             for _ in sess.steps():
                 if collector.fill(max(learning_starts, (sess.step + 1) * env_steps_per_update)):
-                    sess.log(EventKind.RL, actor_restarts=collector.restarts, actor_pids=collector.pids())
+                    sess.log(RL, actor_restarts=collector.restarts, actor_pids=collector.pids())
                 batch = experience.sample(batch_size)
                 with torch.no_grad():
                     best = q(batch.next_obs).argmax(dim=1, keepdim=True)
@@ -393,7 +394,7 @@ def train(
                 if sess.step % log_every == 0 or sess.step == updates:
                     seconds = max(1e-9, time.monotonic() - t0)
                     sess.log(
-                        EventKind.RL,
+                        RL,
                         env_steps=stats.env_steps,
                         env_steps_per_s=(stats.env_steps - steps0) / seconds,
                         updates_per_s=(sess.step - updates0) / seconds,
@@ -409,7 +410,7 @@ def train(
                     break
             stats = experience.stats()
             sess.log(
-                EventKind.RL_DONE,
+                RL_DONE,
                 solved_at_env_step=solved_at,
                 env_steps=stats.env_steps,
                 mean_return_100=stats.mean_return,

@@ -25,6 +25,9 @@ Labels: ``job_id``, ``job_name``, ``team``, ``attempt``, ``backend``, ``backend_
 ``gpu_type``, ``provider``. (Not ``job``: Prometheus sets that label itself on every scrape and
 would rename ours ``exported_job``.)
 
+Features add their own families (``gpufleet_rl_*``, ``gpufleet_data_*``), declared with their event kinds
+(:mod:`gpufleet.jobs.features`); each is exported from the attempt's first event that feeds it.
+
 Two modes: ``GPUFLEET_METRICS_PORT`` serves ``/metrics`` on 127.0.0.1 (``0`` picks a free port,
 written to ``<job dir>/metrics.port``); ``GPUFLEET_METRICS_TEXTFILE`` rewrites a file for the
 node exporter's textfile collector (batch nodes without an open port). With
@@ -41,9 +44,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.jobs import features
 from gpufleet.jobs.events import EventKind
-from gpufleet.rl.report import FIGURES as RL_FIGURES
-from gpufleet.rl.report import number as rl_number
 
 if TYPE_CHECKING:
     from gpufleet.telemetry.exporter import ExpositionServer
@@ -111,20 +113,9 @@ class JobMetrics:
             [*names, "rank"],
             registry=self.registry,
         )
-        self.stage_seconds = gauge(
-            "gpufleet_data_stage_seconds", "Seconds this attempt spent staging its data in before the first step."
-        )
-        self.stage_bytes = gauge("gpufleet_data_staged_bytes", "Bytes this attempt's staging copied (0: all reused).")
-        self.stage_reused = gauge(
-            "gpufleet_data_reused_files", "Files this attempt's staging found verified and reused."
-        )
-        self.stage_rate = gauge(
-            "gpufleet_data_stage_bytes_per_second",
-            "Copy throughput of this attempt's staging (0 when it copied nothing).",
-        )
-        self.rl: dict[str, Any] = {}
-        """RL's gauges (``rl`` events), made at the first: other jobs do not export them."""
-        self._gauge = gauge
+        self.families: dict[str, Any] = {}
+        """The features' metric families (:mod:`gpufleet.jobs.features`), each made at its first event: a job
+        that logs no ``rl`` event exports no RL gauge."""
         self.restarts.set(max(0, int(self.labels["attempt"] or 1) - 1))
         if gpus > 0:
             self.registry.register(_GpuTimeCollector(self))
@@ -146,22 +137,6 @@ class JobMetrics:
                     for rank, value in enumerate(values):
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             gauge.labels(**self.labels, rank=str(rank)).set(float(value))
-        elif kind == EventKind.DATA_STAGED:
-            for gauge, key in (
-                (self.stage_seconds, "seconds"),
-                (self.stage_bytes, "bytes_copied"),
-                (self.stage_reused, "files_reused"),
-                (self.stage_rate, "copy_bytes_per_s"),
-            ):
-                value = event.get(key)
-                gauge.set(float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0)
-        elif kind == EventKind.RL:
-            if not self.rl:
-                self.rl = {key: self._gauge(name, doc) for key, name, doc in RL_FIGURES}
-            for key, rl_gauge in self.rl.items():
-                value = rl_number(event.get(key))
-                if value is not None:
-                    rl_gauge.set(value)
         elif kind == EventKind.CHECKPOINT:
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))
@@ -173,6 +148,33 @@ class JobMetrics:
             self.preemptions.inc()
         elif kind == EventKind.ROLLBACK:
             self.rollbacks.inc()
+        if isinstance(kind, str):
+            self._record(kind, event)
+
+    def _record(self, kind: str, event: Mapping[str, Any]) -> None:
+        """Update the metric families features derive from ``kind``'s payload (most kinds have none)."""
+        families = features.metric_families(kind)
+        if not families:
+            return
+        payload = features.read_payload(event)
+        for family in families:
+            metric = self.families.get(family.name)
+            if metric is None:
+                metric = self.families[family.name] = self._family(family)
+            for extra, value in family.values(payload):
+                if len(extra) != len(family.labels):
+                    continue  # a sample that does not name each of the family's labels
+                child = metric.labels(**self.labels, **dict(zip(family.labels, extra, strict=True)))
+                if family.type == "gauge":
+                    child.set(value)
+                elif value > 0:
+                    child.inc(value)
+
+    def _family(self, family: features.MetricFamily) -> Any:
+        from prometheus_client import Counter, Gauge
+
+        made = Gauge if family.type == "gauge" else Counter
+        return made(family.name, family.help, [*LABELS, *family.labels], registry=self.registry)
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest
@@ -208,6 +210,19 @@ class _GpuTimeCollector:
             yield cost
 
 
+_REWRITE_AFTER = frozenset(
+    {
+        EventKind.STEP,
+        EventKind.CHECKPOINT,
+        EventKind.RESTORE,
+        EventKind.PREEMPT_SIGNAL,
+        EventKind.ROLLBACK,
+        EventKind.SESSION_END,
+    }
+)
+"""The core's kinds that change a metric; a feature's kinds that feed a metric family do too."""
+
+
 class TextfileWriter:
     """Rewrites a textfile-collector file atomically after each event that changes a metric."""
 
@@ -216,14 +231,8 @@ class TextfileWriter:
         self.path = path
 
     def __call__(self, event: Mapping[str, Any]) -> None:
-        if event.get("kind") in (
-            EventKind.STEP,
-            EventKind.CHECKPOINT,
-            EventKind.RESTORE,
-            EventKind.PREEMPT_SIGNAL,
-            EventKind.ROLLBACK,
-            EventKind.SESSION_END,
-        ):
+        kind = str(event.get("kind"))
+        if kind in _REWRITE_AFTER or features.metric_families(kind):
             from prometheus_client import write_to_textfile
 
             write_to_textfile(str(self.path), self.metrics.registry)
