@@ -11,13 +11,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# Every feature extra: the demo needs none (tests/test_extras.py runs the core without them), but the README's
+# next steps after it (the dashboard, sweeps, the quality loop) do.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e ".[all]"
 	touch $@
 
+# Every feature extra (the tests cover them all) and the dev tools.
 $(VENV)/.dev: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[all,dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,9 +30,12 @@ dev: $(VENV)/.dev
 demo: install
 	$(BIN)/gpufleet demo
 
+SCRIPTS := scripts/dev-slurm scripts/dev-prometheus scripts/dev-ray scripts/check-python-floor
+
 lint: dev
-	$(BIN)/ruff check . scripts/dev-slurm scripts/dev-prometheus scripts/dev-ray
-	$(BIN)/ruff format --check . scripts/dev-slurm scripts/dev-prometheus scripts/dev-ray
+	$(BIN)/ruff check . $(SCRIPTS)
+	$(BIN)/ruff format --check . $(SCRIPTS)
+	$(BIN)/python scripts/check-python-floor
 
 typecheck: dev
 	$(BIN)/mypy

@@ -5,7 +5,7 @@ stays fast."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -47,11 +47,12 @@ def demo_command(
     """The whole chain on synthetic data: drift, policy, signed alert, retraining job, registry, canary."""
     from gpufleet.cli.watch import describe
     from gpufleet.demos.quality_chain import ChainConfig, run_quality_demo
-    from gpufleet.quality.registry import mlflow_errors, tracking_uri
+    from gpufleet.quality.registry import mlflow_errors, mlflow_module, tracking_uri
 
+    mlflow_module()  # before anything is written: a missing [quality] extra is one line
     if mode not in ("canary", "shadow"):
         raise UsageError(f"--mode {mode!r}: use canary or shadow")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     home = gpufleet_home() / "quality-demo" / stamp
     home.mkdir(parents=True, exist_ok=True)
 
@@ -280,7 +281,7 @@ def drift_command(
     """
     from gpufleet.fmt import finite_json
     from gpufleet.quality.drift import drift_report
-    from gpufleet.quality.io import read_table
+    from gpufleet.tables import read_table
 
     if correction not in ("none", "bh"):
         raise UsageError(f"--correction {correction!r}: use none or bh")
@@ -544,7 +545,7 @@ def _when(at: Any) -> str:
     if not isinstance(at, int | float) or isinstance(at, bool):
         return "?"
     try:
-        return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
     except (OverflowError, OSError, ValueError):
         return "?"
 

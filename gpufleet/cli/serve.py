@@ -169,7 +169,10 @@ def serve_command(
 def _make_server(config: Any) -> Any:
     """A uvicorn server without uvicorn's signal handling, which re-raises SIGTERM once it has stopped
     (the process would die of the signal): ``serve_command`` sets ``should_exit`` instead."""
-    import uvicorn
+    from gpufleet.extras import required
+
+    with required("uvicorn", "serve", "gpufleet serve"):
+        import uvicorn
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

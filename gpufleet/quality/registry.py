@@ -42,7 +42,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.errors import ServiceUnavailable, UsageError
+from gpufleet.errors import Conflict, NotFound, ServiceUnavailable, UsageError
+from gpufleet.extras import require
 from gpufleet.paths import gpufleet_home
 from gpufleet.quality.deploy import (
     CHALLENGER,
@@ -66,15 +67,9 @@ LOADER_MODULE = "gpufleet.workloads.tabular"
 
 
 def mlflow_module() -> ModuleType:
-    """``import mlflow`` with telemetry off by default, or a UsageError saying how to install it."""
+    """``import mlflow`` with telemetry off by default, or a UsageError naming the extra that installs it."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    try:
-        import mlflow
-    except ImportError:
-        raise UsageError(
-            "MLflow is not installed: `pip install 'gpufleet[quality]'` (or `pip install mlflow`)"
-        ) from None
-    return mlflow
+    return require("mlflow", "quality", "gpufleet's model registry")
 
 
 @contextlib.contextmanager
@@ -248,7 +243,7 @@ class Registry:
             return sorted(m.name for m in self.client.search_registered_models(max_results=1000))
 
     def aliases(self, model: str) -> dict[str, str]:
-        """Alias -> version of a registered model (a UsageError when it is not registered)."""
+        """Alias -> version of a registered model (``NotFound`` when it is not registered)."""
         check_model_name(model)
         with quiet_mlflow():
             try:
@@ -257,7 +252,7 @@ class Registry:
                 if not self._missing(err):
                     raise
                 known = ", ".join(self.models()) or "none"
-                raise UsageError(f"model {model!r} is not registered in {self.uri} (registered: {known})") from None
+                raise NotFound(f"model {model!r} is not registered in {self.uri} (registered: {known})") from None
         return {str(k): str(v) for k, v in found.aliases.items()}
 
     def versions(self, model: str) -> list[ModelVersion]:
@@ -274,7 +269,7 @@ class Registry:
             if str(v.version) == str(version):
                 return v
         known = ", ".join(str(v.version) for v in versions) or "none"
-        raise UsageError(f"model {model!r} has no version {version} (versions: {known})")
+        raise NotFound(f"model {model!r} has no version {version} (versions: {known})")
 
     def model_tags(self, model: str) -> dict[str, str]:
         self.aliases(model)
@@ -284,7 +279,7 @@ class Registry:
     def load(self, model: str, alias: str) -> Any:
         """The pyfunc model ``models:/MODEL@ALIAS`` (``predict(frame)`` gives probabilities)."""
         if alias not in self.aliases(model):
-            raise UsageError(f"model {model!r} has no @{alias} alias")
+            raise NotFound(f"model {model!r} has no @{alias} alias")
         with quiet_mlflow(), self._tracking():
             return self.mlflow.pyfunc.load_model(f"models:/{model}@{alias}")
 
@@ -349,7 +344,8 @@ class Registry:
 
         ``output`` holds ``metrics.json`` and ``model/``; the version gets ``alias`` (recorded).
         """
-        from gpufleet.workloads.tabular import file_sha256, read_table
+        from gpufleet.tables import read_table
+        from gpufleet.workloads.tabular import file_sha256
 
         check_model_name(model)
         try:
@@ -446,7 +442,7 @@ class Registry:
         """Record that ``version``, already ``@champion`` (a canary's provisional move), stays: a
         history event with the same from and to version, so the audit trail says why it stayed."""
         if self.aliases(model).get(CHAMPION) != str(version):
-            raise UsageError(f"version {version} of {model!r} is not @champion: promote it instead")
+            raise Conflict(f"version {version} of {model!r} is not @champion: promote it instead")
         return self.apply(model, [AliasMove(CHAMPION, str(version), str(version))], action="promote", who=who, why=why)
 
     def rollback(self, model: str, *, who: str | None = None, why: str) -> list[AliasEvent]:

@@ -46,7 +46,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -227,7 +227,7 @@ def load_monitor_config(path: Path | str) -> MonitorConfig:
 
 def _check_data(path: Path, where: str, *, folder_ok: bool) -> None:
     """Refuse (:class:`SpecError`, naming ``where``) all but a CSV or Parquet file, or a folder if ``folder_ok``."""
-    from gpufleet.quality.io import table_format
+    from gpufleet.tables import table_format
 
     expect = "a CSV or Parquet file" + (" or a folder of them" if folder_ok else "")
     try:
@@ -368,7 +368,7 @@ def _windows(current: Path) -> list[_Window]:
         st = os.stat(current)
     except OSError as err:
         raise UsageError(f"cannot list {shown_path(current)}: {err.strerror}") from None
-    when = datetime.fromtimestamp(st.st_mtime_ns / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.fromtimestamp(st.st_mtime_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return [_Window(f"{_label(current.name)}@{when}", current, st.st_size, st.st_mtime_ns)]
 
 
@@ -467,7 +467,7 @@ class StandingMonitor:
         return checks
 
     def _round(self, model: ModelConfig, now: float | None) -> list[dict[str, Any]]:
-        from gpufleet.quality.io import read_table
+        from gpufleet.tables import read_table
 
         folder = model_dir(self.home, model.name)
         with _flock(folder / "round.lock"):
@@ -497,7 +497,7 @@ class StandingMonitor:
     ) -> tuple[dict[str, Any], PolicyState]:
         """Check one window: drift, decision, retrain; the result and the policy's next state."""
         from gpufleet.quality.drift import drift_report
-        from gpufleet.quality.io import read_table
+        from gpufleet.tables import read_table
 
         try:
             frame = read_table(window.path)

@@ -32,6 +32,7 @@ import resource
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.extras import required
 from gpufleet.serve.guard import SECURITY_HEADERS
 
 if TYPE_CHECKING:
@@ -79,8 +80,9 @@ def connection_cap(wanted: int, fd_limit: int) -> int:
 
 def bounded_protocol(request_timeout_s: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the deadline and the connection cap of this module's docstring."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    with required("uvicorn", "serve", "gpufleet serve"):
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -187,7 +189,8 @@ def quiet_repeats(every_s: float = REPEAT_LOG_S) -> RepeatFilter:
 
 def uvicorn_config(app: Any, *, request_timeout_s: float, max_connections: int) -> Any:
     """A ``uvicorn.Config`` for ``app`` with the bounds above (the socket is the caller's)."""
-    import uvicorn
+    with required("uvicorn", "serve", "gpufleet serve"):
+        import uvicorn
 
     cap = connection_cap(max_connections, raise_fd_limit())
     config = uvicorn.Config(

@@ -6,15 +6,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-import optuna
-from optuna.trial import TrialState
-
-from gpufleet.errors import UsageError
+from gpufleet.errors import Conflict, NotFound, UsageError
+from gpufleet.extras import required
 from gpufleet.jobs.store import Store
 from gpufleet.paths import check_name, state_db
 from gpufleet.plotting import figure, save_figure
 from gpufleet.spec import JobSpec, parse_spec
 from gpufleet.sweeps.driver import FAILURE, JOB_ID, LOST, PRUNED_AT, storage_errors, sweep_dir
+
+with required("optuna", "sweeps", "gpufleet sweep"):
+    import optuna
+    from optuna.trial import TrialState
 
 STATES = {
     TrialState.COMPLETE: "finished",
@@ -33,12 +35,12 @@ def load_sweep_study(home: Path, name: str, storage: str | None = None) -> optun
     # Opening a SQLite URL creates its file: look first, so a wrong name or URL leaves nothing behind.
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         where = str(home) if storage.endswith(f"/sweeps/{name}/study.db") else storage[:120]
-        raise UsageError(f"no sweep named {name!r} in {where}: run `gpufleet sweep run SWEEP.yaml` first")
+        raise NotFound(f"no sweep named {name!r} in {where}: run `gpufleet sweep run SWEEP.yaml` first")
     with storage_errors(storage):
         try:
             return optuna.load_study(study_name=name, storage=storage)
         except KeyError:
-            raise UsageError(f"no sweep named {name!r} in {storage[:120]}") from None
+            raise NotFound(f"no sweep named {name!r} in {storage[:120]}") from None
 
 
 def trial_rows(study: optuna.Study, home: Path) -> list[dict[str, Any]]:
@@ -104,7 +106,7 @@ def best_spec(study: optuna.Study) -> JobSpec:
         raise UsageError(f"sweep {study.study_name!r} has no base JobSpec recorded")
     finished = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not finished:
-        raise UsageError(f"sweep {study.study_name!r} has no finished trial yet: nothing is best")
+        raise Conflict(f"sweep {study.study_name!r} has no finished trial yet: nothing is best")
     best = study.best_trial
     spec = parse_spec(base, source=f"sweep {study.study_name}: base")
     return spec.copy_with(name=f"{study.study_name[:58]}-best", args={**spec.args, **best.params})

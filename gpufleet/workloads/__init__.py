@@ -1,4 +1,8 @@
-"""The shipped workloads (``toy``, ``tinylm``, ``tabular``) and the seed range they share."""
+"""The shipped workloads (``toy``, ``tinylm``, ``tabular``) and the seed range they share.
+
+Floor 8 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/.
+"""
 
 from __future__ import annotations
 

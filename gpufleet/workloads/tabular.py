@@ -1,6 +1,7 @@
 """A small tabular classifier, the model the quality loop retrains: a fleet job like any other.
 
-``gpufleet.workloads.tabular:train`` reads one table (CSV or Parquet), holds out a seeded share
+``gpufleet.workloads.tabular:train`` reads one table (CSV or Parquet, through the bounded reader of
+:mod:`gpufleet.tables` that the quality loop uses too), holds out a seeded share
 of its rows, fits a one-hidden-layer network on the rest under a :class:`TrainSession` (so it
 checkpoints, survives preemption and resumes bit-exactly: a batch is a pure function of the seed
 and the data cursor), scores the holdout and writes the model and its metrics to the job folder::
@@ -39,6 +40,7 @@ from torch import nn
 
 from gpufleet.errors import UsageError
 from gpufleet.runtime import TrainSession
+from gpufleet.tables import read_table
 from gpufleet.workloads import check_seed
 
 if TYPE_CHECKING:
@@ -74,23 +76,6 @@ def make_dataset(rows: int, *, seed: int, drift: float = 0.0) -> pd.DataFrame:
     )
     label = (rng.uniform(size=rows) < 1 / (1 + np.exp(-2.0 * logit))).astype(np.int64)
     return pd.DataFrame({"x0": x0, "x1": x1, "x2": x2, "x3": x3, "segment": segment, "label": label})
-
-
-def read_table(path: Path) -> pd.DataFrame:
-    """A CSV or Parquet file as a DataFrame (a clear error for anything else)."""
-    import pandas as pd
-
-    if not path.exists():
-        raise UsageError(f"data file {str(path)!r} does not exist")
-    if not path.is_file():
-        raise UsageError(f"data file {str(path)!r} is not a file")
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".parquet", ".pq"):
-        raise UsageError(f"data file {str(path)!r}: use a .csv or .parquet file")
-    try:
-        return pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, OSError, ValueError) as err:
-        raise UsageError(f"data file {str(path)!r} cannot be read as {suffix[1:]}: {err}") from None
 
 
 def file_sha256(path: Path) -> str:
@@ -392,7 +377,6 @@ __all__ = [
     "load_model",
     "make_dataset",
     "output_dir",
-    "read_table",
     "save_model",
     "train",
 ]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.quality import drift_command, split_assignments, split_columns
 from gpufleet.errors import GpufleetError, ParameterError, UsageError
-from gpufleet.quality.io import read_table
+from gpufleet.tables import read_table
 
 app = typer.Typer(pretty_exceptions_enable=False)
 app.command("drift")(drift_command)

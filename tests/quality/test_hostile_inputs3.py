@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpufleet import tables as table_io
 from gpufleet.errors import UsageError
-from gpufleet.quality import io as table_io
-from gpufleet.quality.io import MAX_TABLE_BYTES, MAX_TABLE_CELLS, read_table
 from gpufleet.quality.webhook import AlertPayload, AlertReceiver, signed_headers
+from gpufleet.tables import MAX_TABLE_BYTES, MAX_TABLE_CELLS, read_table
 
 SECRET = b"hostile-inputs3-secret-0123456789abcdef"
 ALERT: dict[str, Any] = {

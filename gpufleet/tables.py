@@ -1,7 +1,12 @@
-"""Read the tables a drift report compares: CSV or Parquet, chosen by the file's extension.
+"""Read a table a user gives: CSV or Parquet, chosen by the file's extension.
+
+The one reader of tables for every part that takes one: a drift report's two tables, the standing
+monitor's windows, the tabular workload's training data and the datasets the model registry logs.
+It lives below them all (it needs only pandas, and pyarrow for Parquet), so the workloads read
+through it without importing the quality loop.
 
 Files are untrusted input: every failure (missing file, unknown extension, not a regular file,
-too large, unparsable or truncated content, no engine for Parquet) becomes one
+too large, unparsable or truncated content, no pyarrow for Parquet) becomes one
 :class:`UsageError` naming the path and the fix.
 """
 
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from gpufleet.errors import UsageError
+from gpufleet.extras import missing_extra, require
 from gpufleet.yamlio import open_regular
 
 if TYPE_CHECKING:
@@ -70,8 +76,7 @@ def _check_gzip_size(fh: BinaryIO, limit: int) -> None:
 
 def _check_parquet_size(path: Path, fh: BinaryIO) -> None:
     """Refuse a Parquet file whose metadata declares more than the cell or byte limits."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
+    pq = require("pyarrow.parquet", "quality", f"{path}: reading Parquet")
     meta = pq.ParquetFile(fh).metadata
     cells = meta.num_rows * max(meta.num_columns, 1)
     if cells > MAX_TABLE_CELLS:
@@ -122,8 +127,8 @@ def read_table(path: Path | str) -> pd.DataFrame:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return pd.read_csv(io.BufferedReader(_Capped(gz, MAX_TABLE_BYTES)), sep=sep)
             return pd.read_csv(fh, sep=sep)
-        except ImportError as err:
-            raise UsageError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow ({err})") from err
+        except ImportError as err:  # pandas' own check of its Parquet engine (a pyarrow too old for it)
+            raise missing_extra("pyarrow", "quality", f"{path}: reading Parquet", err) from None
         except _TooLarge:
             raise UsageError(
                 f"{path}: decompresses to more than {MAX_TABLE_BYTES:,} bytes, the limit for {_EXPECT}: "
