@@ -240,7 +240,7 @@ def test_output_folder_holds_model_and_sane_metrics(
 
 def test_missing_data_file_is_a_usage_error(job_env: Path, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "train.csv"
-    with pytest.raises(UsageError, match=r"data file .*nowhere/train\.csv.* does not exist"):
+    with pytest.raises(UsageError, match=r"nowhere/train\.csv: no such file; check the path"):
         train(str(missing), **RUN)
     assert not (job_env / "ckpt").exists() and not (job_env / "output").exists()
 
@@ -272,10 +272,30 @@ def _write_text(text: str, name: str) -> Callable[[Path], Path]:
 _SMALL = make_dataset(200, seed=1)
 
 
+def test_training_data_is_read_within_the_table_reader_bounds(
+    job_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workload reads through :mod:`gpufleet.tables`: a file over its size limit is refused before pandas."""
+    import gpufleet.tables
+
+    path = _write(_SMALL, "train.csv")(tmp_path)
+    monkeypatch.setattr(gpufleet.tables, "MAX_TABLE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(UsageError, match=r"train\.csv.*larger than"):
+        train(str(path), **RUN)
+    assert not (job_env / "output").exists()
+
+
+@pytest.mark.parametrize(("name", "sep"), [("train.csv.gz", ","), ("train.tsv", "\t")])
+def test_training_data_may_be_gzipped_or_tab_separated(job_env: Path, tmp_path: Path, name: str, sep: str) -> None:
+    """The shapes the drift report reads, the workload reads too: ``.csv.gz`` and ``.tsv``."""
+    _SMALL.to_csv(tmp_path / name, index=False, sep=sep)
+    assert train(str(tmp_path / name), **{**RUN, "steps": 2})["lineage"]["rows"] == len(_SMALL)
+
+
 @pytest.mark.parametrize(
     ("make", "kwargs", "match"),
     [
-        (_write(_SMALL, "train.json"), {}, r"use a \.csv or \.parquet file"),
+        (_write(_SMALL, "train.json"), {}, r"unknown table format; give a \.csv, \.tsv or \.parquet file"),
         (_write(_SMALL.head(9), "tiny.csv"), {}, "9 rows are too few"),
         (_write(_SMALL[["label"]], "labels.csv"), {}, "no feature column besides the target 'label'"),
         (_write(_SMALL, "train.csv"), {"holdout": 1.0}, "0 < holdout < 1"),
@@ -300,7 +320,7 @@ def test_other_bad_input_is_a_usage_error(
             "must hold 0/1 labels",
             id="string-labels",
         ),
-        pytest.param(_write_text("", "empty.csv"), "cannot be read as csv", id="empty-file"),
+        pytest.param(_write_text("", "empty.csv"), "cannot read it as csv", id="empty-file"),
         pytest.param(
             _write(_SMALL.assign(label=_SMALL["label"].where(_SMALL.index % 5 != 0)), "nan-labels.csv"),
             "none missing; row 0 has nan",
