@@ -1,8 +1,8 @@
 """Small text formatters shared by the CLI, the cost note, the fleet page and the reports.
 
-- ``money(amount, currency, style=...)``: an amount with its currency symbol or code, in one of
-  three roundings (``"cents"`` for the cost note, ``"sig3"`` for the fleet page, ``"terse"`` for
-  CLI tables); ``CURRENCY_SYMBOLS`` maps the codes that get a symbol.
+- ``money(amount, currency)``: an amount with its currency symbol or code, rounded one way in the
+  cost note, the fleet page, the sweep note and CLI tables alike; ``CURRENCY_SYMBOLS`` maps the codes
+  that get a symbol.
 - ``markdown_table(headers, rows, right_from=...)``: the lines of a Markdown table.
 - ``compact_duration(seconds)``: ``12.3s``, ``4m05s``, ``2h07m`` for a table cell.
 - ``finite_or_none(value)``: a float, or ``None`` for NaN, infinities and ``None``.
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 __all__ = [
     "CURRENCY_SYMBOLS",
-    "MoneyStyle",
     "compact_duration",
     "finite_json",
     "finite_or_none",
@@ -33,44 +32,23 @@ __all__ = [
 CURRENCY_SYMBOLS: Final = {"USD": "$", "EUR": "€", "GBP": "£"}
 """Currency codes written as a symbol; other codes are written out beside the amount."""
 
-MoneyStyle = Literal["cents", "sig3", "terse"]
 
+def money(amount: float, currency: str) -> str:
+    """``amount`` in ``currency``: whole cents from one unit up (``$1,234.57``), three significant figures below.
 
-def money(amount: float, currency: str, *, style: MoneyStyle = "cents") -> str:
-    """``amount`` in ``currency``: whole cents from one unit up (``$1,234.57``), below one unit by ``style``.
-
-    The three styles round differently on purpose, for different readers, and each is the exact
-    output its documents and tests were written against:
-
-    - ``"cents"`` (the cost note, an invoice-like document): three significant figures but never
-      fewer than cents (``$0.50``, ``$0.0123``, ``$0.0000123``), ``$0.00``; the sign before the
-      symbol (``-$1.00``); ``n/a`` for NaN and infinities; other codes after the amount
-      (``12.35 CHF``), the code matched case-insensitively.
-    - ``"sig3"`` (the fleet page): three significant figures in Python's ``g`` format (``$0.5``,
-      ``$1.23e-05``), ``$0.00``; the sign after the symbol (``$-1.00``); non-finite amounts
-      written as Python does (``$inf``); other codes after the amount, matched case-insensitively.
-    - ``"terse"`` (CLI tables, short cells): ``$0``, two significant figures from a cent
-      (``$0.012``), three below (``$0.00999``); the sign after the symbol; other codes before the
-      amount (``CHF 5.00``), the code matched as given.
+    Never fewer than cents (``$0.50``, ``$0.0123``, ``$0.0000123``) and ``$0.00`` for nothing, so a
+    figure reads the same in every document; the sign before the symbol (``-$1.00``); ``n/a`` for NaN
+    and infinities; codes without a symbol after the amount (``12.35 CHF``), the code matched
+    case-insensitively.
     """
-    if style == "terse":
-        prefix = CURRENCY_SYMBOLS.get(currency, currency + " ")
-        if amount == 0:
-            return f"{prefix}0"
-        if abs(amount) >= 1:
-            return f"{prefix}{amount:,.2f}"
-        return f"{prefix}{amount:.2g}" if abs(amount) >= 0.01 else f"{prefix}{amount:.3g}"
-    if style == "sig3":
-        sign, text = "", f"{amount:,.2f}" if abs(amount) >= 1 or amount == 0 else f"{amount:.3g}"
+    if not math.isfinite(amount):
+        return "n/a"
+    sign, x = ("-" if amount < 0 else ""), abs(amount)
+    if x >= 1 or x == 0:
+        text = f"{x:,.2f}"
     else:
-        if not math.isfinite(amount):
-            return "n/a"
-        sign, x = ("-" if amount < 0 else ""), abs(amount)
-        if x >= 1 or x == 0:
-            text = f"{x:,.2f}"
-        else:
-            text = f"{x:.{min(8, 2 - math.floor(math.log10(x)))}f}".rstrip("0")
-            text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
+        text = f"{x:.{min(8, 2 - math.floor(math.log10(x)))}f}".rstrip("0")
+        text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
     symbol = CURRENCY_SYMBOLS.get(currency.upper())
     return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
 

@@ -32,50 +32,14 @@ from gpufleet.fmt import compact_duration, finite_json, finite_or_none, markdown
 )
 def test_money_cents_is_the_cost_note_style(amount: float, currency: str, expected: str) -> None:
     assert money(amount, currency) == expected
-    assert money(amount, currency, style="cents") == expected
 
 
-@pytest.mark.parametrize(
-    ("amount", "currency", "expected"),
-    [
-        (1234.567, "USD", "$1,234.57"),
-        (0.0, "USD", "$0.00"),
-        (0.5, "USD", "$0.5"),
-        (0.0123, "EUR", "€0.0123"),
-        (0.9999, "USD", "$1"),
-        (0.000012345, "USD", "$1.23e-05"),
-        (-1.0, "USD", "$-1.00"),
-        (12.345, "chf", "12.35 chf"),
-        (math.inf, "USD", "$inf"),
-    ],
-)
-def test_money_sig3_is_the_fleet_page_style(amount: float, currency: str, expected: str) -> None:
-    assert money(amount, currency, style="sig3") == expected
-
-
-@pytest.mark.parametrize(
-    ("amount", "currency", "expected"),
-    [
-        (0.0, "USD", "$0"),
-        (1234.567, "USD", "$1,234.57"),
-        (0.5, "USD", "$0.5"),
-        (0.0123, "USD", "$0.012"),
-        (0.00999, "USD", "$0.00999"),
-        (0.999, "GBP", "£1"),
-        (-0.5, "USD", "$-0.5"),
-        (5.0, "CHF", "CHF 5.00"),
-        (5.0, "usd", "usd 5.00"),
-    ],
-)
-def test_money_terse_is_the_cli_style(amount: float, currency: str, expected: str) -> None:
-    assert money(amount, currency, style="terse") == expected
-
-
-def test_cli_money_is_the_terse_style() -> None:
+def test_every_document_writes_money_the_same_way() -> None:
     from gpufleet.cli.render import money as cli_money
 
     for amount in (0.0, 0.0123, 0.5, 12.345, 1234.5, -3.0):
-        assert cli_money(amount, "USD") == money(amount, "USD", style="terse")
+        assert cli_money(amount, "USD") == money(amount, "USD")
+    assert cli_money(0.0, "USD") == "$0.00" and cli_money(0.5, "USD") == "$0.50"
 
 
 def test_markdown_table_aligned() -> None:
@@ -123,7 +87,7 @@ def test_finite_json_makes_strict_json() -> None:
 
 
 def test_all_lists_the_public_names() -> None:
-    names = ["CURRENCY_SYMBOLS", "MoneyStyle", "compact_duration", "finite_json", "finite_or_none", "markdown_table"]
+    names = ["CURRENCY_SYMBOLS", "compact_duration", "finite_json", "finite_or_none", "markdown_table"]
     assert sorted(fmt.__all__) == sorted([*names, "money"])
     for name in fmt.__all__:
         assert hasattr(fmt, name)

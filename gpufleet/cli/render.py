@@ -64,8 +64,8 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 
 
 def money(value: float, currency: str) -> str:
-    """Money in a CLI table cell: ``gpufleet.fmt.money`` in its ``"terse"`` style."""
-    return _money(value, currency, style="terse")
+    """Money in a CLI table cell: ``gpufleet.fmt.money``, as every document writes it."""
+    return _money(value, currency)
 
 
 def gpu_time(hours: float) -> str:

@@ -77,7 +77,7 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
         + (f" (rate card as of {report.rate_card_as_of})_" if report.rate_card_as_of else "_"),
         "",
         f"Jobs: {states}. GPU time **{_num(report.total.total_gpu_hours * scale)} {unit}** over "
-        f"{report.total.attempts} attempts, **{money(report.total.money, cur, style='sig3')}**; "
+        f"{report.total.attempts} attempts, **{money(report.total.money, cur)}**; "
         f"{len(report.breached)} of {len(report.slos)} objectives breached.",
         "",
     ]
@@ -105,7 +105,7 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
             str(t.preemptions),
             _num(t.gpu_hours * scale),
             _num(t.lost_to_preemption_gpu_hours * scale),
-            money(t.money, cur, style="sig3"),
+            money(t.money, cur),
         ]
         for t in report.teams
     ]

@@ -30,14 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-from optuna.trial import TrialState
-
 from gpufleet.backends import get_backend
 from gpufleet.errors import UsageError
+from gpufleet.extras import required
+from gpufleet.fmt import markdown_table, money
 from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import TERMINAL
 from gpufleet.sweeps.report import best_spec, summary, trial_rows
+
+with required("optuna", "sweeps", "gpufleet sweep"):
+    import optuna
+    from optuna.trial import TrialState
 
 MEASURE_TIMEOUT_S = 1800.0
 
@@ -89,7 +93,7 @@ def measure(
             time.sleep(0.5)
         job = runner.store.job(job_id)
         rate = throughput(runner.store, job_id)
-        problem = None if job.state == "completed" else f"job {job_id} {job.state}: {job.reason or ''}".strip()
+        problem = None if job.state == JobState.COMPLETED else f"job {job_id} {job.state}: {job.reason or ''}".strip()
         out.append(RankRun(r, job_id, rate, problem))
     return out
 
@@ -142,6 +146,7 @@ def note_figures(study: optuna.Study, home: Path, runs: Sequence[RankRun], price
         "gpu_hours_per_pruned_trial": per_pruned,
         "gpu_hours_per_trial": result["gpu_hours"] / ended if ended else None,
         "price_per_gpu_hour": price,
+        "currency": _currency(),
         "best": result["best"],
         "scaling": scaling,
     }
@@ -151,8 +156,19 @@ def _f(value: float | None, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _money(value: float | None, currency: str) -> str:
+    return "-" if value is None else money(value, currency)
+
+
+def _currency() -> str:
+    from gpufleet.cost.rates import load_rates
+
+    return load_rates().currency
+
+
 def render(fig: dict[str, Any], gpus: int = 64) -> str:
     """The note, in Markdown."""
+    cur = str(fig.get("currency") or "USD")
     lines = [
         f"# Sweep {fig['sweep']}: from one GPU to many",
         "",
@@ -160,7 +176,7 @@ def render(fig: dict[str, Any], gpus: int = 64) -> str:
         "",
         f"- {fig['trials']} trials: {fig['finished']} finished, {fig['pruned']} pruned "
         f"({_f(100 * fig['pruned_share'] if fig['pruned_share'] is not None else None, '.0f')} % of those that ended).",
-        f"- {_f(fig['gpu_hours'], '.4g')} GPU-hours in all, {_f(fig['money'], '.4g')} in money; "
+        f"- {_f(fig['gpu_hours'], '.4g')} GPU-hours in all, {_money(fig['money'], cur)} in money; "
         f"{_f(fig['gpu_hours_per_finished_trial'], '.3g')} GPU-hours per finished trial, "
         f"{_f(fig['gpu_hours_per_pruned_trial'], '.3g')} per pruned one "
         f"({_f(fig['gpu_hours_per_trial'], '.3g')} per trial on average).",
@@ -173,15 +189,21 @@ def render(fig: dict[str, Any], gpus: int = 64) -> str:
         "",
         "## One trial on 1, 2 and 4 data-parallel ranks (measured)",
         "",
-        "| ranks | job | tokens/s | speed-up | efficiency | GPU-hours for the same trial |",
-        "|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in fig["scaling"]:
-        lines.append(
-            f"| {s['ranks']} | {s['job'] or '-'} | {_f(s['tokens_per_s'], '.4g')} | {_f(s['speedup'], '.2f')} | "
-            f"{_f(s['efficiency'], '.0%') if s['efficiency'] is not None else '-'} | "
-            f"{_f(s['cost_factor'], '.2f')}x |" + (f" {s['problem']}" if s["problem"] else "")
-        )
+    rows = [
+        [
+            str(s["ranks"]),
+            str(s["job"] or "-"),
+            _f(s["tokens_per_s"], ".4g"),
+            _f(s["speedup"], ".2f"),
+            _f(s["efficiency"], ".0%"),
+            f"{_f(s['cost_factor'], '.2f')}x",
+            str(s["problem"] or "").replace("|", "\\|"),
+        ]
+        for s in fig["scaling"]
+    ]
+    head = ["ranks", "job", "tokens/s", "speed-up", "efficiency", "GPU-hours for the same trial", "note"]
+    lines += markdown_table(head, rows, right_from=0)
     scaling = [s for s in fig["scaling"] if s["efficiency"] is not None and s["ranks"] > 1]
     worst = min(scaling, key=lambda s: s["efficiency"]) if scaling else None
     per_trial = fig["gpu_hours_per_trial"]
@@ -191,7 +213,7 @@ def render(fig: dict[str, Any], gpus: int = 64) -> str:
         lines.append(
             f"- {gpus} one-GPU trials at once: {gpus} trials in the time of one, at "
             f"{_f(per_trial, '.3g')} GPU-hours a trial"
-            + (f" ({_f(per_trial * price, '.3g')} a trial at {price:g} a GPU-hour)." if price else ".")
+            + (f" ({money(per_trial * price, cur)} a trial at {money(price, cur)} a GPU-hour)." if price else ".")
         )
     for s in scaling:
         lines.append(
