@@ -3,7 +3,7 @@
 Parse, call :func:`gpufleet.placement.advisor.advise_job`, render. The preemption rate is the one the
 job showed (preemptions over its hours of run); ``--preemptions-per-hour`` plans for another, and while
 none was seen the catalogue rate of the fleet pool it last ran on is the prior. The share of time lost
-is Daly's closed form (saves, lost work and restarts; :func:`~gpufleet.placement.advisor.lost_share`).
+is Daly's closed form (saves, lost work and restarts; :func:`~gpufleet.estimate.interval.lost_share`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -414,9 +415,9 @@ def _share(part: float, whole: float) -> str:
 
 
 def _minute_utc(ts: float) -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 observe_app.command("exporter")(exporter_command)

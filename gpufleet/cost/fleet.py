@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,7 @@ def _long_or_edge_runs(mask: BoolArray, min_len: int) -> BoolArray:
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([mhd])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0}
-_EARLIEST_SINCE = datetime(2, 1, 1, tzinfo=timezone.utc).timestamp()
+_EARLIEST_SINCE = datetime(2, 1, 1, tzinfo=UTC).timestamp()
 """The earliest window start: a year above ``datetime.min``, so any time zone can still show it."""
 SINCE_FORMS = "a duration like 90m, 24h or 7d, or an ISO date/time like 2026-01-31 or 2026-01-31T08:00 (UTC)"
 
@@ -148,7 +148,7 @@ def parse_since(since: str, now: float) -> float:
         except ValueError:
             raise ParameterError("{since} is not understood: give {forms!s}", since=since, forms=SINCE_FORMS) from None
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
+            moment = moment.replace(tzinfo=UTC)
         ts = moment.timestamp()
         if ts > now:
             raise ParameterError("{since} is in the future: give {forms!s}", since=since, forms=SINCE_FORMS)
@@ -462,7 +462,7 @@ def _rates_used(usages: Sequence[AttemptUsage], rates: RateCard) -> tuple[RateUs
 
 
 def iso_utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 __all__ = [

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 DAY_S = 86_400
 WEEK_DAYS = 7
-SHOP_START = dt.datetime(2026, 1, 5, tzinfo=dt.timezone.utc)  # a Monday
+SHOP_START = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # a Monday
 """Day 0 of the shop data."""
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 

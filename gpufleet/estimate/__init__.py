@@ -9,6 +9,9 @@ Pure functions over frozen values; every formula is cited where it is computed:
 - :mod:`~gpufleet.estimate.layout`: the data/tensor/pipeline layouts that fit a GPU, least communication first;
 - :mod:`~gpufleet.estimate.network`: link bandwidths and latencies, and what an all-reduce costs on a placement
   (NCCL's ring and tree in the alpha-beta model, nccl-tests' bus bandwidth).
+
+Floor 4 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ and recovers preempted attempts); ``kueue`` writes Kueue manifests for a Kuberne
 ``batch/v1`` Job). Both keep the runtime contract (``GPUFLEET_*``, exit code 75 means "saved,
 requeue me", a grace period long enough to save) so a preempted attempt resumes where it saved.
 Pure functions: they return mappings; the CLI writes the YAML.
+
+Floor 11 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
+workloads/, devtools/, placement/, backends/.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ loader by small random reads, and a transfer between nodes by the network: :func
 :func:`measure_net` run fio and iperf3 (never through a shell), parse their JSON reports into frozen
 values, and clean up what they start (the test file, the loopback server) whatever happens. Each
 module's docstring says what exactly is measured and where the numbers stop meaning anything.
+
+Floor 4 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/.
 """
 
 from __future__ import annotations

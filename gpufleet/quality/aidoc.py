@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import platform
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from importlib import metadata
 from typing import Any
 
@@ -58,7 +58,7 @@ class DocInputs:
     plan: dict[str, Any] = field(default_factory=dict)
     """Policy, gate and guard as recorded on the registered model's tags."""
     software: dict[str, str] = field(default_factory=dict)
-    generated: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    generated: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 def collect(registry: Registry, model: str, purpose: str | None = None) -> DocInputs:
@@ -137,7 +137,7 @@ def _day(d: date) -> str:
 
 
 def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _cell(value: Any) -> str:

@@ -3,6 +3,9 @@
 ``dcgm`` holds the field catalogue, the alias table and a tolerant Prometheus text-format reader;
 ``synthetic`` generates DCGM-shaped series for a job with a chosen bottleneck; ``diagnose`` turns a
 job's series into findings with their evidence and sources.
+
+Floor 5 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/.
 """
 
 from __future__ import annotations

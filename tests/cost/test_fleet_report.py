@@ -6,7 +6,7 @@ import json
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -360,7 +360,7 @@ def test_parse_since() -> None:
     assert parse_since("24h", NOW) == NOW - 86_400
     assert parse_since("7d", NOW) == NOW - 7 * 86_400
     assert parse_since("90m", NOW) == NOW - 5_400
-    assert parse_since("2023-11-14", NOW) == datetime(2023, 11, 14, tzinfo=timezone.utc).timestamp()
+    assert parse_since("2023-11-14", NOW) == datetime(2023, 11, 14, tzinfo=UTC).timestamp()
     assert parse_since("2023-11-14T22:13:20", NOW) == T0
     assert parse_since("2023-11-15T00:13:20+02:00", NOW) == T0
     for bad in ("yesterday", "24", "5y", "0h", "2023-13-01"):
