@@ -9,6 +9,7 @@ names the file, the line and the import that breaks the order, so the fix is whe
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import re
 from collections import defaultdict
@@ -106,8 +107,9 @@ def part_of(dotted: str) -> str:
     return pieces[1] if len(pieces) > 1 else "__init__"
 
 
-def all_imports() -> list[Import]:
-    return [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in imports(path)]
+@functools.cache
+def all_imports() -> tuple[Import, ...]:
+    return tuple(imp for path in sorted(PACKAGE.rglob("*.py")) for imp in imports(path))
 
 
 def parts_on_disk() -> set[str]:

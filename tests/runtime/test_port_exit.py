@@ -33,7 +33,8 @@ RUNS = 20 if os.environ.get("GPUFLEET_SOAK") else 1
 
 RANK = """
 import os, signal, sys, time
-from gpufleet.runtime.group import mark_session_end
+from pathlib import Path
+from gpufleet.runtime.group import mark_session_end, rank_end_marker
 
 mode, rank = sys.argv[1], int(os.environ["RANK"])
 ready = os.path.join(os.environ["GPUFLEET_JOB_DIR"], f"ready-{rank}")
@@ -44,7 +45,9 @@ if mode == "hang":  # completed, then never exits (not even on SIGTERM)
         time.sleep(1)
 if mode == "abort":  # completed, then rank 1 dies of SIGABRT in its teardown
     mark_session_end(rank, "completed")
-    if rank == 1:
+    if rank == 1:  # once rank 0 has completed too: a loaded machine may start rank 0 last
+        while not os.path.exists(str(rank_end_marker(Path(os.environ["GPUFLEET_JOB_DIR"]), 1, 0))):
+            time.sleep(0.01)
         os.abort()
 if mode == "kill":  # rank 1 is killed while rank 0, with the default SIGTERM handler, waits in its step
     open(ready, "w").close()
