@@ -23,7 +23,7 @@ def register_builtin() -> None:
     for name in BUILTIN:
         try:
             importlib.import_module(name)
-        except ImportError as err:
+        except Exception as err:  # noqa: BLE001 - a missing library or a clashing plugin skips this one only
             note_skipped(name, f"{type(err).__name__}: {err}")
 
 

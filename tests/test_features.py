@@ -294,3 +294,23 @@ def test_the_openapi_document_has_the_typed_views() -> None:
     assert "JobView" in returned("/api/jobs/{job_id}") and "JobsView" in returned("/api/jobs")
     assert "FleetPage" in returned("/api/fleet")
     assert job_view_model().model_fields["rl"].annotation is not None
+
+
+def test_a_process_without_our_entry_point_still_registers_gpufleets_features() -> None:
+    """Run from a source tree (or an install older than the entry point): no metadata names gpufleet's own
+    features, and a bare exporter in a job process still exports the data and RL gauges."""
+    done = _python(
+        """
+        import importlib.metadata as md
+        real = md.entry_points
+        md.entry_points = lambda **kw: [p for p in real(**kw) if p.name != "gpufleet"]
+        from gpufleet.jobs import features
+        from gpufleet.telemetry.metrics import JobMetrics
+        metrics = JobMetrics({"job_id": "1"})
+        metrics({"kind": "rl", "env_steps_per_s": 5.0})
+        print("gpufleet_rl_env_steps_per_second{" in metrics.exposition().decode())
+        print(sorted(f.name for f in features.features()), sorted(features.skipped()))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True", "['data', 'rl', 'sweeps'] []"]

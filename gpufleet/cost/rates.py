@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.jobs.protocol import ENV_CURRENCY, ENV_PRICE
+from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
 from gpufleet.yamlio import parse_yaml, read_yaml, validate
 
 if TYPE_CHECKING:
@@ -47,6 +47,13 @@ class RateCard(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     currency: str = "USD"
     as_of: str | None = None
+
+    @field_validator("currency")
+    @classmethod
+    def _currency_code(cls, value: str) -> str:
+        if not CURRENCY_RE.fullmatch(value):
+            raise ValueError(f"currency {value!r} is not a currency code: give 2 to 10 letters, such as USD or EUR")
+        return value
 
     @field_validator("as_of", mode="before")
     @classmethod

@@ -32,6 +32,8 @@ from gpufleet.errors import ParameterError
 
 ENTRY_POINT_GROUP = "gpufleet.features"
 """The entry-point group whose objects register features: a :class:`Feature`, a callable, or a module."""
+BUILTIN_NAME = "gpufleet"
+"""The name of gpufleet's own entry in :data:`ENTRY_POINT_GROUP` (``pyproject.toml``)."""
 
 ENVELOPE = ("ts", "attempt", "kind")
 """The keys every event line has; the rest is its payload."""
@@ -259,13 +261,23 @@ class _Registry:
             try:
                 from importlib.metadata import entry_points
 
-                for point in entry_points(group=ENTRY_POINT_GROUP):
+                points = list(entry_points(group=ENTRY_POINT_GROUP))
+                if not any(p.name == BUILTIN_NAME for p in points):  # run from a source tree, or installed
+                    points.insert(0, _builtin_entry())  # before the entry point existed: our own features all the same
+                for point in points:
                     try:
                         _run(point.load())
                     except Exception as err:  # noqa: BLE001 - a broken plugin must not break reading a job
                         self.skipped[point.name] = f"{type(err).__name__}: {err}"
             finally:
                 self.discovered, self._loading = True, False
+
+
+def _builtin_entry() -> Any:
+    """gpufleet's own entry point, as ``pyproject.toml`` declares it (the value is a name: nothing is imported here)."""
+    from importlib.metadata import EntryPoint
+
+    return EntryPoint(name=BUILTIN_NAME, value="gpufleet.features:register_builtin", group=ENTRY_POINT_GROUP)
 
 
 def _run(loaded: Any) -> None:

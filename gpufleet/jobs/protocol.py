@@ -44,6 +44,8 @@ ENV_PRICE = "GPUFLEET_PRICE_PER_GPU_HOUR"
 """The price of one of the attempt's GPUs for an hour (a number, 0 or more): unset, the metrics carry no money."""
 ENV_CURRENCY = "GPUFLEET_CURRENCY"
 """The currency of ``GPUFLEET_PRICE_PER_GPU_HOUR`` (default ``USD``)."""
+CURRENCY_RE = re.compile(r"[A-Za-z]{2,10}")
+"""A currency code as a rate card and ``GPUFLEET_CURRENCY`` may spell it (``USD``, ``eur``); checked on both sides."""
 
 
 def _number(raw: str, *, low: float, integer: bool = False) -> bool:
@@ -193,6 +195,7 @@ def entry_argv(spec: JobSpec) -> list[str]:
 
 
 __all__ = [
+    "CURRENCY_RE",
     "DEFAULT_TIMEOUT_S",
     "ENV_ATTEMPT",
     "ENV_CKPT_DIR",

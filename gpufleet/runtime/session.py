@@ -219,8 +219,8 @@ class TrainSession:
         # still alive as soon as one dies, and a rank that dies of it before writing its lost-rank
         # marker and session_end leaves an attempt that reads as failed instead of requeued.
         self._agreement.close()
-        if exc is not None:  # a write in flight ends (or fails) before the process does; its error is moot
-            with contextlib.suppress(Exception):
+        if exc is not None:  # a write in flight ends (or fails) before the process does; its error is moot,
+            with contextlib.suppress(Exception, Preempted):  # and so is a full disk's requeue: exc is what happened
                 self._finish_write()
         self._ckpt.close_writer()
         self._reporter.close()

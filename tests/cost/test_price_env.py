@@ -9,7 +9,8 @@ import pytest
 from conftest import drive
 
 from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.cost.rates import ENV_RATES, price_environment
+from gpufleet.cost.rates import ENV_RATES, load_rates, price_environment
+from gpufleet.errors import UsageError
 from gpufleet.jobs.protocol import ENV_CURRENCY, ENV_PRICE
 from gpufleet.spec import parse_spec
 
@@ -38,6 +39,12 @@ def test_no_row_or_a_bad_card_prices_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("rates: [{gpu_type: H100, on_demand: -1}]\n")
     assert price_environment(spec(resources={"gpu_type": "H100"}), {ENV_RATES: str(bad)}) == {}
+    # A currency the attempt could not export is refused where the card is read, and prices nothing.
+    symbol = tmp_path / "symbol.yaml"
+    symbol.write_text(CARD.replace("currency: EUR", 'currency: "US$"'))
+    with pytest.raises(UsageError, match="currency 'US\\$' is not a currency code"):
+        load_rates(symbol)
+    assert price_environment(spec(resources={"gpu_type": "H100"}), {ENV_RATES: str(symbol)}) == {}
 
 
 def test_a_local_attempt_exports_the_price_it_was_handed(

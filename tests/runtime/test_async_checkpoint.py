@@ -127,3 +127,45 @@ def test_a_group_with_background_saves_preempted_twice_ends_bit_identical(
     assert_bitwise_equal(final_state(home, cut), final_state(home, straight), "fsdp, background saves")
     saves = backend.store.events(cut, kinds=["checkpoint"])
     assert any(e.data.get("background") for e in saves) and any(e.data["reason"] == "preempt" for e in saves)
+
+
+def test_a_loop_error_during_a_background_write_that_finds_the_disk_full_is_the_error_reported(
+    tmp_path: Path,
+) -> None:
+    """The write in flight fails for space under ``on_no_space: requeue`` while the loop raises: the loop's error
+    is what ends the session (``session_end`` failed, handlers restored), not a requeue that hides it."""
+    from gpufleet.errors import CheckpointSpaceError
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = TrainSession(
+        ckpt_dir=tmp_path / "ckpt",
+        model=model,
+        optimizer=optimizer,
+        total_steps=9,
+        policy=CheckpointPolicy.model_validate({"every_steps": 2, "async": True, "on_no_space": "requeue"}),
+        events=EventLog(tmp_path / "events.jsonl"),
+        log_every_s=0.0,
+        echo=False,
+    )
+    started, release = threading.Event(), threading.Event()
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(timeout=60), "the test never released the write"
+        raise CheckpointSpaceError("no space left: 1234 bytes needed, 10 free", path=tmp_path, needed=1234, free=10)
+
+    session.ckpts.save = full  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="the loop broke"), session:
+        for _ in session.steps():
+            loss = model(torch.ones(2, 4)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.report(loss)
+            if session.step == 2:
+                assert started.wait(timeout=60), "no background write started at step 2"
+                release.set()
+                raise RuntimeError("the loop broke")
+    ends = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["status"] for e in ends if e["kind"] == "session_end"] == ["failed"]

@@ -19,7 +19,6 @@ Imports: ``gpufleet.estimate``, ``gpufleet.telemetry``, ``gpufleet.jobs``, ``run
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +28,7 @@ from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.estimate.mfu import utilization
 from gpufleet.estimate.peak import gpu_peak
 from gpufleet.jobs.events import EventKind
-from gpufleet.jobs.protocol import ENV_CURRENCY, ENV_PRICE
+from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.group import Group, PeerLost, is_peer_loss, mark_lost, mark_session_end
 from gpufleet.spec import Telemetry
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from gpufleet.telemetry.gpu import GpuSampler
 
 DEFAULT_CURRENCY = "USD"
-_CURRENCY = re.compile(r"[A-Za-z]{2,10}")
 
 
 def price_from_env(env: Mapping[str, str]) -> tuple[float | None, str]:
@@ -50,7 +48,7 @@ def price_from_env(env: Mapping[str, str]) -> tuple[float | None, str]:
     """
     raw = env.get(ENV_PRICE, "").strip()
     currency = env.get(ENV_CURRENCY, "").strip() or DEFAULT_CURRENCY
-    if not _CURRENCY.fullmatch(currency):
+    if not CURRENCY_RE.fullmatch(currency):
         raise UsageError(
             f"{ENV_CURRENCY}={env.get(ENV_CURRENCY)!r} is invalid: give a currency code such as USD, or unset it"
         )
