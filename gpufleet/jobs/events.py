@@ -46,6 +46,14 @@ class EventKind(StrEnum):
     """A checkpoint was restored (at start or by a rollback), or none was found (``step: null``)."""
     CHECKPOINT_SKIPPED = "checkpoint_skipped"
     """A checkpoint could not be used on restore (corrupt, mismatched) and an older one was tried."""
+    TIER_SKIPPED = "tier_skipped"
+    """A memory-tier copy was not used on restore (missing, corrupt, stale, unhealthy): the tier and the
+    reason; the next tier (own RAM, a peer's RAM, the disk) was tried."""
+    MEMORY_TIER = "memory_tier"
+    """The session's memory tier: bytes per copy, where the own and peer copies live, the cadence."""
+    GROUP_REFORMED = "group_reformed"
+    """The ranks re-formed in place after a lost rank (``distributed.recovery: wait``): the generation,
+    the ranks replaced, the step every rank resumed from, the tier it came from, seconds since the fault."""
     RNG_RESEEDED = "rng_reseeded"
     """The random state was reseeded because the world size changed since the checkpoint."""
     CONFIG_CHANGED = "config_changed"
@@ -101,6 +109,9 @@ class EventKind(StrEnum):
     """An attempt's process started (pid, node, GPUs, world size)."""
     PREEMPTED_BY = "preempted_by"
     """An attempt is being preempted to make room for a higher-priority job."""
+    PREEMPTION_NOTICE = "preemption_notice"
+    """A provider announced the node's preemption (AWS, GCP, Azure, Slurm): the source, when the node
+    goes, and the lead time the attempt had to save and drain."""
     SIGTERM = "sigterm"
     """An attempt was sent SIGTERM (preempted or cancelled), with its grace time to save."""
     SIGKILL = "sigkill"

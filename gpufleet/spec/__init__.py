@@ -94,6 +94,29 @@ class KeepBest(_Frozen):
     mode: Literal["min", "max"] = "min"
 
 
+class MemoryTier(_Frozen):
+    """``checkpoint: {memory: {every_steps: N}}``: a copy of every rank's state in RAM that outlives the rank.
+
+    Each snapshot (model, optimizer, RNG, data position, the session's own state: what a disk
+    checkpoint holds) goes to shared memory the job owns on the node, and a second copy to a peer's
+    keeper, so that losing one process or one node loses no copy. Every copy is hashed; a restore tries
+    the own copy, then the peer's, then the disk, each verified before use."""
+
+    every_steps: int | Literal["auto"] = 1
+    """Steps between two snapshots (1: every step), or ``auto``: the fewest steps whose snapshot costs at
+    most 2 % of the step time, from the measured snapshot cost."""
+    peer: bool = True
+    """Also send each snapshot to a peer's keeper (another node's on a fleet; a keeper process of the
+    attempt on one machine). ``false`` keeps only the node's own copy."""
+
+    @field_validator("every_steps")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= MAX_STEPS:
+            raise ValueError(f"checkpoint.memory.every_steps={value} is invalid: give 1 to {MAX_STEPS:,} or auto")
+        return value
+
+
 class CheckpointPolicy(_Frozen):
     """When to save, how many to keep, and how long a preempted job has to save."""
 
@@ -115,6 +138,9 @@ class CheckpointPolicy(_Frozen):
     on_no_space: Literal["continue", "requeue"] = "continue"
     """A save that finds the disk full: ``continue`` training and try again at the next interval,
     or ``requeue`` the job (exit 75) to run where there is room. The last good checkpoint stays."""
+    memory: MemoryTier | None = None
+    """A memory tier (:class:`MemoryTier`): snapshots in RAM, restored before the disk is read. Disk
+    checkpoints go on at their own cadence."""
     async_save: bool = Field(default=False, alias="async")
     """``async: true`` (distributed jobs): a periodic save copies the state in memory and writes it in
     the background while training goes on; its manifest is committed when the write is done, and a
@@ -249,6 +275,14 @@ class Distributed(_Frozen):
     by default one rank with this block is refused as a likely mistake."""
     timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
     """Process-group timeout: a lost or stuck rank fails every collective within it."""
+    recovery: Literal["requeue", "wait", "continue"] | None = None
+    """What the group does when a rank is lost. ``wait`` (exact; the default with a memory tier): the
+    surviving ranks keep their processes, a replacement is started, the group re-forms and every rank
+    goes on from the last step all of them committed, bit-exact. ``requeue`` (the default otherwise):
+    every rank exits and the job is run again from its checkpoint; also the fallback when ``wait`` has
+    not recovered within ``recovery_timeout_seconds``."""
+    recovery_timeout_seconds: float = Field(default=120.0, gt=0, le=86400)
+    """How long ``wait`` may take to re-form the group before the attempt is requeued instead."""
     agree_every: int = Field(default=4, ge=1, le=1000)
     """Steps between two agreements of the ranks (one small all-reduce, and a point where they all
     wait for the slowest; they also meet at every step a checkpoint is due). Every step is still
@@ -465,7 +499,27 @@ class JobSpec(_Frozen):
                 f"resources.gpus={gpus} on 1 node is a world of 1 rank: drop the `distributed` block, "
                 "or raise resources.gpus to 2 or more (one rank per GPU), or set distributed.one_rank: true",
             )
+        if self.distributed is not None and self.distributed.recovery == "continue":
+            raise _field_error(
+                "JobSpec",
+                ("distributed", "recovery"),
+                "continue",
+                "continue (elastic: survivors step short-handed) is not available; "
+                "use wait (exact: survivors keep their processes) or requeue",
+            )
         return self
+
+    @property
+    def recovery(self) -> Literal["requeue", "wait"]:
+        """What a lost rank costs: ``wait`` (re-form in place) or ``requeue`` (see :class:`Distributed`).
+
+        Unset, it is ``wait`` for a group with a memory tier (the survivors' and the peer's RAM copies
+        make the in-place restore fast) and ``requeue`` otherwise; one process is always ``requeue``."""
+        if self.distributed is None:
+            return "requeue"
+        if self.distributed.recovery is None:
+            return "wait" if self.checkpoint.memory is not None else "requeue"
+        return "wait" if self.distributed.recovery == "wait" else "requeue"
 
     @property
     def ranks_per_node(self) -> int:
@@ -540,6 +594,7 @@ __all__ = [
     "ENV_NAME_RE",
     "GPU_SOURCE_HINT",
     "MAX_STEPS",
+    "MemoryTier",
     "NAME_MAX",
     "WEEK_S",
     "CheckpointPolicy",
