@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +33,12 @@ DirArg = Annotated[Path, typer.Argument(help="A checkpoint directory.", parser=_
 
 @ckpt_app.command("list")
 def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
-    """List the step-N checkpoints in DIR, with their state and metrics."""
+    """List the step-N checkpoints in DIR, with their state and metrics, and the memory tier's copies."""
     infos = _ckpt_infos(directory)
     rows = [_ckpt_row(i) for i in infos]
+    memory = _memory_tiers(directory)
     if json_out:
-        emit_json({"directory": str(directory), "checkpoints": rows})
+        emit_json({"directory": str(directory), "checkpoints": rows, "memory": memory})
         return
     console.print(
         table(
@@ -55,6 +57,73 @@ def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
                     r["problem"],
                 ]
                 for r in rows
+            ],
+        )
+    )
+    if memory is not None:
+        _print_memory(memory)
+
+
+def _memory_tiers(directory: Path) -> dict[str, Any] | None:
+    """The memory tier of the job whose checkpoints these are (``checkpoint.memory``): steps held per rank.
+
+    The job's folder is the checkpoint folder's parent under gpufleet (``jobs/<id>/checkpoints``), or
+    the checkpoint folder itself for a script run by hand; ``None`` when neither has a memory tier.
+    """
+    from gpufleet.runtime.memtier.copies import TierError
+    from gpufleet.runtime.memtier.peer import PeerClient, read_record, running_keeper
+    from gpufleet.runtime.memtier.shm import held_copies, job_key, shm_root
+
+    root = shm_root(os.environ)
+    for job_dir in (directory.resolve().parent, directory.resolve()):
+        key, record = job_key(job_dir), read_record(job_dir)
+        own = held_copies(root, key)
+        if not own and record is None:
+            continue
+        peer: dict[str, Any] | None = None
+        if record is not None:
+            address = running_keeper(job_dir)
+            copies: dict[int, list[int]] = {}
+            if address is not None:
+                client = PeerClient(address, timeout=5.0)
+                try:
+                    for rank, step in client.list(key):
+                        copies.setdefault(rank, []).append(step)
+                except TierError:
+                    address = None
+                finally:
+                    client.close()
+            peer = {
+                "address": record["address"],
+                "alive": address is not None,
+                "ranks": {str(r): sorted(v, reverse=True) for r, v in sorted(copies.items())},
+            }
+        return {
+            "job_dir": str(job_dir),
+            "own_root": str(root / key),
+            "own": {str(rank): steps for rank, steps in own.items()},
+            "peer": peer,
+        }
+    return None
+
+
+def _print_memory(memory: dict[str, Any]) -> None:
+    peer = memory["peer"]
+    ranks = sorted({*memory["own"], *(peer["ranks"] if peer else {})}, key=int)
+    console.print(f"memory tier: own copies in {escape(memory['own_root'])}")
+    if peer is not None:
+        console.print(f"memory tier: peer keeper {peer['address']}" + ("" if peer["alive"] else " (not running)"))
+    console.print(
+        table(
+            "memory tier",
+            ["rank", "own steps", "peer steps"],
+            [
+                [
+                    rank,
+                    " ".join(str(x) for x in memory["own"].get(rank, [])) or "-",
+                    " ".join(str(x) for x in (peer["ranks"].get(rank, []) if peer else [])) or "-",
+                ]
+                for rank in ranks
             ],
         )
     )

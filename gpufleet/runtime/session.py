@@ -46,6 +46,7 @@ from gpufleet.runtime.components.settings import settings_from_env
 from gpufleet.runtime.group import Group, current_group, import_world_defaults
 from gpufleet.runtime.health import HealthMonitor, first_nonfinite, loss_values, step_loss
 from gpufleet.runtime.interval import PreemptionRate
+from gpufleet.runtime.memtier.tier import TierPlace
 from gpufleet.runtime.state import RunShape
 from gpufleet.spec import CheckpointPolicy, HealthPolicy
 
@@ -85,6 +86,7 @@ class TrainSession:
         group: Group | None = None,
         agree_every: int = 4,
         preemption_rate: PreemptionRate | None = None,
+        memory: TierPlace | None = None,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -107,6 +109,7 @@ class TrainSession:
             job=job,
             resume=resume,
             preemption_rate=preemption_rate,
+            memory=memory,
         )
         self._guard = PreemptionGuard(handle_signals=handle_signals, distributed=self.group.distributed)
         self._agreement = RankAgreement(self.group, agree_every)
@@ -360,6 +363,7 @@ class TrainSession:
             (self.total_steps is not None and self.step >= self.total_steps)
             or (every is not None and self.step % every == 0)
             or self.step in (self.inject_preempt_at, self.inject_rollback_at)
+            or self._ckpt.snapshot_due(self.step)
         )
         if not self._agreement.hold(pending, due=due):
             self._step_started = time.monotonic()
@@ -423,6 +427,7 @@ class TrainSession:
                 self._roll_back_bad_state(bad, "before a checkpoint")
                 return False
             self._save("periodic", bad)
+        self._ckpt.snapshot(self._position(), step.seconds)  # checkpoint.memory: a RAM copy when one is due
         self._step_started = time.monotonic()
         self._agreement.progress(self.step)
         if self._ckpt.write_done():

@@ -14,13 +14,12 @@ How one checkpoint is written, found and loaded lives in ``ckpt_io``; this modul
 keeps the books, and says what happened.
 
 Imports: ``ckpt_io``, ``announce``, ``runtime.checkpoint``, ``runtime.group``, ``runtime.state``,
-``runtime.interval``, ``gpufleet.jobs``; nothing of the session.
+``runtime.interval``, ``runtime.memtier``, ``gpufleet.jobs``; nothing of the session.
 
-Seam for a memory tier (DESIGN.md: own RAM, then a peer's RAM, then disk, each verified): the one
-tier today is the disk. A second tier slots in at two places of :class:`CheckpointManager`: in
-``restore``, where ``find_candidate`` is asked (try the memory tier's newest verified state first),
-and in ``save``, where ``checkpoint_write`` builds the write (copy the same state, with the same
-hashes, to memory beside the disk write); :class:`Restored` then names the tier it came from.
+The memory tier (``checkpoint.memory``; DESIGN.md: own RAM, then a peer's RAM, then disk, each
+verified) is a ``runtime.memtier.RamTier`` owned here: ``snapshot`` hands it the same state a disk
+checkpoint of this rank holds (:meth:`CheckpointManager.plain_state`), ``restore`` asks it first
+(a copy older than the newest disk checkpoint is stale), and :class:`Restored` names the tier used.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from gpufleet.errors import CheckpointError, CheckpointSpaceError
 from gpufleet.jobs.events import EventKind
@@ -52,11 +52,9 @@ from gpufleet.runtime.components.ckpt_io import (
 from gpufleet.runtime.dist_state import reseeded_rng
 from gpufleet.runtime.group import Group
 from gpufleet.runtime.interval import AutoInterval, PreemptionRate, rate_from
+from gpufleet.runtime.memtier.tier import MemoryCopy, RamTier, TierPlace
 from gpufleet.runtime.state import RunShape, capture_rng, hyperparameter_changes, restore_rng, run_change
 from gpufleet.spec import CheckpointPolicy
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +77,8 @@ class Restored:
     info: CheckpointInfo
     position: LoopPosition
     seconds: float
+    tier: str = "disk"
+    """Where it came from: ``own`` (this node's shared memory), ``peer`` (a keeper's RAM) or ``disk``."""
 
 
 class SaveVerdict(enum.StrEnum):
@@ -123,6 +123,7 @@ class CheckpointManager:
         resume: str = "auto",
         preemption_rate: PreemptionRate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        memory: TierPlace | None = None,
     ) -> None:
         self.policy = policy or CheckpointPolicy()
         best = self.policy.keep_best
@@ -157,6 +158,12 @@ class CheckpointManager:
         self._write_group: Group | None = None
         """Distributed ``checkpoint.async``: the ranks' process group for the background writes."""
         self._in_flight: _Write | None = None
+        self.tier = (
+            RamTier(self.policy.memory, memory, group=group, voice=voice, job=job)
+            if self.policy.memory is not None and memory is not None
+            else None
+        )
+        """``checkpoint.memory``: this rank's memory tier (``None``: disk only)."""
 
     @property
     def model(self) -> Stateful:
@@ -174,6 +181,10 @@ class CheckpointManager:
         self.group.barrier()
         check_strategy(self.model, self.group, strategy)
         self.fingerprint = model_fingerprint(self.model.state_dict())
+        if self.tier is not None and strategy == "fsdp":  # a rank holds shards: only the disk reshards them
+            self.tier.close()
+            self.tier = None
+            self.voice.emit(EventKind.TIER_SKIPPED, tier="own", step=None, reason="sharded")
         if self.resume != "never" or (self.job is not None and self.voice.events.attempt > 1):
             return
         found = self.ckpts.scan(verify=False)
@@ -223,7 +234,9 @@ class CheckpointManager:
             self.voice.say(EventKind.RUN_CHANGED, message, step=step, **fields)
 
     def close_writer(self) -> None:
-        """Wait for the background thread to end (the caller finished or abandoned the write in flight)."""
+        """Wait for the background threads to end (the caller finished or abandoned the write in flight)."""
+        if self.tier is not None:
+            self.tier.close()
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
@@ -295,17 +308,7 @@ class CheckpointManager:
         """Write a checkpoint of ``at`` and every object (``periodic`` with ``checkpoint.async``: in the background)."""
         healthy = not self.unhealthy_since_save and nonfinite is None
         check_values(self.values)
-        trainer = {
-            "step": at.step,
-            "data_position": at.data_position,
-            "health_history": list(at.health_history),
-            "rollbacks": at.rollbacks,
-            "objects": sorted([*self.objects, "trainer"]),
-            "values": dict(self.values),
-            "logged": dict(self.logged),
-            "best": self.best,
-            "run": (at.run or RunShape(self.group.world_size)).to_state(),
-        }
+        trainer = self._trainer(at)
         best = self.policy.keep_best
         metric = self._metric
         fields: dict[str, Any] = {
@@ -336,6 +339,44 @@ class CheckpointManager:
             return self._failed(err, at.step, reason)
         self._saved(manifest, at.step, reason, healthy, nonfinite)
         return SaveVerdict.SAVED
+
+    def _trainer(self, at: LoopPosition) -> dict[str, Any]:
+        """The trainer entry of a checkpoint (without the RNG states, captured by the writer)."""
+        return {
+            "step": at.step,
+            "data_position": at.data_position,
+            "health_history": list(at.health_history),
+            "rollbacks": at.rollbacks,
+            "objects": sorted([*self.objects, "trainer"]),
+            "values": dict(self.values),
+            "logged": dict(self.logged),
+            "best": self.best,
+            "run": (at.run or RunShape(self.group.world_size)).to_state(),
+        }
+
+    def plain_state(self, at: LoopPosition) -> dict[str, Any]:
+        """What a single-process checkpoint of this rank holds: every object's state, the trainer and the RNG."""
+        plain: dict[str, Any] = {name: obj.state_dict() for name, obj in self.objects.items()}
+        plain["trainer"] = {**self._trainer(at), "rng": capture_rng()}
+        return plain
+
+    def snapshot_due(self, step: int) -> bool:
+        """A memory-tier snapshot is due at ``step`` (a group meets there, so every rank takes it)."""
+        return self.tier is not None and self.tier.due(step)
+
+    def snapshot(self, at: LoopPosition, step_seconds: float) -> float | None:
+        """At a step boundary: a memory-tier copy of ``at`` when one is due; the seconds the loop waited."""
+        if self.tier is None:
+            return None
+        check_values(self.values)
+        loss = at.loss if at.loss is not None and math.isfinite(at.loss) else None
+        fields = {
+            "healthy": not self.unhealthy_since_save,
+            "loss": loss,
+            "job": self.job,
+            "fingerprint": self.fingerprint,
+        }
+        return self.tier.snapshot(at.step, lambda: self.plain_state(at), fields=fields, step_seconds=step_seconds)
 
     def write_done(self) -> bool:
         """The background write in flight finished without an error (a failed one is met where all ranks wait)."""
@@ -414,6 +455,10 @@ class CheckpointManager:
             self.voice.emit(EventKind.RESTORE, step=None, seconds=0.0, cause=cause)
             return None
         started = time.perf_counter()
+        if self.tier is not None:
+            restored = self._restore_memory(self.tier, before_step, cause, started)
+            if restored is not None:
+                return restored
         info, manifest, state, skipped = find_candidate(self.ckpts, self.group, self.objects, self.job, before_step)
         for bad in skipped:
             self.voice.say(
@@ -455,6 +500,53 @@ class CheckpointManager:
         self._announce_restore(info, position.step, seconds, cause, changes)
         return Restored(info, position, seconds)
 
+    def _newest_disk_step(self, before_step: int | None) -> int | None:
+        """The newest healthy checkpoint of this job on disk (manifests only): a memory copy older is stale."""
+        try:
+            infos = self.ckpts.scan(verify=False)
+        except (CheckpointError, OSError):
+            return None
+        steps = [
+            i.step
+            for i in infos
+            if i.manifest is not None
+            and i.problem is None
+            and (before_step is None or i.step < before_step)
+            and (self.job is None or i.manifest.job in (None, self.job))
+        ]
+        return max(steps, default=None)
+
+    def _restore_memory(self, tier: RamTier, before_step: int | None, cause: str, started: float) -> Restored | None:
+        """Collective: load the copy the ranks agreed on (own, then peer RAM), or ``None`` to read the disk."""
+        disk_step = self._newest_disk_step(before_step)
+        got: MemoryCopy | None = tier.restore(
+            before_step=before_step, disk_step=disk_step, fingerprint=self.fingerprint
+        )
+        if got is None:
+            return None
+        info = CheckpointInfo(Path(got.where), got.header.step, None, None)
+        optimizer = self.objects.get("optimizer")
+        current = optimizer.state_dict() if cause == "start" and optimizer is not None else None
+        changes = hyperparameter_changes(got.state.get("optimizer"), current) if current else []
+        load_objects(info.path, self.objects, got.state)
+        trainer = got.state["trainer"]
+        position = LoopPosition(
+            step=int(trainer["step"]),
+            data_position=int(trainer["data_position"]),
+            loss=got.header.loss,
+            health_history=tuple(float(x) for x in trainer["health_history"]),
+            rollbacks=int(trainer.get("rollbacks", 0)),
+            run=RunShape.from_state(trainer.get("run")),
+        )
+        self._load_marks(trainer, position.step, trainer["rng"], cause)
+        if cause == "start":
+            self.saved_run = position.run
+        # The disk holds only what it holds: a preemption right after this saves the restored step there.
+        self.last_saved_step, self._last_save_time = disk_step, self._clock()
+        seconds = time.perf_counter() - started
+        self._announce_restore(info, position.step, seconds, cause, changes, tier=got.tier)
+        return Restored(info, position, seconds, tier=got.tier)
+
     def _load_marks(self, trainer: Mapping[str, Any], step: int, rng: Any, cause: str) -> None:
         """The RNG states, values, log marks and best metric of a loaded checkpoint (or of just after its log)."""
         if rng is not None:
@@ -474,13 +566,14 @@ class CheckpointManager:
             restore_rng(after["rng"])
 
     def _announce_restore(
-        self, info: CheckpointInfo, step: int, seconds: float, cause: str, changes: list[str]
+        self, info: CheckpointInfo, step: int, seconds: float, cause: str, changes: list[str], tier: str = "disk"
     ) -> None:
-        self.voice.emit(EventKind.RESTORE, step=step, seconds=seconds, path=str(info.path), cause=cause)
+        self.voice.emit(EventKind.RESTORE, step=step, seconds=seconds, path=str(info.path), cause=cause, tier=tier)
         if cause == "start" and self.auto_interval is not None:
             self.auto_interval.note_restore(seconds)  # logged with the first interval, as training starts
         if cause == "start":
-            self.voice.print(f"resumed from {info.path} (step {step}) in {seconds:.2f}s")
+            where = "" if tier == "disk" else f" ({tier} memory copy)"
+            self.voice.print(f"resumed from {info.path}{where} (step {step}) in {seconds:.2f}s")
         if changes:
             self.voice.say(
                 EventKind.CONFIG_CHANGED,
@@ -494,6 +587,8 @@ class CheckpointManager:
         """Collective, after a rollback restored ``step``: the checkpoints after it and their marks go."""
         if self.group.is_main:
             self.ckpts.drop_after(step)
+        if self.tier is not None:
+            self.tier.drop_after(step)
         self.group.barrier()
         self._after_log = {k: v for k, v in self._after_log.items() if k <= step}
         self._work_seconds = 0.0

@@ -4,7 +4,7 @@
 that matters here: every value that can be refused (the preemption rate, the price) is checked
 before the event log opens its file, so a bad value leaves nothing behind.
 
-Imports: ``gpufleet.spec``, the event log, ``runtime.group``, ``runtime.interval``, and the
+Imports: ``gpufleet.spec``, the event log, ``runtime.group``, ``runtime.interval``, ``runtime.memtier``, and the
 reporter's constructors of the GPU sampler and the exporters; nothing of the session.
 """
 
@@ -25,6 +25,7 @@ from gpufleet.runtime.components.reporter import (
 )
 from gpufleet.runtime.group import Group, current_group
 from gpufleet.runtime.interval import PreemptionRate, rate_from
+from gpufleet.runtime.memtier.tier import TierPlace, place_from_env
 from gpufleet.spec import CheckpointPolicy, HealthPolicy, JobSpec, Telemetry, parse_spec
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class SessionArguments(TypedDict):
     group: Group
     agree_every: int
     preemption_rate: PreemptionRate | None
+    memory: TierPlace | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ def settings_from_env(env: Mapping[str, str], *, ckpt_dir: str | Path, resume: s
     telemetry = spec.telemetry if spec is not None else Telemetry()
     # Each value that can be refused is read before the event log opens its file.
     rate = rate_from(env, policy) if policy.every == "auto" else None
+    ckpt_root = Path(env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)))
+    memory = place_from_env(env, ckpt_root) if policy.memory is not None else None
     price = price_from_env(env)
     inject_preempt_at, inject_rollback_at = env_step(env, ENV_PREEMPT_AT), env_step(env, ENV_ROLLBACK_AT)
     group = current_group()
@@ -107,7 +111,7 @@ def settings_from_env(env: Mapping[str, str], *, ckpt_dir: str | Path, resume: s
         )
     agree_every = 4 if spec is None else spec.distributed.agree_every if spec.distributed is not None else 1
     arguments = SessionArguments(
-        ckpt_dir=env.get("GPUFLEET_CKPT_DIR", str(ckpt_dir)),
+        ckpt_dir=str(ckpt_root),
         policy=policy,
         health=spec.health if spec is not None else HealthPolicy(),
         events=events,
@@ -119,6 +123,7 @@ def settings_from_env(env: Mapping[str, str], *, ckpt_dir: str | Path, resume: s
         group=group,
         agree_every=agree_every,
         preemption_rate=rate,
+        memory=memory,
     )
     return SessionSettings(arguments, inject_preempt_at, inject_rollback_at)
 

@@ -1,0 +1,223 @@
+"""Talking to a keeper, and starting the job's own one when no peer is given.
+
+``GPUFLEET_MEMORY_PEER=host:port`` points a rank at another node's keeper (a fleet). Without it,
+the first rank that needs a keeper starts one for the job, detached from itself (a session of its
+own, no death signal: it must outlive the rank), and records it in
+``$GPUFLEET_JOB_DIR/memory-keeper.json``; the record is read and written under an ``flock``, so
+two ranks starting at once start one keeper, and later ranks and attempts reuse it once its pid is
+alive and it answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpufleet.runtime.memtier.copies import CopyHeader, TierError
+from gpufleet.runtime.memtier.keeper import parse_address
+from gpufleet.runtime.memtier.wire import Op, WireError, recv_frame, send_frame
+
+ENV_PEER = "GPUFLEET_MEMORY_PEER"
+RECORD = "memory-keeper.json"
+KEEPER_MODULE = "gpufleet.runtime.memtier.keeper"
+MAX_REPLY_BYTES = 1 << 40
+
+
+class PeerClient:
+    """One connection to a keeper; any failure closes it and raises ``TierError`` (the caller retries later)."""
+
+    def __init__(self, address: str, timeout: float = 60.0) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def _call(
+        self, op: Op, header: dict[str, Any], payload: bytes | memoryview = b""
+    ) -> tuple[dict[str, Any], bytearray]:
+        try:
+            if self._sock is None:
+                self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a refusal hangs up: read why
+                send_frame(self._sock, op, header, payload)
+            reply, got, data = recv_frame(self._sock, MAX_REPLY_BYTES)
+        except (OSError, WireError) as err:
+            self.close()
+            raise TierError(f"keeper at {self.address} is unreachable ({err})") from None
+        if reply is Op.ERR:
+            error = str(got.get("error", "refused"))
+            if error != "missing":
+                self.close()  # the keeper hangs up after refusing a frame
+            raise TierError(error)
+        return got, data
+
+    def ping(self) -> int:
+        pid = self._call(Op.PING, {})[0].get("pid")
+        return pid if isinstance(pid, int) else -1
+
+    def put(self, key: str, rank: int, header: CopyHeader, payload: bytes) -> None:
+        self._call(Op.PUT, {"key": key, "rank": rank, "copy": header.to_dict()}, payload)
+
+    def get(self, key: str, rank: int, step: int | None = None) -> tuple[CopyHeader, bytearray] | None:
+        try:
+            got, data = self._call(Op.GET, {"key": key, "rank": rank, **({"step": step} if step is not None else {})})
+        except TierError as err:
+            if str(err) == "missing":
+                return None
+            raise
+        return CopyHeader.from_dict(got.get("copy")), data
+
+    def list(self, key: str) -> list[tuple[int, int]]:
+        """``(rank, step)`` of every copy of the job the keeper holds."""
+        copies = self._call(Op.LIST, {"key": key})[0].get("copies")
+        out = []
+        for item in copies if isinstance(copies, list) else []:
+            rank, step = (item.get("rank"), item.get("step")) if isinstance(item, dict) else (None, None)
+            if isinstance(rank, int) and isinstance(step, int):
+                out.append((rank, step))
+        return out
+
+    def drop(self, key: str, rank: int | None = None, after_step: int | None = None) -> None:
+        header: dict[str, Any] = {"key": key}
+        if rank is not None:
+            header["rank"] = rank
+        if after_step is not None:
+            header["after_step"] = after_step
+        self._call(Op.DROP, header)
+
+
+def read_record(job_dir: Path) -> dict[str, Any] | None:
+    """The job's keeper record (``{"pid", "address"}``), or ``None`` when absent or not one."""
+    try:
+        raw = json.loads((job_dir / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("pid"), int) or not isinstance(raw.get("address"), str):
+        return None
+    return raw
+
+
+def is_keeper(pid: int) -> bool:
+    """Whether ``pid`` is alive and runs our keeper (its command line names the module): never signal another."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return KEEPER_MODULE.encode() in cmdline
+
+
+def answering(address: str, pid: int | None = None, timeout: float = 5.0) -> bool:
+    client = PeerClient(address, timeout=timeout)
+    try:
+        got = client.ping()
+    except TierError:
+        return False
+    finally:
+        client.close()
+    return pid is None or got == pid
+
+
+def running_keeper(job_dir: Path) -> str | None:
+    """The address of the job's recorded keeper when it is alive and answers, else ``None``."""
+    record = read_record(job_dir)
+    if record is None or not is_keeper(record["pid"]):
+        return None
+    return record["address"] if answering(record["address"], record["pid"]) else None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def ensure_keeper(job_dir: Path, *, start_timeout: float = 60.0) -> str:
+    """The address of the job's keeper, started (detached) when none is alive; under an flock."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(job_dir / ".memory-keeper.lock"):
+        address = running_keeper(job_dir)
+        if address is not None:
+            return address
+        ready = job_dir / f".memory-keeper-ready-{os.getpid()}"
+        ready.unlink(missing_ok=True)
+        pid, exited = _spawn_detached(job_dir / "memory-keeper.log", ready)
+        deadline = time.monotonic() + start_timeout
+        while not ready.exists():
+            if exited.is_set() or time.monotonic() > deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                raise TierError(f"the memory keeper did not start (see {job_dir / 'memory-keeper.log'})")
+            time.sleep(0.02)
+        address = ready.read_text(encoding="utf-8").strip()
+        ready.unlink(missing_ok=True)
+        tmp = job_dir / f".{RECORD}.tmp"
+        tmp.write_text(json.dumps({"pid": pid, "address": address}), encoding="utf-8")
+        os.replace(tmp, job_dir / RECORD)
+        return address
+
+
+def _spawn_detached(log: Path, ready: Path) -> tuple[int, threading.Event]:
+    """Start the keeper in a session of its own; a thread reaps it (and sets the event) should it exit.
+
+    ``posix_spawn`` rather than ``Popen``: no object is left to warn that its child still runs, and
+    no death signal or process group ties the keeper to the rank.
+    """
+    argv = [sys.executable, "-m", KEEPER_MODULE, "--address", "127.0.0.1:0", "--ready-file", str(ready)]
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log), flags, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions, setsid=True)
+    exited = threading.Event()
+    threading.Thread(target=_reap, args=(pid, exited), daemon=True, name="gpufleet-keeper-reaper").start()
+    return pid, exited
+
+
+def _reap(pid: int, exited: threading.Event) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    exited.set()
+
+
+def peer_address(env: Mapping[str, str]) -> str | None:
+    """``GPUFLEET_MEMORY_PEER`` when set (checked), else ``None``: the job's own keeper is used."""
+    raw = env.get(ENV_PEER, "").strip()
+    if not raw:
+        return None
+    parse_address(raw)
+    return raw
+
+
+__all__ = [
+    "ENV_PEER",
+    "RECORD",
+    "PeerClient",
+    "answering",
+    "ensure_keeper",
+    "is_keeper",
+    "peer_address",
+    "read_record",
+    "running_keeper",
+]

@@ -1,0 +1,414 @@
+"""The memory tier as a checkpoint manager drives it: snapshot at a step boundary, restore before the disk.
+
+A snapshot copies every tensor of the state into buffers allocated once (``copy_``: pinned host
+memory for a GPU tensor, the copy waited on by the writer thread through a CUDA event), so the
+loop goes on at once; the background thread serialises, hashes and writes the node's own copy,
+then sends it to the peer's keeper. While that thread is still busy the next boundary takes no
+snapshot (counted in ``busy_skips``): a slow write never stalls training. The send to the keeper
+runs in a thread of its own; while one is in flight the next copy is not sent (``peer_skips``),
+so a slow or lost keeper never holds the own copies back. A failed write or send
+says nothing per step; it is counted, and the next snapshot tries again (a lost keeper is
+started anew).
+
+``every_steps: auto`` measures the synchronous cost of the first two snapshots (the second is a
+copy into buffers that exist, as every later one) and picks the fewest steps whose snapshot costs
+at most 2 % of the step time, the same on every rank (one all-reduce).
+
+A restore lists what each tier holds, skips with a ``tier_skipped`` event each copy that is stale
+(older than the newest disk checkpoint), of another run, unhealthy or corrupt, and makes the ranks
+agree on one step: the newest that every rank holds (``Group.gather``), each rank verifying its
+copy (own, else peer); if any rank fails, the next older common step, and after that the disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.jobs.events import EventKind
+from gpufleet.runtime.components.announce import Announcer
+from gpufleet.runtime.group import Group
+from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode, encode, header_for
+from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, running_keeper
+from gpufleet.runtime.memtier.release import tier_need_bytes
+from gpufleet.runtime.memtier.shm import OwnStore, job_key, shm_root
+from gpufleet.spec import MemoryTier
+
+OVERHEAD_SHARE = 0.02
+"""``every_steps: auto``: a snapshot may cost at most this share of a step."""
+MEASURED = 2
+"""Snapshots measured before ``auto`` picks its interval (the first allocates its buffers)."""
+MAX_ROUNDS = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierPlace:
+    """Where a job's copies live on this node and which keeper holds its peer copies (from the environment)."""
+
+    shm_root: Path
+    job_dir: Path
+    peer_address: str | None
+    """``GPUFLEET_MEMORY_PEER``; ``None``: the job's own keeper, started on first use."""
+    ranks_per_node: int = 1
+
+    @property
+    def key(self) -> str:
+        return job_key(self.job_dir)
+
+
+def place_from_env(env: Mapping[str, str], ckpt_dir: Path) -> TierPlace:
+    """The job's folder (``$GPUFLEET_JOB_DIR``, else the checkpoint folder), the shm root and the peer."""
+    ranks = env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or "1"
+    return TierPlace(
+        shm_root=shm_root(env),
+        job_dir=Path(env.get("GPUFLEET_JOB_DIR") or ckpt_dir).resolve(),
+        peer_address=peer_address(env),
+        ranks_per_node=int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCopy:
+    """A verified copy, loaded: the tier it came from and where it lives."""
+
+    tier: str
+    header: CopyHeader
+    state: dict[str, Any]
+    where: str
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a nested state (what one copy holds, give or take its small plain values)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def room(shm: Path) -> tuple[int, int]:
+    """Free bytes of the shared-memory filesystem holding ``shm``, and ``MemAvailable``."""
+    probe = shm
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    available = free
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return free, available
+
+
+class RamTier:
+    """One rank's memory tier: snapshots out, verified copies in."""
+
+    def __init__(
+        self, config: MemoryTier, place: TierPlace, *, group: Group, voice: Announcer, job: str | None
+    ) -> None:
+        self.config, self.place, self.group, self.voice, self.job = config, place, group, voice, job
+        self.own = OwnStore(place.shm_root, place.key, group.rank)
+        self.every: int | None = config.every_steps if isinstance(config.every_steps, int) else None
+        """Steps between snapshots; ``None`` while ``auto`` measures."""
+        self.enabled = True
+        self.snapshots = 0
+        self.busy_skips = 0
+        self.write_failures = 0
+        self.peer_failures = 0
+        self.last_step: int | None = None
+        self.state_bytes = 0
+        self._measured: list[float] = []
+        self._buffers: dict[str, Any] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-memtier")
+        self._future: Future[None] | None = None
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-memtier-peer")
+        self._sending: Future[None] | None = None
+        self.peer_skips = 0
+        self._client: PeerClient | None = None
+
+    # ---- snapshots ------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return self.enabled and (self.last_step is None or step - self.last_step >= (self.every or 1))
+
+    def snapshot(
+        self,
+        step: int,
+        build: Callable[[], dict[str, Any]],
+        *,
+        fields: Mapping[str, Any],
+        step_seconds: float,
+    ) -> float | None:
+        """Copy the state of ``step`` when one is due; the seconds the loop stood still for it, or ``None``."""
+        if not self.due(step):
+            return None
+        measuring = self.snapshots < MEASURED
+        if self._future is not None and not self._future.done():
+            if not measuring:  # the ranks take the measured snapshots together: those wait
+                self.busy_skips += 1
+                return None
+            self._future.result()
+        started = time.perf_counter()
+        state = build()
+        if self.snapshots == 0 and not self._fits(step, tensor_bytes(state)):
+            return None
+        staged, synced = self._stage(state)
+        seconds = time.perf_counter() - started
+        self.snapshots += 1
+        self.last_step = step
+        self._future = self._writer.submit(self._write, step, staged, synced, dict(fields))
+        if measuring:
+            self._measure(step, seconds, step_seconds)
+        return seconds
+
+    def _fits(self, step: int, state_bytes: int) -> bool:
+        """Collective, at the first snapshot: 2 copies per rank of the node fit its shared memory and RAM."""
+        self.state_bytes = state_bytes
+        need = tier_need_bytes(state_bytes, self.place.ranks_per_node)
+        free, available = room(self.place.shm_root)
+        local_keeper = self.config.peer and self.place.peer_address is None
+        need_ram = need * (2 if local_keeper else 1)
+        short = free < need or available < need_ram
+        if not self.group.any(short):
+            return True
+        self.enabled = False
+        self.voice.say(
+            EventKind.TIER_SKIPPED,
+            f"memory tier off: 2 copies of {state_bytes} bytes for {self.place.ranks_per_node} rank(s) need "
+            f"{need} bytes of shared memory ({free} free) and {need_ram} of RAM ({available} available); "
+            "checkpoints go to disk only",
+            tier="own",
+            step=step,
+            reason="no_room",
+            need_bytes=need,
+            shm_free_bytes=free,
+            need_ram_bytes=need_ram,
+            mem_available_bytes=available,
+        )
+        return False
+
+    def _measure(self, step: int, seconds: float, step_seconds: float) -> None:
+        """Measured snapshots: ``auto`` picks its interval after the last; the tier is announced once."""
+        self._measured.append(seconds)
+        if self.every is None and len(self._measured) < MEASURED:
+            return
+        if len(self._measured) > 1 and self.every is not None:
+            return
+        cost, step_s = self._measured[-1], max(step_seconds, 1e-9)
+        if self.every is None:
+            cost, step_s = (v / self.group.world_size for v in self.group.agree([cost, step_s]))
+            self.every = max(1, math.ceil(cost / (OVERHEAD_SHARE * max(step_s, 1e-9))))
+        self.voice.emit(
+            EventKind.MEMORY_TIER,
+            step=step,
+            bytes=self.state_bytes,
+            own_root=str(self.own.job_folder),
+            peer=self.place.peer_address or ("job keeper" if self.config.peer else None),
+            every_steps=self.every,
+            auto=isinstance(self.config.every_steps, str),
+            snapshot_s=round(cost, 6),
+        )
+
+    def _stage(self, value: Any, path: str = "") -> tuple[Any, Any]:
+        """The state with every tensor copied into this tier's buffers; a CUDA event when any came from a GPU."""
+        import torch
+
+        events: list[Any] = []
+
+        def walk(item: Any, where: str) -> Any:
+            if isinstance(item, torch.Tensor):
+                src = item.detach()
+                if src.layout is not torch.strided:
+                    return src.clone()
+                buf = self._buffers.get(where)
+                if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                    pin = src.is_cuda and torch.cuda.is_available()
+                    buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
+                    self._buffers[where] = buf
+                buf.copy_(src, non_blocking=src.is_cuda)
+                if src.is_cuda and not events:
+                    events.append(True)
+                return buf
+            if isinstance(item, Mapping):
+                return {k: walk(v, f"{where}/{k!r}") for k, v in item.items()}
+            if isinstance(item, list):
+                return [walk(v, f"{where}/{i}") for i, v in enumerate(item)]
+            if isinstance(item, tuple):
+                return tuple(walk(v, f"{where}/{i}") for i, v in enumerate(item))
+            return copy.deepcopy(item)
+
+        staged = walk(value, path)
+        synced = None
+        if events:
+            synced = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            synced.record()
+        return staged, synced
+
+    def _write(self, step: int, staged: Any, synced: Any, fields: dict[str, Any]) -> None:
+        """Background: serialise, hash, write the own copy, send the peer's; failures are counted, not raised."""
+        try:
+            if synced is not None:
+                synced.synchronize()
+            payload = encode(staged)
+            header = header_for(step, payload, rank=self.group.rank, world_size=self.group.world_size, **fields)
+            self.own.put(header, payload)
+        except Exception:  # noqa: BLE001 - a full /dev/shm or a bad value: the disk tier still holds the job
+            self.write_failures += 1
+            return
+        if not self.config.peer:
+            return
+        if self._sending is not None and not self._sending.done():
+            self.peer_skips += 1  # the keeper lags behind: it gets a later copy
+            return
+        self._sending = self._sender.submit(self._send, header, payload)
+
+    def _send(self, header: CopyHeader, payload: bytes) -> None:
+        try:
+            self._peer(start=True).put(self.place.key, self.group.rank, header, payload)
+        except (TierError, OSError):
+            self.peer_failures += 1
+            if self._client is not None:
+                self._client.close()
+            self._client = None
+
+    def _peer(self, *, start: bool) -> PeerClient:
+        """The keeper's client: the given peer, else the job's keeper (started when ``start``)."""
+        if self._client is None:
+            address = self.place.peer_address
+            if address is None:
+                address = ensure_keeper(self.place.job_dir) if start else running_keeper(self.place.job_dir)
+            if address is None:
+                raise TierError("missing")
+            self._client = PeerClient(address)
+        return self._client
+
+    def wait(self) -> None:
+        """Let the write and the send in flight finish (their failures are already counted)."""
+        if self._future is not None:
+            self._future.result()
+            self._future = None
+        if self._sending is not None:
+            self._sending.result()
+            self._sending = None
+
+    def close(self) -> None:
+        """The last write lands; later boundaries (the session's end) take no snapshot: the final save is on disk."""
+        self.enabled = False
+        self.wait()
+        self._writer.shutdown(wait=True)
+        self._sender.shutdown(wait=True)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- restoring ----------------------------------------------------------------------------
+    def restore(self, *, before_step: int | None, disk_step: int | None, fingerprint: str | None) -> MemoryCopy | None:
+        """Collective: the newest copy every rank holds and verifies (own, then peer), or ``None`` for the disk."""
+        self.wait()
+        held: dict[int, list[str]] = {}
+        for tier, steps in (("own", self._own_steps()), ("peer", self._peer_steps(disk_step))):
+            for step in steps:
+                reason = _step_problem(step, before_step, disk_step)
+                if reason == "stale":
+                    self._skipped(tier, step, reason)
+                elif reason is None:
+                    held.setdefault(step, []).append(tier)
+            if not steps and disk_step is not None and (tier == "own" or self.config.peer):
+                self._skipped(tier, None, "missing")
+        common = set(held)
+        for steps_of_rank in self.group.gather(sorted(held)) if self.group.distributed else []:
+            common &= set(steps_of_rank)
+        for step in sorted(common, reverse=True)[:MAX_ROUNDS]:
+            got = self._load(step, held[step], fingerprint)
+            if not self.group.any(got is None):
+                self.last_step = step
+                return got
+        return None
+
+    def _own_steps(self) -> list[int]:
+        return self.own.steps()
+
+    def _peer_steps(self, disk_step: int | None) -> list[int]:
+        if not self.config.peer:
+            return []
+        try:
+            listed = self._peer(start=False).list(self.place.key)
+        except TierError as err:
+            if str(err) != "missing":
+                self._skipped("peer", None, "unreachable")
+            if self._client is not None:
+                self._client.close()
+            self._client = None
+            return []
+        return sorted((s for r, s in listed if r == self.group.rank), reverse=True)
+
+    def _load(self, step: int, tiers: list[str], fingerprint: str | None) -> MemoryCopy | None:
+        for tier in tiers:
+            try:
+                if tier == "own":
+                    header, payload = self.own.read(step)
+                    where = str(self.own.path(step))
+                else:
+                    got = self._peer(start=False).get(self.place.key, self.group.rank, step)
+                    if got is None:
+                        self._skipped(tier, step, "missing")
+                        continue
+                    header, payload = got[0], bytes(got[1])
+                    where = f"keeper {self._peer(start=False).address}"
+                reason = self._header_problem(header, fingerprint)
+                if reason is not None:
+                    self._skipped(tier, step, reason)
+                    continue
+                return MemoryCopy(tier, header, decode(header, payload), where)
+            except CorruptCopy:
+                self._skipped(tier, step, "corrupt")
+            except TierError:
+                self._skipped(tier, step, "unreachable")
+        return None
+
+    def _header_problem(self, header: CopyHeader, fingerprint: str | None) -> str | None:
+        if header.fingerprint != fingerprint:
+            return "fingerprint"
+        if header.rank != self.group.rank or header.world_size != self.group.world_size:
+            return "world_size"
+        if self.job is not None and header.job not in (None, self.job):
+            return "foreign"
+        return None if header.healthy else "unhealthy"
+
+    def _skipped(self, tier: str, step: int | None, reason: str) -> None:
+        self.voice.emit(EventKind.TIER_SKIPPED, tier=tier, step=step, reason=reason, rank=self.group.rank)
+
+    def drop_after(self, step: int) -> None:
+        """After a rollback to ``step``: the copies of the steps thrown away go (own and peer)."""
+        self.wait()
+        self.own.drop_after(step)
+        self.last_step = None
+        if self.config.peer:
+            try:
+                self._peer(start=False).drop(self.place.key, self.group.rank, after_step=step)
+            except TierError:
+                self._client = None
+
+
+def _step_problem(step: int, before_step: int | None, disk_step: int | None) -> str | None:
+    """Why a copy of ``step`` is not a candidate: ``"after"`` (a rollback's bad step or later), ``"stale"``."""
+    if before_step is not None and step >= before_step:
+        return "after"
+    if disk_step is not None and step < disk_step:
+        return "stale"
+    return None
+
+
+__all__ = ["MemoryCopy", "RamTier", "TierPlace", "place_from_env", "tensor_bytes"]

@@ -1,0 +1,86 @@
+"""The keeper's protocol: length-prefixed frames of a JSON header and opaque bytes.
+
+::
+
+    magic "GFK1" | op (1 byte) | header length (4 bytes) | payload length (8 bytes) | header | payload
+
+Big-endian. Requests: ``PUT`` (header ``{key, rank, copy}``, payload: the copy's bytes), ``GET``
+(``{key, rank, step?}``: that step, else the newest), ``LIST`` (``{key}``), ``DROP``
+(``{key, rank?, after_step?}``), ``PING``. Replies: ``OK`` or ``ERR`` (``{error}``). The lengths are
+checked before a byte of the body is read, so an oversized or garbage frame costs nothing; the
+payload is never interpreted by the keeper, and headers are JSON (no pickle crosses the wire).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import struct
+from typing import Any
+
+from gpufleet.runtime.memtier.copies import MAX_HEADER_BYTES, TierError
+
+MAGIC = b"GFK1"
+_PREFIX = struct.Struct(">4sBIQ")
+
+
+class Op(enum.IntEnum):
+    PUT = 1
+    GET = 2
+    LIST = 3
+    DROP = 4
+    PING = 5
+    OK = 100
+    ERR = 101
+
+
+class WireError(TierError):
+    """A frame that is not one of ours, or larger than allowed."""
+
+
+class Closed(WireError):
+    """The other side closed the connection between frames."""
+
+
+def send_frame(
+    sock: socket.socket, op: Op, header: dict[str, Any], payload: bytes | bytearray | memoryview = b""
+) -> None:
+    head = json.dumps(header).encode("utf-8")
+    sock.sendall(_PREFIX.pack(MAGIC, int(op), len(head), len(payload)) + head)
+    if len(payload):
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, n: int, *, first: bool = False) -> bytearray:
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if k == 0:
+            raise Closed("connection closed") if first and got == 0 else WireError("connection closed mid-frame")
+        got += k
+    return buffer
+
+
+def recv_frame(sock: socket.socket, max_payload: int) -> tuple[Op, dict[str, Any], bytearray]:
+    """One frame, its lengths checked before its body is read (``WireError`` otherwise)."""
+    magic, op, head_len, payload_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size, first=True))
+    if magic != MAGIC:
+        raise WireError("not a keeper frame (bad magic)")
+    if op not in Op._value2member_map_:
+        raise WireError(f"unknown operation {op}")
+    if head_len > MAX_HEADER_BYTES:
+        raise WireError(f"header of {head_len} bytes is larger than {MAX_HEADER_BYTES}")
+    if payload_len > max_payload:
+        raise WireError(f"payload of {payload_len} bytes is larger than the limit of {max_payload}")
+    try:
+        header = json.loads(_recv_exact(sock, head_len).decode("utf-8")) if head_len else {}
+    except (UnicodeDecodeError, ValueError):
+        raise WireError("header is not JSON") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a JSON object")
+    return Op(op), header, _recv_exact(sock, payload_len)
+
+
+__all__ = ["Closed", "Op", "WireError", "recv_frame", "send_frame"]
