@@ -46,6 +46,15 @@ ENV_CURRENCY = "GPUFLEET_CURRENCY"
 """The currency of ``GPUFLEET_PRICE_PER_GPU_HOUR`` (default ``USD``)."""
 CURRENCY_RE = re.compile(r"[A-Za-z]{2,10}")
 """A currency code as a rate card and ``GPUFLEET_CURRENCY`` may spell it (``USD``, ``eur``); checked on both sides."""
+ENV_RECOVERY = "GPUFLEET_RECOVERY"
+"""``wait`` when a lost rank is replaced in place (``JobSpec.recovery``); unset: the attempt is requeued."""
+ENV_RECOVERY_TIMEOUT = "GPUFLEET_RECOVERY_TIMEOUT_S"
+"""Seconds a group may take to re-form in place before the attempt is requeued
+(``distributed.recovery_timeout_seconds``)."""
+ENV_RDZV_FILE = "GPUFLEET_RDZV_FILE"
+"""The rank supervisor's rendezvous file, ``{"generation": G, "master_port": P}``: where a re-formed group meets."""
+ENV_GENERATION = "GPUFLEET_GENERATION"
+"""The generation of the group a rank joined (0 at the attempt's start, one more at each re-forming)."""
 
 
 def _number(raw: str, *, low: float, integer: bool = False) -> bool:
@@ -139,6 +148,21 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
         ENV_STRATEGY: spec.distributed.strategy if spec.distributed is not None else "none",
         ENV_TIMEOUT: repr(float(timeout)),
         "OMP_NUM_THREADS": str(threads_per_rank(spec)),
+        **recovery_environment(spec),
+    }
+
+
+def recovery_environment(spec: JobSpec) -> dict[str, str]:
+    """``GPUFLEET_RECOVERY=wait`` and its timeout for a group that re-forms in place, else nothing.
+
+    Only gpufleet's own launcher can replace a rank (``launcher: torchrun``, one node); elsewhere a
+    lost rank requeues the attempt whatever the spec asks.
+    """
+    if spec.recovery != "wait" or spec.distributed is None or not torchrun_launched(spec) or spec.resources.nodes > 1:
+        return {}
+    return {
+        ENV_RECOVERY: "wait",
+        ENV_RECOVERY_TIMEOUT: repr(float(spec.distributed.recovery_timeout_seconds)),
     }
 
 
@@ -156,15 +180,37 @@ PYTHON_RE = re.compile(r"^python(?:3(?:\.\d+)?)?$")
 """A bare ``python``, ``python3`` or ``python3.X``: gpufleet's own interpreter, not the first on PATH."""
 
 
+def rerun_argv(command: list[str]) -> list[str] | None:
+    """``python train.py ARGS`` / ``python -m pkg.mod ARGS`` as arguments of ``gpufleet.runtime.launch``.
+
+    ``--script train.py ARGS`` / ``--module pkg.mod ARGS``: the launcher runs the script with ``runpy``
+    and can run it again in the same process when its group re-forms. ``None`` for any other command
+    (another interpreter, options before the script, a shell script): it cannot be re-run in process.
+    """
+    if len(command) < 2 or not PYTHON_RE.match(command[0]):
+        return None
+    if command[1] == "-m":
+        if len(command) < 3 or not command[2] or command[2].startswith("-"):
+            return None
+        return ["--module", *command[2:]]
+    if command[1].startswith("-"):
+        return None
+    return ["--script", *command[1:]]
+
+
 def rank_argv(spec: JobSpec) -> list[str]:
     """The process one rank runs: the launcher for ``module:function``, else the command.
 
     A command that starts with a bare ``python`` (``python train.py``) runs under the interpreter
     gpufleet itself runs in, so it sees the same packages (torch, gpufleet); give a path
-    (``/usr/bin/python3``, ``.venv/bin/python``) to choose another.
+    (``/usr/bin/python3``, ``.venv/bin/python``) to choose another. Under ``distributed.recovery:
+    wait`` such a command runs through ``gpufleet.runtime.launch`` (:func:`rerun_argv`).
     """
+    rerun = rerun_argv(spec.command or []) if recovery_environment(spec) else None
     if spec.callable_entrypoint:
         argv = [sys.executable, "-m", "gpufleet.runtime.launch"]
+    elif rerun is not None:  # ``distributed.recovery: wait``: the launcher re-runs it in process
+        argv = [sys.executable, "-m", "gpufleet.runtime.launch", *rerun]
     else:
         argv = list(spec.command or [])
         if argv and PYTHON_RE.match(argv[0]):
@@ -203,10 +249,14 @@ __all__ = [
     "ENV_DATA_DIR",
     "ENV_EVENTS",
     "ENV_FAULT",
+    "ENV_GENERATION",
     "ENV_JOB_DIR",
     "ENV_JOB_ID",
     "ENV_LOG_EVERY_S",
     "ENV_PRICE",
+    "ENV_RDZV_FILE",
+    "ENV_RECOVERY",
+    "ENV_RECOVERY_TIMEOUT",
     "ENV_SPEC",
     "ENV_STRATEGY",
     "ENV_TIMEOUT",
@@ -220,6 +270,8 @@ __all__ = [
     "exit_reason",
     "job_environment",
     "rank_argv",
+    "recovery_environment",
+    "rerun_argv",
     "threads_per_rank",
     "torchrun_launched",
 ]

@@ -20,9 +20,12 @@ import atexit
 import contextlib
 import gc
 import importlib
+import json
 import os
 import pickle
 import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,7 +39,7 @@ from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
 
 LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
 """Words of a gloo or NCCL error raised because another rank is gone or stuck."""
-_state = {"lost": False}
+_state = {"lost": False, "exit_hook": False}
 _RETAINED: deque[Any] = deque(maxlen=16)
 """The tensors of the last collectives of this module, kept alive on purpose.
 
@@ -107,6 +110,110 @@ def mark_lost(rank: int, why: str) -> None:
     if folder and attempt.isdigit():
         with contextlib.suppress(OSError):
             lost_marker(Path(folder), int(attempt)).write_text(f"rank {rank}: {why}\n", encoding="utf-8")
+
+
+def rendezvous_file(job_dir: Path, attempt: int) -> Path:
+    """The rank supervisor's rendezvous file of an attempt: the generation of its group and where it meets."""
+    return job_dir / "ranks" / f"attempt-{attempt}" / "rendezvous.json"
+
+
+def write_rendezvous(path: Path, generation: int, master_port: int) -> None:
+    """Publish a generation of the group (temp file, then rename: a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"generation": generation, "master_port": master_port}) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_rendezvous(path: Path) -> tuple[int, int] | None:
+    """``(generation, master_port)`` from a rendezvous file, or ``None`` while it is missing or unreadable."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        generation, port = found["generation"], found["master_port"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**31 for v in (generation, port)):
+        return None
+    return generation, port
+
+
+def reform_request(job_dir: Path, attempt: int, generation: int, rank: int) -> Path:
+    """The file a rank leaves when it finds generation ``generation`` of its group broken.
+
+    The supervisor replaces the ranks that stay silent while others asked (stuck, not dead).
+    """
+    return job_dir / "ranks" / f"attempt-{attempt}" / f"reform-request-{generation}-{rank}"
+
+
+def ready_marker(job_dir: Path, attempt: int, generation: int, rank: int) -> Path:
+    """The file a started rank leaves once its interpreter is ready (torch imported) to join ``generation``.
+
+    The supervisor publishes a generation with a replaced rank only then: the survivors would
+    otherwise wait in ``init_process_group`` for a rank still importing torch, and time out.
+    """
+    return job_dir / "ranks" / f"attempt-{attempt}" / f"ready-{generation}-{rank}"
+
+
+def _rank_file(name: str) -> Path | None:
+    folder, attempt = os.environ.get("GPUFLEET_JOB_DIR"), os.environ.get("GPUFLEET_ATTEMPT", "")
+    if not folder or not attempt.isdigit():
+        return None
+    rank, generation = _env_int("RANK", 0), _env_int("GPUFLEET_GENERATION", 0)
+    makers = {"ready": ready_marker, "request": reform_request}
+    return makers[name](Path(folder), int(attempt), generation, rank)
+
+
+def _touch(path: Path | None) -> None:
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{time.time()}\n", encoding="utf-8")
+
+
+def mark_ready() -> None:
+    """Tell the supervisor this rank can join its generation now (under gpufleet; else nothing)."""
+    _touch(_rank_file("ready"))
+
+
+def request_reform() -> None:
+    """Ask the supervisor for a generation after this rank's, which it found broken (under gpufleet)."""
+    _touch(_rank_file("request"))
+
+
+def next_generation(path: Path, generation: int, timeout_s: float) -> tuple[int, int] | None:
+    """Wait up to ``timeout_s`` for a generation newer than ``generation`` in the rendezvous file."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = read_rendezvous(path)
+        if found is not None and found[0] > generation:
+            return found
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def forget_group(wait_s: float = 10.0) -> bool:
+    """Destroy a broken group and reset this module's per-process state, so the process can join a new one.
+
+    Best effort and bounded: the destroy runs in a thread given ``wait_s`` (a collective backend that
+    still waits on a dead peer must not keep the survivor from the next generation). True when no
+    default process group is left, which a new ``init_process_group`` needs.
+    """
+    import torch.distributed as dist
+
+    def destroy() -> None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+    if dist.is_initialized():
+        worker = threading.Thread(target=destroy, name="gpufleet-destroy-group", daemon=True)
+        worker.start()
+        worker.join(wait_s)
+    gc.collect()
+    _RETAINED.clear()
+    _state["lost"] = False
+    return not dist.is_initialized()
 
 
 @contextlib.contextmanager
@@ -353,8 +460,10 @@ def current_group() -> Group:
         if backend == "nccl":
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=dist_timeout()))
-        # Ours to tear down before the interpreter's finalisation (see WORLD_DEFAULT_MODULES).
-        atexit.register(_destroy)
+        if not _state["exit_hook"]:  # once, though a re-formed group is initialised again
+            _state["exit_hook"] = True
+            # Ours to tear down before the interpreter's finalisation (see WORLD_DEFAULT_MODULES).
+            atexit.register(_destroy)
     return Group(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -373,11 +482,20 @@ __all__ = [
     "current_group",
     "die_with_parent",
     "dist_timeout",
+    "forget_group",
     "import_world_defaults",
     "is_peer_loss",
     "lost_marker",
     "mark_lost",
+    "mark_ready",
     "mark_session_end",
+    "next_generation",
     "rank_end_marker",
     "rank_end_statuses",
+    "read_rendezvous",
+    "ready_marker",
+    "reform_request",
+    "rendezvous_file",
+    "request_reform",
+    "write_rendezvous",
 ]

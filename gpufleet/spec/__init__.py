@@ -507,6 +507,20 @@ class JobSpec(_Frozen):
                 "continue (elastic: survivors step short-handed) is not available; "
                 "use wait (exact: survivors keep their processes) or requeue",
             )
+        argv = self.command  # `wait` re-runs a rank in process: only a Python script or module can be
+        launched = self.distributed is not None and self.distributed.launcher == "torchrun" and nodes == 1
+        if argv and launched and self.recovery == "wait":
+            python = len(argv) > 1 and re.fullmatch(r"python(?:3(?:\.\d+)?)?", argv[0]) is not None
+            target = argv[2] if python and argv[1] == "-m" and len(argv) > 2 else argv[1] if python else "-"
+            if target.startswith("-"):
+                raise _field_error(
+                    "JobSpec",
+                    ("entrypoint",),
+                    _clip(shlex.join(argv)),
+                    "distributed.recovery: wait re-runs each surviving rank in its own process, which only a "
+                    "Python entrypoint allows: write `python train.py ARGS`, `python -m pkg.mod ARGS` or "
+                    "`package.module:function`, or set distributed.recovery: requeue",
+                )
         return self
 
     @property

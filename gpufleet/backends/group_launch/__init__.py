@@ -36,6 +36,10 @@ child and stays its parent, so that:
   own failure report (a ``ChildFailedError`` traceback naming the rank shim) is replaced by one
   line saying how each failed rank ended.
 
+With ``GPUFLEET_RECOVERY=wait`` (``distributed.recovery: wait``) the ranks are started by gpufleet's
+own rank supervisor instead (``group_launch.supervisor``), which keeps all of the above and replaces
+a lost rank in place rather than ending the group.
+
 ``ARGV`` is what each rank runs: arguments of gpufleet's own interpreter (``-m gpufleet.runtime.launch``,
 ``train.py --lr 3e-3``, ``-c CODE``), or with ``--no-python`` a complete command (another
 interpreter, a shell script). ``N`` defaults to ``$GPUFLEET_WORLD_SIZE`` (one node).
@@ -57,7 +61,7 @@ from types import FrameType
 from gpufleet.jobs.deathsig import PR_SET_PDEATHSIG as PR_SET_PDEATHSIG  # re-exported: it lives with the shim
 from gpufleet.jobs.deathsig import die_with_parent, shim_argv
 from gpufleet.jobs.events import exit_from_events
-from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
+from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_RECOVERY, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
 from gpufleet.runtime.group import lost_marker, rank_end_statuses
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -235,6 +239,10 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         print(f"gpufleet.backends.group_launch: {err}\n{USAGE}", file=sys.stderr)
         return 2
+    if os.environ.get(ENV_RECOVERY) == "wait":  # a lost rank is replaced in place: our own supervisor
+        from gpufleet.backends.group_launch.supervisor import supervise
+
+        return supervise(nproc, command, no_python=no_python)
     child: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
 
