@@ -30,6 +30,11 @@ process start-up and the restore again. So, per attempt::
 A rollback's lost work and restore are in ``lost`` and ``restore`` but not in the overhead: a NaN
 costs them whether or not the job is ever preempted.
 
+**Preemption notices.** A provider that warns before it takes a node back (a spot notice, a Slurm
+``--signal``) lets the attempt save at once; the ledger lists each notice with its lead time (how
+long before the node went the attempt heard of it) and the seconds the save took, beside the buckets
+above, which it does not change.
+
 **Preempted or killed.** An attempt requeued because a process of it was killed or vanished (a
 ``kill -9`` of a rank, a rank lost to its group, the OOM killer, a lost node) is not a preemption:
 it is counted under ``killed``, not ``preemptions``. Its restart costs what a preemption's does,
@@ -120,6 +125,10 @@ class AttemptUsage:
     egress_bytes: int = 0
     """Checkpoint bytes copied to this attempt's region before it started (a failover's move)."""
     egress_money: float = 0.0
+    notice_source: str | None = None
+    """The provider whose preemption notice reached the attempt (``aws``, ``gcp``, ``azure``, ``slurm``)."""
+    notice_lead_s: float | None = None
+    """Seconds between that notice and the deadline it gave (``None``: no notice, or no deadline)."""
 
     @property
     def wall_s(self) -> float:
@@ -170,6 +179,27 @@ class AttemptUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class NoticeLead:
+    """One attempt's preemption notice: who gave it, how far ahead, and how long the save after it took."""
+
+    job_id: int
+    attempt: int
+    source: str
+    lead_s: float | None
+    saved_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        lead = None if self.lead_s is None else round(_seconds(self.lead_s), 3)
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "source": self.source,
+            "lead_s": lead,
+            "saved_s": round(_seconds(self.saved_s), 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Cost:
     """GPU-hours by bucket, and money; the unit of every row in the ledger."""
 
@@ -191,6 +221,8 @@ class Cost:
     egress_money: float = 0.0
     """Moving checkpoints between providers (in ``money`` too)."""
     egress_bytes: int = 0
+    notices: tuple[NoticeLead, ...] = ()
+    """The preemption notices its attempts had (none: every preemption came unannounced)."""
 
     @property
     def total_gpu_hours(self) -> float:
@@ -228,6 +260,7 @@ class Cost:
             unpriced=tuple(sorted(set(self.unpriced) | set(other.unpriced))),
             egress_money=self.egress_money + other.egress_money,
             egress_bytes=self.egress_bytes + other.egress_bytes,
+            notices=self.notices + other.notices,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -256,6 +289,7 @@ class Cost:
             "preemption_overhead_gpu_seconds_by_bucket": {
                 k: _sig(v * 3600.0) for k, v in self.preemption_gpu_hours.items()
             },
+            "preemption_notices": [n.to_dict() for n in self.notices],
         }
 
 
@@ -291,7 +325,16 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
         killed=1 if usage.killed else 0,
         steps_redone=usage.steps_redone,
         unpriced=() if price is not None else (key,),
+        notices=_notices(usage),
     )
+
+
+def _notices(usage: AttemptUsage) -> tuple[NoticeLead, ...]:
+    if usage.notice_source is None:
+        return ()
+    lead = usage.notice_lead_s
+    lead = lead if lead is not None and math.isfinite(lead) else None
+    return (NoticeLead(usage.job_id, usage.attempt, usage.notice_source, lead, usage.preempt_save_s),)
 
 
 def _total(costs: Iterable[Cost]) -> Cost:
@@ -334,6 +377,7 @@ __all__ = [
     "AttemptUsage",
     "Cost",
     "Ledger",
+    "NoticeLead",
     "attempt_cost",
     "build_ledger",
 ]

@@ -160,7 +160,20 @@ def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
         "price_per_gpu_hour": u.price_per_gpu_hour,
         "egress_bytes": u.egress_bytes,
         "egress_money": u.egress_money,
+        "preemption_notice": None
+        if u.notice_source is None
+        else {"source": u.notice_source, "lead_s": u.notice_lead_s, "saved_s": round(u.preempt_save_s, 6)},
     }
+
+
+def notice_sentence(u: AttemptUsage) -> str | None:
+    """``a spot notice (aws) 120 s ahead; saved in 0.03 s``: what warning the attempt had, and its use."""
+    if u.notice_source is None:
+        return None
+    what = "a Slurm warning signal" if u.notice_source == "slurm" else f"a spot notice ({_one_line(u.notice_source)})"
+    ahead = " with no deadline given" if u.notice_lead_s is None else f" {_num(u.notice_lead_s)} s ahead"
+    saved = f"saved in {_duration(u.preempt_save_s)}" if u.preempt_save_s > 0 else "no save recorded after it"
+    return f"{what}{ahead}; {saved}"
 
 
 # --- Markdown ---------------------------------------------------------------------------------
@@ -259,7 +272,13 @@ def _note_markdown(
         job = _cell(f"#{u.job_id} {u.job_name}")
         rows.append([job, str(u.attempt), outcome, start, steps, wall, str(u.steps_done), str(u.steps_redone)])
     heads = ["Job", "Attempt", "Outcome", "Started", "Steps", "Wall", "Steps run", "Redone steps"]
-    out += ["", "## Attempts", "", *markdown_table(heads, rows, right_from=3), "", "## Notable events", ""]
+    out += ["", "## Attempts", "", *markdown_table(heads, rows, right_from=3), ""]
+    noticed = [(u, notice_sentence(u)) for u in usages if u.notice_source is not None]
+    if noticed:
+        out += ["## Preemption notices", ""]
+        out += [f"- {_cell(f'#{u.job_id} {u.job_name}')}, attempt {u.attempt}: {text}" for u, text in noticed]
+        out.append("")
+    out += ["## Notable events", ""]
     for e in events:
         who = f"#{e.job_id} {names.get(e.job_id, '?')}"
         out.append(f"- `+{_duration(e.ts - t0)}` {_cell(who)}: **{_cell(e.kind)}**: {_one_line(e.text)}")
@@ -438,4 +457,4 @@ def _write_text(path: Path, text: str) -> None:
     replace_output(tmp, path)
 
 
-__all__ = ["NoteEvent", "NotePaths", "write_cost_note"]
+__all__ = ["NoteEvent", "NotePaths", "notice_sentence", "write_cost_note"]

@@ -108,6 +108,23 @@ def attempt_placement(attempt: Attempt, events: Sequence[Event]) -> dict[str, An
     return out
 
 
+def attempt_notice(n: int, events: Sequence[Event]) -> tuple[str | None, float | None]:
+    """The provider and lead time of the first preemption notice attempt ``n`` had (``None, None``: none).
+
+    The local backend records it (``notices.NoticeDrain``), the Slurm batch script writes it to the
+    event log; either way it only annotates the note, so a lead time that is not a finite,
+    non-negative number reads as unknown.
+    """
+    for e in events:
+        if e.kind == EventKind.PREEMPTION_NOTICE and e.attempt == n:
+            source = e.data.get("source")
+            if not isinstance(source, str) or not source.isprintable() or not 0 < len(source) <= 32:
+                source = "unknown"
+            lead = _num(e.data, "lead_s", -1.0)
+            return source, min(lead, MAX_TS) if lead >= 0 else None
+    return None, None
+
+
 def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
     """Whether the attempt ended because a process of it was killed or vanished, not by a preemption.
 
@@ -189,6 +206,7 @@ def attempt_usage(
         steps_redone += max(0, (last_step or 0) - durable_step)
     spec = job.spec
     placed = attempt_placement(attempt, events)
+    notice_source, notice_lead_s = attempt_notice(attempt.n, events)
     return AttemptUsage(
         job_id=job.id,
         job_name=job.name,
@@ -223,6 +241,8 @@ def attempt_usage(
         preempt_save_s=preempt_save_s,
         rollback_lost_s=rollback_lost_s,
         rollback_restore_s=rollback_restore_s,
+        notice_source=notice_source,
+        notice_lead_s=notice_lead_s,
     )
 
 
@@ -250,4 +270,12 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
     return out
 
 
-__all__ = ["attempt_gpus", "attempt_usage", "attempt_usages", "job_usages", "killed_attempt", "store_usages"]
+__all__ = [
+    "attempt_gpus",
+    "attempt_notice",
+    "attempt_usage",
+    "attempt_usages",
+    "job_usages",
+    "killed_attempt",
+    "store_usages",
+]

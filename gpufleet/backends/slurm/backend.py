@@ -191,34 +191,64 @@ os.dup2(log, 2)
 def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
     """The batch script: Python, so nothing the user wrote ever meets a shell.
 
-    One process ``exec``s the entrypoint; a job of several ranks runs ``srun`` as a child instead,
-    behind handlers that only note SIGTERM, SIGINT and SIGUSR1: Slurm signals the ranks itself,
-    and the script has to outlive them to exit with the group's status. Its ``attempt_start``
-    event names the GPUs and world size the attempt runs with (``spec.total_gpus``, ``world_size``).
+    It starts the entrypoint as its child (``fork`` and ``exec``), or ``srun`` for a job of several
+    ranks, behind handlers that only note SIGTERM and SIGINT (Slurm signals the attempt's processes
+    itself) and pass on SIGUSR1, the warning ``--signal=B:USR1@N`` sends the script alone, after
+    recording it as a ``preemption_notice`` (``rank.BatchSignals``). It outlives the child to exit
+    as it did: its status, or killed by the same signal. Its ``attempt_start`` event names the GPUs
+    and world size the attempt runs with (``spec.total_gpus``, ``world_size``).
     """
     folder = job_dir(home, job_id)
     env = {**job_environment(spec, job_id, home, "slurm"), **price_environment(spec)}
     size = {"gpus": spec.total_gpus, "world_size": spec.world_size}
     head = f"#!{sys.executable}\n# Written by gpufleet for job {job_id} ({spec.name}); Slurm runs it once per attempt"
+    common = {"env": env, "cwd": spec.workdir, "folder": str(folder), "lead": notice_lead_s(spec), **size}
     if not runs_ranks(spec):
-        payload = json.dumps({"argv": entry_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder), **size})
+        payload = json.dumps({"argv": entry_argv(spec), **common})
         return f"""{head}.
-import json, os, time
-{_attempt_start(payload)}if spec["cwd"]:
+import json, os, sys, time
+{_attempt_start(payload)}{_notice_handlers()}if spec["cwd"]:
     os.chdir(spec["cwd"])
-os.execvp(spec["argv"][0], spec["argv"])
+if signals.stops:
+    sys.exit({REQUEUE_EXIT_CODE})
+child = os.fork()
+if child == 0:
+    try:
+        os.execvp(spec["argv"][0], spec["argv"])
+    except OSError as err:
+        print(f"gpufleet: cannot start {{spec['argv'][0]!r}}: {{err.strerror}}", file=sys.stderr, flush=True)
+        os._exit(127)
+signals.adopt(child)
+sys.exit(exit_like(os.waitpid(child, 0)[1]))
 """
-    payload = json.dumps({"srun": srun_argv(spec), "env": env, "cwd": spec.workdir, "folder": str(folder), **size})
+    payload = json.dumps({"srun": srun_argv(spec), **common})
     return f"""{head}, and srun starts its ranks.
-import json, os, signal, sys, time
-stops = []
-for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-    signal.signal(sig, lambda signum, frame: stops.append(signum))
-{_attempt_start(payload)}from gpufleet.backends.slurm.rank import run_group
+import json, os, sys, time
+{_attempt_start(payload)}{_notice_handlers()}from gpufleet.backends.slurm.rank import run_group
 if spec["cwd"]:
     os.chdir(spec["cwd"])
-sys.exit(run_group(spec["srun"], attempt, stops))
+sys.exit(run_group(spec["srun"], attempt, signals.stops, signals.adopt))
 """
+
+
+def _notice_handlers() -> str:
+    """The handlers every batch script installs once the attempt is numbered (see ``rank.BatchSignals``)."""
+    return """from gpufleet.backends.slurm.rank import BatchSignals, exit_like
+signals = BatchSignals(os.path.join(folder, "events.jsonl"), attempt, spec["lead"]).install()
+"""
+
+
+NOTICE_SIGNAL_MAX_S = 65535
+"""The most seconds ahead ``sbatch --signal`` takes (Slurm keeps it in 16 bits)."""
+
+
+def notice_lead_s(spec: JobSpec) -> int:
+    """How long before its end Slurm warns the attempt (``--signal=B:USR1@N``): the job's grace time.
+
+    The grace is what the job says a save and exit needs; a warning that much ahead lets the save
+    finish before the end. Slurm may send it up to a minute earlier than asked (its timer's step).
+    """
+    return min(NOTICE_SIGNAL_MAX_S, max(1, math.ceil(spec.checkpoint.grace_seconds)))
 
 
 def sbatch_argv(
@@ -242,6 +272,7 @@ def sbatch_argv(
         *shape,
         f"--output={folder / 'logs' / 'slurm-%j.out'}",
         "--export=ALL",
+        f"--signal=B:USR1@{notice_lead_s(spec)}",
     ]
     # A fleet's quotas are GrpTRES on gres/gpu: its jobs always ask for their GPUs.
     if spec.resources.gpus > 0 and (placement is not None or os.environ.get("GPUFLEET_SLURM_GRES", "1") != "0"):
@@ -636,6 +667,7 @@ __all__ = [
     "SlurmBackend",
     "allocated_cpus",
     "batch_script",
+    "notice_lead_s",
     "parse_sacct",
     "partition_for",
     "plan_slurm",

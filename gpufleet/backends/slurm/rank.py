@@ -20,16 +20,27 @@ forward anything (a rank would see two SIGTERMs, and a second one interrupts its
 notes the signal, keeps waiting for ``srun``, and exits with the group's status once every rank
 has saved and exited 75. Everything still alive ``KillWait`` seconds after the SIGTERM is
 SIGKILLed by Slurm, the batch script too, which is why it does nothing but wait.
+
+The one signal the batch script does pass on is the warning ``sbatch --signal=B:USR1@N`` asks for
+(N seconds before the time limit, or at a preemption where ``PreemptParameters=send_user_signal``):
+``B:`` sends it to the batch script alone, so :class:`BatchSignals` records a ``preemption_notice``
+(source ``slurm``, lead N) and forwards SIGUSR1 once to the attempt (the process it started, or
+``srun``, which hands it to every task); the runtime saves at the next step boundary and exits 75.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 from gpufleet.backends.slurm.hostlist import expand_hostlist
 from gpufleet.jobs.protocol import ENV_EVENTS, REQUEUE_EXIT_CODE
@@ -127,13 +138,99 @@ def _scontrol(argv: list[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
 
 
-def run_group(srun: Sequence[str], attempt: int, stops: Sequence[int]) -> int:
+NOTICE_SIGNAL = signal.SIGUSR1
+"""What ``sbatch --signal=B:USR1@N`` sends the batch script ahead of the end (see the module docstring)."""
+NOTED_SIGNALS = (signal.SIGTERM, signal.SIGINT, NOTICE_SIGNAL)
+
+
+class BatchSignals:
+    """The batch script's handlers: note every stop signal, and turn SIGUSR1 into a notice passed on.
+
+    SIGTERM and SIGINT are only noted (Slurm signals the attempt itself). SIGUSR1 reaches the batch
+    script alone: the first one is written to the job's event log as ``preemption_notice`` and every
+    one is forwarded to the attempt's process, or to it once it is started (:meth:`adopt`).
+    """
+
+    def __init__(self, events: str, attempt: int, lead_s: float) -> None:
+        self.events = events
+        self.attempt = attempt
+        self.lead_s = lead_s
+        self.stops: list[int] = []
+        self.child: int | None = None
+        self._owed = 0
+        self._noticed = False
+
+    def install(self) -> BatchSignals:
+        for sig in NOTED_SIGNALS:
+            signal.signal(sig, self.on_signal)
+        return self
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stops.append(signum)
+        if signum != NOTICE_SIGNAL:
+            return
+        if not self._noticed:
+            self._noticed = True
+            self._record()
+        if self.child is None:
+            self._owed += 1
+        else:
+            self._forward()
+
+    def adopt(self, pid: int) -> None:
+        """The attempt's process started: pass on a warning that came while it was starting."""
+        self.child = pid
+        if self._owed:
+            self._owed = 0
+            self._forward()
+
+    def _forward(self) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, NOTICE_SIGNAL)
+
+    def _record(self) -> None:
+        now = time.time()
+        event = {
+            "ts": now,
+            "attempt": self.attempt,
+            "kind": "preemption_notice",
+            "source": "slurm",
+            "deadline": now + self.lead_s,
+            "lead_s": self.lead_s,
+            "detail": f"SIGUSR1 from sbatch --signal, {self.lead_s:g} s ahead",
+        }
+        try:
+            with open(self.events, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event) + "\n")
+        except OSError as err:  # the save matters more than its record
+            print(f"gpufleet: cannot record the preemption notice: {err.strerror}", file=sys.stderr, flush=True)
+
+
+def exit_like(status: int) -> int:
+    """A process's wait status as the batch script's own end: its code, or the same signal killing it.
+
+    Dying of the signal that killed the attempt keeps sacct's ``ExitCode`` what it was when the
+    script ``exec``\\ ed the entrypoint (``0:9`` for a SIGKILL), which ``parse_sacct`` reads.
+    """
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return code
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+    return 128 - code  # not reached for a signal that kills
+
+
+def run_group(
+    srun: Sequence[str], attempt: int, stops: Sequence[int], on_start: Callable[[int], None] | None = None
+) -> int:
     """In the batch script: run ``srun`` (the ranks) to its end; the attempt's exit status.
 
     ``stops`` is what the batch script's own handlers recorded: the signals it received, which
     it deliberately does not forward (see the module docstring). One that came before ``srun``
     started means Slurm is already ending this run: no rank is started, and the attempt asks to
-    be requeued.
+    be requeued. ``on_start`` is told ``srun``'s PID (:meth:`BatchSignals.adopt`).
     """
     from gpufleet.backends.group_launch import exit_status
 
@@ -152,6 +249,8 @@ def run_group(srun: Sequence[str], attempt: int, stops: Sequence[int]) -> int:
     except OSError as err:
         print(f"gpufleet: cannot start {srun[0]!r}: {err.strerror}", file=sys.stderr, flush=True)
         return 127
+    if on_start is not None:
+        on_start(child.pid)
     code = child.wait()
     events = env.get(ENV_EVENTS)
     # srun reports a task killed by signal N as 128 + N: a lost rank (requeue), even when the others
@@ -185,7 +284,18 @@ def main(argv: Sequence[str]) -> int:
         return 127
 
 
-__all__ = ["first_host", "master_port", "node_address", "rank_environment", "run_group", "tasks_on_node"]
+__all__ = [
+    "NOTED_SIGNALS",
+    "NOTICE_SIGNAL",
+    "BatchSignals",
+    "exit_like",
+    "first_host",
+    "master_port",
+    "node_address",
+    "rank_environment",
+    "run_group",
+    "tasks_on_node",
+]
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
