@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch: installed first so no requirement pulls a CUDA wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install dev lint typecheck tools services services-down unit soak fuzz bench clean
+.PHONY: demo test install dev lint typecheck tools services services-down unit soak fuzz bench chaos clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -96,6 +96,13 @@ bench: dev tools
 	$(BIN)/python bench/stage_throughput.py
 	$(BIN)/python bench/rl_actors.py
 	$(BIN)/python bench/serve_load.py
+
+# The fault table: ten faults (SIGTERM, kill -9 or SIGSTOP of a rank, a NaN, corrupt RAM and disk copies, the
+# scheduler or the memory keeper killed, a lost node) against a 2-rank DDP job, each row bit-exact against an
+# uninterrupted run. CHAOS_ARGS narrows it, e.g. CHAOS_ARGS="--short" or "--recovery requeue --no-memory".
+CHAOS_ARGS ?=
+chaos: dev
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
