@@ -23,7 +23,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -39,6 +40,7 @@ from gpufleet.backends.lifecycle import (
     signal_group,
 )
 from gpufleet.backends.local.process import configured_slots, lock_file, record_settings, slots_of, store_for
+from gpufleet.backends.local.warm import AttemptProcess, WarmProcess, WarmServer, warm_entry, warm_start_enabled
 from gpufleet.backends.pools import Placed
 from gpufleet.cost.rates import price_environment
 from gpufleet.errors import StoreError
@@ -61,7 +63,8 @@ class RunningAttempt:
 
     job: Job
     n: int
-    proc: subprocess.Popen[bytes]
+    proc: AttemptProcess
+    """``subprocess.Popen``, or a :class:`WarmProcess` forked by the scheduler's warm server."""
     log: IO[bytes]
     stop: str | None = None
     """``preempted`` or ``cancelled`` once the scheduler has signalled it."""
@@ -133,6 +136,10 @@ class LocalScheduler:
         self.fleet_loader = fleet
         """Gives the fleet policy of the home, re-asked whenever the current one is no longer current."""
         self.fleet: FleetPolicy | None = None
+        self.warm: WarmServer | None = None
+        """Forks attempts from an interpreter that has imported torch (``warm.py``); started at the first launch."""
+        self.warm_fallback_said = False
+        self.warm_cannot_start = False
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -171,7 +178,7 @@ class LocalScheduler:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > self.idle_exit_s:
                 break
-            time.sleep(self.poll_s)
+            self._idle(self.poll_s)
         self.shutdown()
         pid_file(self.home).unlink(missing_ok=True)
         lock.close()
@@ -197,6 +204,16 @@ class LocalScheduler:
             signal_group(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
         self._reap()
+        if self.warm is not None:
+            self.warm.close()
+            self.warm = None
+
+    def _idle(self, seconds: float) -> None:
+        """Sleep until the next tick, woken at once when the warm server reports an attempt's exit."""
+        if self.warm is None or self.warm.dead:
+            time.sleep(seconds)
+            return
+        self.warm.pump(seconds)  # reads what it said, so the next wait waits again
 
     # ---- requests and grace ------------------------------------------------------------------
     def _handle_requests(self) -> None:
@@ -254,7 +271,11 @@ class LocalScheduler:
             signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
             # Recorded before it is forgotten: a store that fails here (a full disk) is retried next tick.
             self._ingest(self.store.job(job_id))
-            self._finish(self.store.job(job_id), run.n, code, run.stop)
+            stop = run.stop
+            if isinstance(run.proc, WarmProcess) and run.proc.lost:  # its server died: its own events say how
+                seen = exit_from_events(events_file(self.home, job_id), run.n)
+                code, stop = (code, stop or "lost") if seen is None else (seen, stop)
+            self._finish(self.store.job(job_id), run.n, code, stop)
             run.log.close()
             del self.running[job_id]
 
@@ -324,15 +345,7 @@ class LocalScheduler:
         self.store.begin_attempt(job.id, n, started)  # intent first: a crash now cannot launch it twice
         log = log_path.open("ab")
         try:
-            proc = subprocess.Popen(
-                attempt_argv(argv, signal.SIGTERM),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=spec.workdir or None,
-                env=env,
-                start_new_session=True,
-            )
+            proc = self._start(argv, env, spec.workdir, log)
         except OSError as err:
             log.close()
             reason = f"cannot start {argv[0]!r}: {err.strerror}"
@@ -364,6 +377,46 @@ class LocalScheduler:
             world_size=spec.world_size,
             **where,
         )
+
+    def _start(self, argv: list[str], env: Mapping[str, str], workdir: str | None, log: IO[bytes]) -> AttemptProcess:
+        """Fork the attempt from the warm server when it can (``warm.py``), else start a new interpreter.
+
+        Either way it runs in a session of its own and gets SIGTERM when its starter dies.
+        """
+        warm = self._warm_server()
+        if warm is not None and (warm.ready or warm.dead):  # still importing: this one starts cold, silently
+            cwd = str(Path(workdir).resolve()) if workdir else os.getcwd()
+            child = warm.spawn(argv, env=env, cwd=cwd, log=log, death_signal=signal.SIGTERM)
+            if isinstance(child, WarmProcess):
+                return child
+            if warm_entry(argv) is not None and not self.warm_fallback_said:  # it could have run warm
+                self.warm_fallback_said = True
+                print(f"gpufleet scheduler: no warm start: {child}; such attempts start as new processes", flush=True)
+        return subprocess.Popen(
+            attempt_argv(argv, signal.SIGTERM),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir or None,
+            env=env,
+            start_new_session=True,
+        )
+
+    def _warm_server(self) -> WarmServer | None:
+        """The warm server, started at the first launch unless ``GPUFLEET_WARM_START=0`` (``None``: none runs)."""
+        if self.warm is None and not self.warm_cannot_start and warm_start_enabled(os.environ):
+            try:
+                self.warm = WarmServer.start(os.environ)
+            except OSError as err:
+                print(f"gpufleet scheduler: no warm start: {err.strerror}; attempts start as new processes", flush=True)
+                self.warm_cannot_start = True
+                return None
+            weakref.finalize(self, self.warm.close)
+        if self.warm is not None:
+            self.warm.pump()  # has it finished importing (or died) since?
+            if self.warm.dead:
+                self.warm.close()  # reaped; a later launch starts no other: the attempts start cold
+        return self.warm
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
