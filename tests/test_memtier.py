@@ -7,7 +7,7 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from conftest import assert_bitwise_equal
 
 from gpufleet.jobs.events import EventLog, read_events
 from gpufleet.runtime.components.announce import Announcer
+from gpufleet.runtime.group import Group
 from gpufleet.runtime.memtier import release, tier_need_bytes
 from gpufleet.runtime.memtier.copies import CopyHeader, TierError, decode, encode, header_for
 from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, read_record, running_keeper
@@ -282,3 +283,109 @@ def test_tier_need_bytes_counts_two_copies_per_rank_of_the_node() -> None:
     assert tier_need_bytes(1000, 4) == 8000
     with pytest.raises(ValueError, match="ranks >= 1"):
         tier_need_bytes(1000, 0)
+
+
+@dataclass(frozen=True)
+class TwinGroup(Group):
+    """Rank 0 of two whose other rank reports the same numbers; counts the meetings (all-reduces)."""
+
+    meetings: list[int] = field(default_factory=list)
+
+    def agree(self, values: Sequence[float]) -> list[float]:
+        self.meetings.append(len(values))
+        return [2 * v for v in values]
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value, value]
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        pass
+
+    def broadcast(self, value: Any) -> Any:
+        return value
+
+    def drain(self) -> None:
+        pass
+
+
+def test_a_group_with_a_fixed_interval_snapshots_between_agreements_without_meeting(
+    tmp_path: Path, place: TierPlace
+) -> None:
+    group = TwinGroup(rank=0, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = TrainSession(
+        ckpt_dir=tmp_path / "job" / "checkpoints",
+        model=model,
+        optimizer=opt,
+        policy=CheckpointPolicy(every_steps=1000, memory=MemoryTier(every_steps=1, peer=False)),
+        events=EventLog(tmp_path / "events.jsonl"),
+        memory=place,
+        group=group,
+        agree_every=4,
+        echo=False,
+        handle_signals=False,
+    )
+    tier, seen = None, {}
+    with pytest.raises(RuntimeError, match="stop"), session:
+        tier = session._ckpt.tier
+        assert tier is not None
+        tier.own.keep = 10
+        before = len(group.meetings)
+        for _ in range(6):
+            loss = model(torch.ones(2, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            session.report(loss)
+            tier.wait()
+            seen[tier.last_step] = len(group.meetings) - before
+        raise RuntimeError("stop")
+    assert tier is not None and tier.snapshots == 6
+    assert seen == {1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1}  # one meeting, at the agreement of step 4
+    judged = {step: tier.own.header(step).judged for step in tier.own.steps()}
+    assert judged == {1: False, 2: False, 3: False, 4: True, 5: False, 6: False}
+
+
+def snapshot_tier(place: TierPlace, marks: list[tuple[int, bool]]) -> RamTier:
+    tier = RamTier(MemoryTier(peer=False), place, group=Group(), voice=Announcer(EventLog(None)), job=None)
+    tier.own.keep = 10
+    for step, judged in marks:
+        state = {"trainer": {"step": step}, "w": torch.full((3,), float(step))}
+        tier.snapshot(step, lambda s=state: s, fields={"fingerprint": None}, step_seconds=1.0, judged=judged)  # type: ignore[misc]
+        tier.wait()
+    return tier
+
+
+def test_a_rollback_uses_no_copy_beyond_the_last_step_judged_healthy(place: TierPlace) -> None:
+    tier = snapshot_tier(place, [(3, True), (5, False)])
+    tier.note_judged(4, healthy=True)
+    got = tier.restore(before_step=6, disk_step=None, fingerprint=None)
+    assert got is not None and got.header.step == 3
+    tier.note_judged(5, healthy=True)
+    got = tier.restore(before_step=6, disk_step=None, fingerprint=None)
+    assert got is not None and got.header.step == 5 and not got.header.judged
+    tier.close()
+
+
+def test_a_step_judged_unhealthy_drops_the_copies_taken_after_it_as_healthy(place: TierPlace) -> None:
+    tier = snapshot_tier(place, [(4, True), (5, False), (6, False)])
+    tier.note_judged(4, healthy=True)
+    tier.note_judged(5, healthy=False)
+    assert tier.own.steps() == [4]
+    tier.close()
+
+
+def test_a_restore_from_own_ram_leaves_no_tensor_in_the_copys_mapping(tmp_path: Path, place: TierPlace) -> None:
+    run = Run(tmp_path, place)
+    with run.session:
+        run.train(3)
+    again = Run(tmp_path, place, log="again")
+    with again.session:
+        assert again.kinds("restore")[-1]["tier"] == "own"
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8")
+        assert str(place.shm_root) not in maps

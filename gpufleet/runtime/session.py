@@ -363,9 +363,11 @@ class TrainSession:
             (self.total_steps is not None and self.step >= self.total_steps)
             or (every is not None and self.step % every == 0)
             or self.step in (self.inject_preempt_at, self.inject_rollback_at)
-            or self._ckpt.snapshot_due(self.step)
+            or self._ckpt.snapshot_meets(self.step)
         )
         if not self._agreement.hold(pending, due=due):
+            # checkpoint.memory: a fixed interval's snapshot needs no meeting; the copy says it is not judged yet
+            self._ckpt.snapshot(self._position(), pending.seconds, judged=False)
             self._step_started = time.monotonic()
             self._agreement.progress(self.step)
             return

@@ -10,17 +10,77 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpufleet.backends.base import Backend, Feature, register
 from gpufleet.backends.local import process
 from gpufleet.backends.pools import active_fleet, check_fits
 from gpufleet.errors import Conflict, ParameterError, UsageError
+from gpufleet.estimate.memory import estimate_memory
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Job
 from gpufleet.paths import hold_file
 from gpufleet.paths import scheduler_pid as pid_file
+from gpufleet.runtime.memtier.peer import ENV_PEER
+from gpufleet.runtime.memtier.release import room, tier_need_bytes
+from gpufleet.runtime.memtier.shm import shm_root
 from gpufleet.spec import JobSpec
+
+TINYLM = "gpufleet.workloads.tinylm:train"
+TINYLM_DEFAULTS = {"layers": 2, "embed": 128, "context": 64}
+"""``workloads.tinylm.train``'s defaults of the arguments that size its model."""
+
+
+def tinylm_params(args: dict[str, object]) -> int | None:
+    """At least the parameters of ``workloads.tinylm``'s model (``None``: arguments it cannot read).
+
+    Position embedding ``context·E``, per block ``12·E² + 13·E`` (qkv and projection, the 4x MLP,
+    their biases, two LayerNorms) and the final LayerNorm; the token embedding and the head are
+    left out (the vocabulary is the corpus's), so the count is a lower bound: a refusal is sure.
+    """
+    sizes: dict[str, int] = {}
+    for name, default in TINYLM_DEFAULTS.items():
+        value = args.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 20:
+            return None
+        sizes[name] = value
+    embed, layers, context = sizes["embed"], sizes["layers"], sizes["context"]
+    return context * embed + layers * (12 * embed * embed + 13 * embed) + 2 * embed
+
+
+def memory_state_bytes(spec: JobSpec) -> int | None:
+    """Bytes of one rank's memory copy (fp32 weights and AdamW's two moments, ZeRO's 4Ψ + 8Ψ), or ``None``.
+
+    Known for the built-in workloads the estimate can size; any other entrypoint is checked by the
+    runtime at its first snapshot instead.
+    """
+    params = tinylm_params(dict(spec.args)) if spec.entrypoint == TINYLM else None
+    if params is None:
+        return None
+    estimate = estimate_memory(params, 1, "ddp", precision="fp32")
+    return estimate.params_bytes + estimate.optimizer_bytes
+
+
+def check_memory_tier_fits(spec: JobSpec, env: Mapping[str, str]) -> None:
+    """Refuse a job whose ``checkpoint.memory`` cannot fit this host's shared memory or RAM (the runtime's rule).
+
+    Each rank of the host keeps 2 copies in ``/dev/shm`` and, with the job's own keeper, 2 more in RAM.
+    """
+    memory = spec.checkpoint.memory
+    state_bytes = memory_state_bytes(spec) if memory is not None else None
+    if memory is None or state_bytes is None:
+        return
+    need = tier_need_bytes(state_bytes, spec.ranks_per_node)
+    need_ram = need * (2 if memory.peer and not env.get(ENV_PEER, "").strip() else 1)
+    free, available = room(shm_root(env))
+    if free >= need and available >= need_ram:
+        return
+    raise UsageError(
+        f"checkpoint.memory needs {need} bytes of shared memory ({free} free) and {need_ram} of RAM "
+        f"({available} available): 2 copies of about {state_bytes} bytes for each of {spec.ranks_per_node} rank(s); "
+        "remove checkpoint.memory, or free /dev/shm and memory"
+    )
 
 
 @register("local")
@@ -37,6 +97,7 @@ class LocalBackend(Backend):
         self.spawn = spawn
 
     def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        check_memory_tier_fits(spec, {**os.environ, **(env or {})})
         fleet = active_fleet(self.home)
         if fleet is not None:
             check_fits(spec, fleet)

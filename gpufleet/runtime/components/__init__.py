@@ -24,7 +24,8 @@ What a component may import: ``announce``; the runtime's building blocks (``runt
 environment). Two helpers are used by one component each: ``ckpt_io`` by ``checkpointer``, the
 reporter's constructors by ``settings``; no other component imports another.
 
-Where later work goes: a memory tier of checkpoints is a second tier inside ``checkpointer``;
-recovering a lost rank in place is a new verdict of ``guard`` fed by ``agreement`` (their module
-docstrings say where).
+The memory tier of checkpoints is ``runtime.memtier`` (RAM copies that outlive a rank), owned by
+``checkpointer`` as its first tier: snapshots at step boundaries, restore own RAM, then a peer's,
+then the disk. Recovering a lost rank in place is a verdict of ``guard`` fed by ``agreement``
+(their module docstrings say where).
 """

@@ -20,6 +20,12 @@ The memory tier (``checkpoint.memory``; DESIGN.md: own RAM, then a peer's RAM, t
 verified) is a ``runtime.memtier.RamTier`` owned here: ``snapshot`` hands it the same state a disk
 checkpoint of this rank holds (:meth:`CheckpointManager.plain_state`), ``restore`` asks it first
 (a copy older than the newest disk checkpoint is stale), and :class:`Restored` names the tier used.
+A copy from this node's shared memory is loaded mapped (``torch.load(mmap=True)``): a module's
+``load_state_dict`` copies out of the mapping, and every other object's tensors are copied once
+before its ``load_state_dict`` (an optimizer keeps the tensors it is given), so no tensor of the
+run keeps a copy's file alive. In a group, the steps between two agreements are snapshotted
+before they are judged (:meth:`CheckpointManager.snapshot`, ``judged=False``); only ``every_steps:
+auto``'s measured snapshots need the ranks to meet (:meth:`CheckpointManager.snapshot_meets`).
 """
 
 from __future__ import annotations
@@ -248,6 +254,8 @@ class CheckpointManager:
         if self.auto_interval is not None:
             self.auto_interval.note_step(seconds)
         self._owed |= self.policy.every_steps is not None and step % self.policy.every_steps == 0
+        if self.tier is not None:
+            self.tier.note_judged(step, healthy=not self.unhealthy_since_save)
 
     def note_unhealthy(self) -> None:
         """A step was unhealthy and kept (``health.action`` is not rollback): the next save is marked unhealthy."""
@@ -361,11 +369,22 @@ class CheckpointManager:
         return plain
 
     def snapshot_due(self, step: int) -> bool:
-        """A memory-tier snapshot is due at ``step`` (a group meets there, so every rank takes it)."""
+        """A memory-tier snapshot is due at ``step``."""
         return self.tier is not None and self.tier.due(step)
 
-    def snapshot(self, at: LoopPosition, step_seconds: float) -> float | None:
-        """At a step boundary: a memory-tier copy of ``at`` when one is due; the seconds the loop waited."""
+    def snapshot_meets(self, step: int) -> bool:
+        """A group must meet at ``step`` for its snapshot: only while ``every_steps: auto`` measures.
+
+        A fixed interval falls on the same steps on every rank by construction; ``auto``'s
+        measured snapshots end in one all-reduce that picks the interval, taken where the ranks meet.
+        """
+        return self.tier is not None and self.tier.every is None and self.tier.due(step)
+
+    def snapshot(self, at: LoopPosition, step_seconds: float, *, judged: bool = True) -> float | None:
+        """At a step boundary: a memory-tier copy of ``at`` when one is due; the seconds the loop waited.
+
+        ``judged=False``: a group's step not yet judged by the ranks' agreement (the copy says so).
+        """
         if self.tier is None:
             return None
         check_values(self.values)
@@ -376,7 +395,9 @@ class CheckpointManager:
             "job": self.job,
             "fingerprint": self.fingerprint,
         }
-        return self.tier.snapshot(at.step, lambda: self.plain_state(at), fields=fields, step_seconds=step_seconds)
+        return self.tier.snapshot(
+            at.step, lambda: self.plain_state(at), fields=fields, step_seconds=step_seconds, judged=judged
+        )
 
     def write_done(self) -> bool:
         """The background write in flight finished without an error (a failed one is met where all ranks wait)."""
@@ -528,7 +549,7 @@ class CheckpointManager:
         optimizer = self.objects.get("optimizer")
         current = optimizer.state_dict() if cause == "start" and optimizer is not None else None
         changes = hyperparameter_changes(got.state.get("optimizer"), current) if current else []
-        load_objects(info.path, self.objects, got.state)
+        load_objects(info.path, self.objects, _owned(self.objects, got.state) if got.tier == "own" else got.state)
         trainer = got.state["trainer"]
         position = LoopPosition(
             step=int(trainer["step"]),
@@ -594,6 +615,32 @@ class CheckpointManager:
         self._work_seconds = 0.0
         self.unhealthy_since_save = False
         self._owed = False
+
+
+def _owned(objects: Mapping[str, Stateful], state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the tensors of every object that is not a module copied out of the copy's mapping.
+
+    A module's ``load_state_dict`` copies into its own parameters; an optimizer's (or another
+    object's) may keep the tensors it is given, and a tensor of a mapped file keeps the file's
+    shared memory in use after the file is gone.
+    """
+    import torch
+
+    def own(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, dict):
+            return {k: own(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [own(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(own(v) for v in value)
+        return value
+
+    return {
+        name: value if isinstance(objects.get(name), torch.nn.Module) or name == "trainer" else own(value)
+        for name, value in state.items()
+    }
 
 
 __all__ = ["CheckpointManager", "LoopPosition", "Restored", "SaveVerdict"]

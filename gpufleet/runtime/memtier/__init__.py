@@ -4,9 +4,10 @@ Floor 6 of the layers (README, "Layout"; ``tests/test_layers.py``), like the res
 
 ::
 
-    copies.py   CopyHeader, encode/decode   one copy: a JSON header (step, sha256, fingerprint, bytes,
-                                            created-at) in front of the state's ``torch.save`` bytes
-    shm.py      OwnStore                    the node's own copies: ``/dev/shm/gpufleet-<uid>/<key>/rank-R``
+    copies.py   CopyHeader, encode/decode   one copy: a JSON header (step, chunked sha256, fingerprint, bytes,
+                                            created-at, judged) and the state's ``torch.save`` bytes
+    shm.py      OwnStore                    the node's own copies: ``/dev/shm/gpufleet-<uid>/<key>/rank-R``,
+                                            written straight from the state, read back mapped
     wire.py     (frames)                    the keeper's length-prefixed protocol: JSON headers, opaque bytes
     keeper.py   Keeper, ``python -m``       a process that holds the newest copies of each rank in its RAM
     peer.py     PeerClient, ensure_keeper   talking to a keeper; starting the job's own one, once

@@ -16,8 +16,10 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import IO, Any
 
 from gpufleet.errors import CheckpointError
 
@@ -25,6 +27,9 @@ MAX_HEADER_BYTES = 64 * 1024
 """A header is a few hundred bytes; anything larger is not one of ours."""
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_STEP = 99_999_999
+CHUNK_BYTES = 64 * 1024 * 1024
+"""A copy is hashed in chunks of this many bytes, so it can be verified by several threads at once."""
+VERIFY_THREADS = 2
 
 
 class TierError(CheckpointError):
@@ -50,6 +55,9 @@ class CopyHeader:
     job: str | None = None
     rank: int = 0
     world_size: int = 1
+    judged: bool = True
+    """False: taken at a step the ranks had not judged yet (between two agreements); ``healthy`` is
+    then what was known when it was taken, and a rollback never uses it beyond the last healthy step."""
 
     def to_json(self) -> builtins.bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -79,8 +87,9 @@ class CopyHeader:
             raise CorruptCopy("copy header field loss is not a number")
         if job is not None and not (isinstance(job, str) and len(job) <= 200):
             raise CorruptCopy("copy header field job is not a short string")
-        if not isinstance(raw.get("healthy", True), bool):
-            raise CorruptCopy("copy header field healthy is not true or false")
+        for flag in ("healthy", "judged"):
+            if not isinstance(raw.get(flag, True), bool):
+                raise CorruptCopy(f"copy header field {flag} is not true or false")
         return cls(
             step=raw["step"],
             sha256=raw["sha256"],
@@ -92,6 +101,7 @@ class CopyHeader:
             job=job,
             rank=raw.get("rank", 0),
             world_size=raw.get("world_size", 1),
+            judged=raw.get("judged", True),
         )
 
     @classmethod
@@ -106,40 +116,103 @@ class CopyHeader:
             raise CorruptCopy("copy header is not JSON") from None
 
 
-def encode(state: Any) -> bytes:
-    """The ``torch.save`` bytes of ``state`` (the checksum is sha256 over them, as on disk)."""
+class ChunkedSha256:
+    """sha256 over the sha256 of each ``CHUNK_BYTES`` chunk: fed in pieces of any size, as a writer writes."""
+
+    def __init__(self) -> None:
+        self._digests: list[bytes] = []
+        self._chunk = hashlib.sha256()
+        self._filled = 0
+        self.bytes = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), CHUNK_BYTES - self._filled)
+            self._chunk.update(view[:take])
+            self._filled += take
+            self.bytes += take
+            view = view[take:]
+            if self._filled == CHUNK_BYTES:
+                self._digests.append(self._chunk.digest())
+                self._chunk, self._filled = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str:
+        tail = [self._chunk.digest()] if self._filled or not self._digests else []
+        return _combine([*self._digests, *tail])
+
+
+def _combine(digests: Iterable[bytes]) -> str:
+    outer = hashlib.sha256()
+    for digest in digests:
+        outer.update(digest)
+    return outer.hexdigest()
+
+
+def chunked_sha256(data: bytes | bytearray | memoryview, threads: int = VERIFY_THREADS) -> str:
+    """The checksum of ``data`` (see :class:`ChunkedSha256`), its chunks hashed by ``threads`` threads."""
+    view = memoryview(data).cast("B")
+    starts = range(0, max(len(view), 1), CHUNK_BYTES)
+    if threads <= 1 or len(starts) == 1:
+        return _combine(hashlib.sha256(view[i : i + CHUNK_BYTES]).digest() for i in starts)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpufleet-memtier-hash") as pool:
+        return _combine(pool.map(lambda i: hashlib.sha256(view[i : i + CHUNK_BYTES]).digest(), starts))
+
+
+class HashingWriter:
+    """A file for ``torch.save`` that hashes every byte on its way to ``sink``: one pass, no copy in between."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self.sink = sink
+        self.hash = ChunkedSha256()
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.hash.update(data)
+        return self.sink.write(data)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
+def save_into(state: Any, sink: IO[bytes]) -> tuple[str, int]:
+    """``torch.save`` of ``state`` straight into ``sink``; its checksum and byte count."""
     import torch
 
     from gpufleet.runtime.checkpoint import torch_crc32_off
 
-    buffer = io.BytesIO()
+    writer = HashingWriter(sink)
     with torch_crc32_off():
-        torch.save(state, buffer)
+        torch.save(state, writer)  # type: ignore[arg-type]
+    return writer.hash.hexdigest(), writer.hash.bytes
+
+
+def encode(state: Any) -> bytes:
+    """The ``torch.save`` bytes of ``state`` (the checksum is ``chunked_sha256`` over them)."""
+    buffer = io.BytesIO()
+    save_into(state, buffer)
     return buffer.getvalue()
 
 
-def header_for(step: int, payload: bytes, **fields: Any) -> CopyHeader:
+def header_for(step: int, payload: bytes | bytearray | memoryview, **fields: Any) -> CopyHeader:
     return CopyHeader(
         step=step,
-        sha256=hashlib.sha256(payload).hexdigest(),
+        sha256=chunked_sha256(payload),
         bytes=len(payload),
         created_at=time.time(),
         **fields,
     )
 
 
-def decode(header: CopyHeader, payload: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """The state of a copy whose bytes match its header, loaded with ``weights_only``; else ``CorruptCopy``."""
-    import torch
-
+def verify(header: CopyHeader, payload: bytes | bytearray | memoryview) -> None:
+    """``CorruptCopy`` unless ``payload`` has the byte count and checksum its header claims."""
     if len(payload) != header.bytes:
         raise CorruptCopy(f"copy of step {header.step} holds {len(payload)} bytes, its header says {header.bytes}")
-    if hashlib.sha256(payload).hexdigest() != header.sha256:
+    if chunked_sha256(payload) != header.sha256:
         raise CorruptCopy(f"copy of step {header.step} fails its sha256 check")
-    try:
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
-        raise CorruptCopy(f"copy of step {header.step} does not load ({err.__class__.__name__})") from None
+
+
+def check_state(header: CopyHeader, state: Any) -> dict[str, Any]:
+    """The loaded state when it holds the trainer state of the header's step; else ``CorruptCopy``."""
     if not isinstance(state, dict) or not isinstance(state.get("trainer"), dict):
         raise CorruptCopy(f"copy of step {header.step} holds no trainer state")
     if state["trainer"].get("step") != header.step:
@@ -147,4 +220,29 @@ def decode(header: CopyHeader, payload: bytes | bytearray | memoryview) -> dict[
     return state
 
 
-__all__ = ["CopyHeader", "CorruptCopy", "TierError", "decode", "encode", "header_for"]
+def decode(header: CopyHeader, payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The state of a copy whose bytes match its header, loaded with ``weights_only``; else ``CorruptCopy``."""
+    import torch
+
+    verify(header, payload)
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
+        raise CorruptCopy(f"copy of step {header.step} does not load ({err.__class__.__name__})") from None
+    return check_state(header, state)
+
+
+__all__ = [
+    "CHUNK_BYTES",
+    "ChunkedSha256",
+    "CopyHeader",
+    "CorruptCopy",
+    "TierError",
+    "check_state",
+    "chunked_sha256",
+    "decode",
+    "encode",
+    "header_for",
+    "save_into",
+    "verify",
+]

@@ -8,7 +8,9 @@ leaves its state here for its replacement; on a fleet a rank points at another n
 (``GPUFLEET_MEMORY_PEER``), so a lost node loses no copy either. It keeps the 2 newest steps per
 (job key, rank), refuses a copy larger than ``--max-copy-bytes`` before reading it and one that
 would take it over ``--max-bytes``, and exits by itself after ``--idle-seconds`` without a request.
-It never interprets a payload; headers are JSON (``wire.py``).
+It never interprets a payload; headers are JSON (``wire.py``). It runs at a lower priority
+(``NICE``): on a node whose cores the ranks keep busy, receiving a copy waits for an idle core
+rather than slow a step down (a rank skips its next send while one is in flight).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from gpufleet.runtime.memtier.copies import CopyHeader, TierError
 from gpufleet.runtime.memtier.wire import Closed, Op, WireError, recv_frame, send_frame
 
 KEEP = 2
+NICE = 10
+"""How much the keeper lowers its own scheduling priority (``os.nice``)."""
 IDLE_SECONDS = 15 * 60.0
 KEY = re.compile(r"[0-9a-f]{1,64}")
 Reply = tuple[Op, dict[str, Any], bytes | bytearray]
@@ -191,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if max_bytes < 1 or args.idle_seconds <= 0:
         p.error("--max-bytes and --idle-seconds must be positive")
     max_copy = args.max_copy_bytes if args.max_copy_bytes is not None else max_bytes
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
     try:
         serve(
             args.address,

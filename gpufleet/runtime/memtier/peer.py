@@ -71,7 +71,7 @@ class PeerClient:
         pid = self._call(Op.PING, {})[0].get("pid")
         return pid if isinstance(pid, int) else -1
 
-    def put(self, key: str, rank: int, header: CopyHeader, payload: bytes) -> None:
+    def put(self, key: str, rank: int, header: CopyHeader, payload: bytes | memoryview) -> None:
         self._call(Op.PUT, {"key": key, "rank": rank, "copy": header.to_dict()}, payload)
 
     def get(self, key: str, rank: int, step: int | None = None) -> tuple[CopyHeader, bytearray] | None:

@@ -1,4 +1,4 @@
-"""What a memory tier needs, and what a finished job leaves behind of it.
+"""What a memory tier needs, the room a node has for it, and what a finished job leaves behind of it.
 
 ``release`` is the scheduler's to call when a job ends for good: it stops the job's keeper (only
 after checking that the recorded pid runs our keeper) and removes the job's shared-memory folder.
@@ -27,6 +27,22 @@ def tier_need_bytes(state_bytes: int, ranks_per_node: int) -> int:
     return COPIES_KEPT * state_bytes * ranks_per_node
 
 
+def room(shm: Path) -> tuple[int, int]:
+    """Free bytes of the shared-memory filesystem holding ``shm`` (its nearest existing folder); ``MemAvailable``."""
+    probe = shm
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    available = free
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return free, available
+
+
 def release(job_dir: Path | str, env: Mapping[str, str] | None = None) -> None:
     """Stop the job's keeper (if the recorded pid is ours) and remove its shared-memory copies."""
     from gpufleet.runtime.memtier.peer import RECORD, is_keeper, read_record
@@ -42,4 +58,4 @@ def release(job_dir: Path | str, env: Mapping[str, str] | None = None) -> None:
     shutil.rmtree(shm_root(os.environ if env is None else env) / job_key(job_dir), ignore_errors=True)
 
 
-__all__ = ["release", "tier_need_bytes"]
+__all__ = ["release", "room", "tier_need_bytes"]

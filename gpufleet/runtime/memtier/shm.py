@@ -2,34 +2,50 @@
 
 ::
 
-    /dev/shm/gpufleet-<uid>/<key>/rank-<R>/step-00000150.mem    (``$GPUFLEET_SHM_DIR`` replaces the root)
+    /dev/shm/gpufleet-<uid>/<key>/rank-<R>/step-00000150.mem     the state's torch.save bytes
+                                          /step-00000150.head    magic line, length (4 bytes), JSON header
+                                          (``$GPUFLEET_SHM_DIR`` replaces the root)
 
-``<key>`` is a short hash of the job's folder, so two jobs on a node never share copies. One file
-per copy: a magic line, the header's length (4 bytes, big-endian), the JSON header, the state's
-bytes. A copy is written under a temporary name and renamed, so a rank killed mid-write leaves
-the previous copy whole; the two newest steps are kept. ``tmpfs`` lives in RAM: there is nothing
-to fsync.
+``<key>`` is a short hash of the job's folder, so two jobs on a node never share copies. The state
+is serialised straight into its file (no copy in memory first), hashed on the way; the header goes
+in a file of its own, written last: a copy without one does not exist, like a checkpoint folder
+without its manifest. Both are written under temporary names and renamed, so a rank killed
+mid-write leaves the previous copy whole; the two newest steps are kept. ``tmpfs`` lives in RAM:
+there is nothing to fsync.
+
+The state's file is a plain ``torch.save`` archive, so a restore maps it (``mmap``), verifies it
+over 2 threads and loads it with ``torch.load(mmap=True)``: its tensors point into the mapping,
+and the only copy is the one into the model (``load_state_dict``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import re
 import shutil
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
-from gpufleet.runtime.memtier.copies import MAX_HEADER_BYTES, CopyHeader, CorruptCopy
+from gpufleet.runtime.memtier.copies import (
+    MAX_HEADER_BYTES,
+    CopyHeader,
+    CorruptCopy,
+    check_state,
+    save_into,
+    verify,
+)
 
 ENV_SHM_DIR = "GPUFLEET_SHM_DIR"
-MAGIC = b"GFMEM1\n"
+MAGIC = b"GFMEM2\n"
 _LENGTH = struct.Struct(">I")
-STEP_FILE = re.compile(r"step-(\d{8})\.mem")
+STEP_FILE = re.compile(r"step-(\d{8})\.head")
 RANK_DIR = re.compile(r"rank-(\d{1,5})")
 KEEP = 2
 
@@ -52,28 +68,53 @@ class OwnStore:
         self.folder = self.job_folder / f"rank-{rank}"
         self.keep = keep
 
-    def put(self, header: CopyHeader, payload: bytes) -> Path:
-        """Write one copy (temporary name, then rename) and drop all but the ``keep`` newest."""
+    def put(self, header: CopyHeader, payload: bytes | bytearray | memoryview) -> CopyHeader:
+        """Write one copy of bytes already serialised (temporary names, then renames); keep the ``keep`` newest."""
+        return self._commit(header.step, lambda fh: fh.write(payload), lambda: header)
+
+    def write(self, step: int, state: Any, **fields: Any) -> CopyHeader:
+        """Serialise ``state`` straight into the copy of ``step``, hashed as it is written; its header."""
+        made: dict[str, Any] = {}
+
+        def fill(fh: IO[bytes]) -> None:
+            made["sha256"], made["bytes"] = save_into(state, fh)
+
+        return self._commit(step, fill, lambda: CopyHeader(step=step, created_at=time.time(), **made, **fields))
+
+    def _commit(
+        self, step: int, fill: Callable[[IO[bytes]], object], header_of: Callable[[], CopyHeader]
+    ) -> CopyHeader:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        final = self.folder / f"step-{header.step:08d}.mem"
-        tmp = self.folder / f".tmp-step-{header.step:08d}-{os.getpid()}"
-        head = header.to_json()
+        final = self.path(step)
+        tmp = self.folder / f".tmp-step-{step:08d}-{os.getpid()}"
+        head_tmp = self.folder / f".tmp-head-{step:08d}-{os.getpid()}"
         try:
+            with contextlib.suppress(OSError):
+                self.head_path(step).unlink()  # a copy of this step being replaced does not exist meanwhile
             with open(tmp, "wb") as fh:
-                fh.write(MAGIC + _LENGTH.pack(len(head)) + head)
-                fh.write(payload)
+                fill(fh)
             os.replace(tmp, final)
+            header = header_of()
+            head = header.to_json()
+            with open(head_tmp, "wb") as fh:
+                fh.write(MAGIC + _LENGTH.pack(len(head)) + head)
+            os.replace(head_tmp, self.head_path(step))
         except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            for left in (tmp, head_tmp):
+                with contextlib.suppress(OSError):
+                    left.unlink()
             raise
-        for step in self.steps()[self.keep :]:
+        for old in self.steps()[self.keep :]:
+            self._remove(old)
+        return header
+
+    def _remove(self, step: int) -> None:
+        for path in (self.head_path(step), self.path(step)):  # the header first: the copy stops existing at once
             with contextlib.suppress(OSError):
-                (self.folder / f"step-{step:08d}.mem").unlink()
-        return final
+                path.unlink()
 
     def steps(self) -> list[int]:
-        """The steps held, newest first (by file name: each is still checked when read)."""
+        """The steps held, newest first (by header file name: each is still checked when read)."""
         try:
             names = os.listdir(self.folder)
         except OSError:
@@ -81,25 +122,53 @@ class OwnStore:
         return sorted((int(m.group(1)) for n in names if (m := STEP_FILE.fullmatch(n))), reverse=True)
 
     def path(self, step: int) -> Path:
+        """The file of the state's bytes of the copy of ``step``."""
         return self.folder / f"step-{step:08d}.mem"
 
+    def head_path(self, step: int) -> Path:
+        return self.folder / f"step-{step:08d}.head"
+
     def header(self, step: int) -> CopyHeader:
-        """The header of the copy of ``step`` alone (listing needs no payload); ``CorruptCopy`` if unreadable."""
-        with _open_regular(self.path(step)) as fh:
-            return _read_header(fh.read(len(MAGIC) + _LENGTH.size + MAX_HEADER_BYTES), step)[0]
+        """The header of the copy of ``step`` (listing needs no payload); ``CorruptCopy`` if unreadable."""
+        with _open_regular(self.head_path(step)) as fh:
+            return _read_header(fh.read(len(MAGIC) + _LENGTH.size + MAX_HEADER_BYTES + 1), step)
 
     def read(self, step: int) -> tuple[CopyHeader, bytes]:
         """The header and bytes of the copy of ``step`` (not yet verified: ``copies.decode`` does)."""
+        header = self.header(step)
         with _open_regular(self.path(step)) as fh:
-            data = fh.read()
-        header, start = _read_header(data, step)
-        return header, data[start:]
+            return header, fh.read()
+
+    def load(self, header: CopyHeader) -> dict[str, Any]:
+        """The verified state of the copy ``header`` describes, its tensors mapped from the file; else ``CorruptCopy``.
+
+        The bytes hashed are the bytes loaded: the file is opened once, verified through a
+        mapping of that descriptor, and ``torch.load`` maps the same open file (``/proc/self/fd``).
+        """
+        import torch
+
+        with _open_regular(self.path(header.step)) as fh:
+            fd = fh.fileno()
+            if os.fstat(fd).st_size != header.bytes:
+                size = os.fstat(fd).st_size
+                raise CorruptCopy(f"copy of step {header.step} holds {size} bytes, its header says {header.bytes}")
+            if header.bytes:
+                with mmap.mmap(fd, header.bytes, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+                    verify(header, view)
+            else:
+                verify(header, b"")
+            by_fd = f"/proc/self/fd/{fd}"
+            source = by_fd if os.path.exists(by_fd) else str(self.path(header.step))
+            try:
+                state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
+                raise CorruptCopy(f"copy of step {header.step} does not load ({err.__class__.__name__})") from None
+        return check_state(header, state)
 
     def drop_after(self, step: int) -> None:
         for held in self.steps():
             if held > step:
-                with contextlib.suppress(OSError):
-                    self.path(held).unlink()
+                self._remove(held)
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -118,18 +187,18 @@ def _open_regular(path: Path) -> Iterator[BinaryIO]:
         yield fh
 
 
-def _read_header(data: bytes, step: int) -> tuple[CopyHeader, int]:
-    """The header at the front of a copy's file, and where its payload starts."""
+def _read_header(data: bytes, step: int) -> CopyHeader:
+    """The header in a copy's header file."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
-        raise CorruptCopy(f"step-{step:08d}.mem is not a memory copy")
+        raise CorruptCopy(f"step-{step:08d}.head is not a memory copy header")
     (length,) = _LENGTH.unpack_from(data, len(MAGIC))
     start = len(MAGIC) + _LENGTH.size
-    if length > MAX_HEADER_BYTES or start + length > len(data):
-        raise CorruptCopy(f"step-{step:08d}.mem has a header of {length} bytes")
+    if length > MAX_HEADER_BYTES or start + length != len(data):
+        raise CorruptCopy(f"step-{step:08d}.head has a header of {length} bytes")
     header = CopyHeader.from_json(data[start : start + length])
     if header.step != step:
-        raise CorruptCopy(f"step-{step:08d}.mem claims step {header.step}")
-    return header, start + length
+        raise CorruptCopy(f"step-{step:08d}.head claims step {header.step}")
+    return header
 
 
 def held_copies(root: Path, key: str) -> dict[int, list[int]]:

@@ -2,17 +2,25 @@
 
 A snapshot copies every tensor of the state into buffers allocated once (``copy_``: pinned host
 memory for a GPU tensor, the copy waited on by the writer thread through a CUDA event), so the
-loop goes on at once; the background thread serialises, hashes and writes the node's own copy,
-then sends it to the peer's keeper. While that thread is still busy the next boundary takes no
-snapshot (counted in ``busy_skips``): a slow write never stalls training. The send to the keeper
-runs in a thread of its own; while one is in flight the next copy is not sent (``peer_skips``),
-so a slow or lost keeper never holds the own copies back. A failed write or send
-says nothing per step; it is counted, and the next snapshot tries again (a lost keeper is
-started anew).
+loop goes on at once; the background thread serialises the state straight into the node's own
+copy in shared memory, hashing it on the way (one pass, no bytes in between), then hands the file
+to the send to the peer's keeper, which sends it from a mapping of the file. While the writer is
+still busy the next boundary takes no snapshot (counted in ``busy_skips``): a slow write never
+stalls training. The send runs in a thread of its own; while one is in flight the next copy is
+not sent (``peer_skips``): the keeper then holds an older step than the own store, which a restore
+handles (the ranks agree on a step every rank holds, own or peer), and a slow or lost keeper never
+holds the own copies back. A failed write or send says nothing per step; it is counted, and the
+next snapshot tries again (a lost keeper is started anew).
+
+In a group, a snapshot with a fixed ``every_steps`` is taken at the same steps on every rank by
+construction, so the ranks do not meet for it: the steps between two agreements are snapshotted
+before the agreement judges them, and such a copy says so (``judged: false``). Its health window
+holds the steps judged when it was taken. A rollback never uses a copy beyond the last step judged
+healthy, and a step judged unhealthy (and kept) drops the copies taken after it as healthy.
 
 ``every_steps: auto`` measures the synchronous cost of the first two snapshots (the second is a
 copy into buffers that exist, as every later one) and picks the fewest steps whose snapshot costs
-at most 2 % of the step time, the same on every rank (one all-reduce).
+at most 2 % of the step time, the same on every rank (one all-reduce, at steps where the ranks meet).
 
 A restore lists what each tier holds, skips with a ``tier_skipped`` event each copy that is stale
 (older than the newest disk checkpoint), of another run, unhealthy or corrupt, and makes the ranks
@@ -22,9 +30,11 @@ copy (own, else peer); if any rank fails, the next older common step, and after 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-import shutil
+import mmap
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,9 +45,9 @@ from typing import Any
 from gpufleet.jobs.events import EventKind
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.group import Group
-from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode, encode, header_for
+from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode
 from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, running_keeper
-from gpufleet.runtime.memtier.release import tier_need_bytes
+from gpufleet.runtime.memtier.release import room, tier_need_bytes
 from gpufleet.runtime.memtier.shm import OwnStore, job_key, shm_root
 from gpufleet.spec import MemoryTier
 
@@ -97,22 +107,6 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-def room(shm: Path) -> tuple[int, int]:
-    """Free bytes of the shared-memory filesystem holding ``shm``, and ``MemAvailable``."""
-    probe = shm
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    available = free
-    try:
-        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return free, available
-
-
 class RamTier:
     """One rank's memory tier: snapshots out, verified copies in."""
 
@@ -129,6 +123,10 @@ class RamTier:
         self.write_failures = 0
         self.peer_failures = 0
         self.last_step: int | None = None
+        self.healthy_through: int | None = None
+        """The last step the ranks judged healthy: a rollback uses no copy beyond it."""
+        self._optimistic: int | None = None
+        """The newest step snapshotted before it was judged, recorded healthy."""
         self.state_bytes = 0
         self._measured: list[float] = []
         self._buffers: dict[str, Any] = {}
@@ -150,8 +148,12 @@ class RamTier:
         *,
         fields: Mapping[str, Any],
         step_seconds: float,
+        judged: bool = True,
     ) -> float | None:
-        """Copy the state of ``step`` when one is due; the seconds the loop stood still for it, or ``None``."""
+        """Copy the state of ``step`` when one is due; the seconds the loop stood still for it, or ``None``.
+
+        ``judged=False``: the ranks have not judged ``step`` yet (a group between two agreements).
+        """
         if not self.due(step):
             return None
         measuring = self.snapshots < MEASURED
@@ -168,7 +170,9 @@ class RamTier:
         seconds = time.perf_counter() - started
         self.snapshots += 1
         self.last_step = step
-        self._future = self._writer.submit(self._write, step, staged, synced, dict(fields))
+        if not judged and fields.get("healthy", True):
+            self._optimistic = step
+        self._future = self._writer.submit(self._write, step, staged, synced, {**fields, "judged": judged})
         if measuring:
             self._measure(step, seconds, step_seconds)
         return seconds
@@ -257,13 +261,11 @@ class RamTier:
         return staged, synced
 
     def _write(self, step: int, staged: Any, synced: Any, fields: dict[str, Any]) -> None:
-        """Background: serialise, hash, write the own copy, send the peer's; failures are counted, not raised."""
+        """Background: serialise and hash into the own copy, hand its file to the send; failures are counted."""
         try:
             if synced is not None:
                 synced.synchronize()
-            payload = encode(staged)
-            header = header_for(step, payload, rank=self.group.rank, world_size=self.group.world_size, **fields)
-            self.own.put(header, payload)
+            header = self.own.write(step, staged, rank=self.group.rank, world_size=self.group.world_size, **fields)
         except Exception:  # noqa: BLE001 - a full /dev/shm or a bad value: the disk tier still holds the job
             self.write_failures += 1
             return
@@ -272,16 +274,43 @@ class RamTier:
         if self._sending is not None and not self._sending.done():
             self.peer_skips += 1  # the keeper lags behind: it gets a later copy
             return
-        self._sending = self._sender.submit(self._send, header, payload)
+        try:  # opened here, before a later write of this thread prunes the file
+            fd = os.open(self.own.path(step), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self.peer_failures += 1
+            return
+        self._sending = self._sender.submit(self._send, header, fd)
 
-    def _send(self, header: CopyHeader, payload: bytes) -> None:
+    def _send(self, header: CopyHeader, fd: int) -> None:
+        """Send the copy to the keeper from a mapping of its file (no bytes read into Python first)."""
         try:
-            self._peer(start=True).put(self.place.key, self.group.rank, header, payload)
-        except (TierError, OSError):
+            with contextlib.ExitStack() as stack:
+                stack.callback(os.close, fd)
+                mapped = stack.enter_context(mmap.mmap(fd, header.bytes, prot=mmap.PROT_READ)) if header.bytes else None
+                view = stack.enter_context(memoryview(mapped)) if mapped is not None else memoryview(b"")
+                self._peer(start=True).put(self.place.key, self.group.rank, header, view)
+        except (TierError, OSError, ValueError):
             self.peer_failures += 1
             if self._client is not None:
                 self._client.close()
             self._client = None
+
+    def note_judged(self, step: int, *, healthy: bool) -> None:
+        """The ranks judged ``step``: it is the last healthy one, or copies taken after it as healthy go."""
+        if healthy:
+            self.healthy_through = step
+            return
+        if self._optimistic is None or self._optimistic < step:
+            return
+        self._optimistic = None
+        self.wait()
+        after = step - 1
+        self.own.drop_after(after)
+        if self.config.peer:
+            try:
+                self._peer(start=False).drop(self.place.key, self.group.rank, after_step=after)
+            except TierError:
+                self._client = None
 
     def _peer(self, *, start: bool) -> PeerClient:
         """The keeper's client: the given peer, else the job's keeper (started when ``start``)."""
@@ -320,7 +349,7 @@ class RamTier:
         held: dict[int, list[str]] = {}
         for tier, steps in (("own", self._own_steps()), ("peer", self._peer_steps(disk_step))):
             for step in steps:
-                reason = _step_problem(step, before_step, disk_step)
+                reason = _step_problem(step, before_step, disk_step, self.healthy_through)
                 if reason == "stale":
                     self._skipped(tier, step, reason)
                 elif reason is None:
@@ -333,7 +362,7 @@ class RamTier:
         for step in sorted(common, reverse=True)[:MAX_ROUNDS]:
             got = self._load(step, held[step], fingerprint)
             if not self.group.any(got is None):
-                self.last_step = step
+                self.last_step = self.healthy_through = step
                 return got
         return None
 
@@ -358,8 +387,13 @@ class RamTier:
         for tier in tiers:
             try:
                 if tier == "own":
-                    header, payload = self.own.read(step)
+                    header = self.own.header(step)
                     where = str(self.own.path(step))
+                    reason = self._header_problem(header, fingerprint)
+                    if reason is not None:
+                        self._skipped(tier, step, reason)
+                        continue
+                    return MemoryCopy(tier, header, self.own.load(header), where)
                 else:
                     got = self._peer(start=False).get(self.place.key, self.group.rank, step)
                     if got is None:
@@ -395,6 +429,8 @@ class RamTier:
         self.wait()
         self.own.drop_after(step)
         self.last_step = None
+        self.healthy_through = step if self.healthy_through is None else min(step, self.healthy_through)
+        self._optimistic = None
         if self.config.peer:
             try:
                 self._peer(start=False).drop(self.place.key, self.group.rank, after_step=step)
@@ -402,13 +438,14 @@ class RamTier:
                 self._client = None
 
 
-def _step_problem(step: int, before_step: int | None, disk_step: int | None) -> str | None:
-    """Why a copy of ``step`` is not a candidate: ``"after"`` (a rollback's bad step or later), ``"stale"``."""
-    if before_step is not None and step >= before_step:
+def _step_problem(step: int, before_step: int | None, disk_step: int | None, healthy_through: int | None) -> str | None:
+    """Why a copy of ``step`` is not a candidate: ``"after"`` (a rollback's bad step or later, or a step
+    beyond the last judged healthy), ``"stale"``."""
+    if before_step is not None and (step >= before_step or (healthy_through is not None and step > healthy_through)):
         return "after"
     if disk_step is not None and step < disk_step:
         return "stale"
     return None
 
 
-__all__ = ["MemoryCopy", "RamTier", "TierPlace", "place_from_env", "tensor_bytes"]
+__all__ = ["MemoryCopy", "RamTier", "TierPlace", "place_from_env", "room", "tensor_bytes"]
