@@ -41,15 +41,20 @@ from gpufleet.backends.lifecycle import (
 )
 from gpufleet.backends.local.process import configured_slots, lock_file, record_settings, slots_of, store_for
 from gpufleet.backends.local.warm import AttemptProcess, WarmProcess, WarmServer, warm_entry, warm_start_enabled
+from gpufleet.backends.notices import NoticeDrain, attach
 from gpufleet.backends.pools import Placed
 from gpufleet.cost.rates import price_environment
-from gpufleet.errors import StoreError
+from gpufleet.errors import StoreError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import entry_argv, job_environment
 from gpufleet.jobs.store import TERMINAL, Job
 from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, spec_file
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.interval import ENV_PREEMPTIONS
+from gpufleet.runtime.memtier import release as release_memory_tier
+
+WARM_WAIT_S = 20.0
+"""How long launches wait for a warm server still importing (what a new interpreter would spend anyway)."""
 
 
 def startable(home: Path, queued: list[Job]) -> list[Job]:
@@ -140,6 +145,11 @@ class LocalScheduler:
         """Forks attempts from an interpreter that has imported torch (``warm.py``); started at the first launch."""
         self.warm_fallback_said = False
         self.warm_cannot_start = False
+        self.warm_born = 0.0
+        self.warm_hold = False
+        """Launches wait (up to ``WARM_WAIT_S``) for the warm server the daemon started with."""
+        self.drain: NoticeDrain | None = None
+        """Turns a provider's preemption notice into a save of every attempt, and holds new starts (``notices.py``)."""
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -159,6 +169,12 @@ class LocalScheduler:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         self.adopt_orphans()
+        try:
+            self.drain = attach(self.home)
+        except UsageError as err:  # a bad GPUFLEET_NOTICES: say it, run without notices rather than die
+            print(f"gpufleet scheduler: {err}; preemption notices are not watched", flush=True)
+        self.warm_hold = self._warm_server() is not None  # importing while the first submit arrives: the
+        # first attempts wait for it rather than start a new interpreter that would take as long
         idle_since = time.monotonic()
         full_since: float | None = None
         while not stop:
@@ -179,6 +195,8 @@ class LocalScheduler:
             elif time.monotonic() - idle_since > self.idle_exit_s:
                 break
             self._idle(self.poll_s)
+        if self.drain is not None and self.drain.watcher is not None:
+            self.drain.watcher.stop()
         self.shutdown()
         pid_file(self.home).unlink(missing_ok=True)
         lock.close()
@@ -275,6 +293,9 @@ class LocalScheduler:
             if isinstance(run.proc, WarmProcess) and run.proc.lost:  # its server died: its own events say how
                 seen = exit_from_events(events_file(self.home, job_id), run.n)
                 code, stop = (code, stop or "lost") if seen is None else (seen, stop)
+            elif code < 0 and stop is None:  # killed by no one here (a node's notice, then its kill): after
+                seen = exit_from_events(events_file(self.home, job_id), run.n)  # a save it is a requeue
+                code = code if seen is None else seen
             self._finish(self.store.job(job_id), run.n, code, stop)
             run.log.close()
             del self.running[job_id]
@@ -291,6 +312,8 @@ class LocalScheduler:
             reason=end.reason,
             restarts=job.restarts + 1 if end.requeued else None,
         )
+        if end.state in TERMINAL:
+            release_memory_tier(job_dir(self.home, job.id))  # its keeper and shared memory go with it
 
     def adopt_orphans(self, grace_s: float = 30.0) -> None:
         """Recover every attempt a dead scheduler left open (launching, running or stopping).
@@ -402,11 +425,20 @@ class LocalScheduler:
             start_new_session=True,
         )
 
+    def _warm_starting(self) -> bool:
+        """Whether the warm server is still importing, and young enough that waiting for it costs nothing."""
+        warm = self.warm
+        if not self.warm_hold or warm is None or warm.ready or warm.dead:
+            return False
+        warm.pump()
+        return not (warm.ready or warm.dead) and time.monotonic() - self.warm_born < WARM_WAIT_S
+
     def _warm_server(self) -> WarmServer | None:
         """The warm server, started at the first launch unless ``GPUFLEET_WARM_START=0`` (``None``: none runs)."""
         if self.warm is None and not self.warm_cannot_start and warm_start_enabled(os.environ):
             try:
                 self.warm = WarmServer.start(os.environ)
+                self.warm_born = time.monotonic()
             except OSError as err:
                 print(f"gpufleet scheduler: no warm start: {err.strerror}; attempts start as new processes", flush=True)
                 self.warm_cannot_start = True
@@ -420,6 +452,10 @@ class LocalScheduler:
 
     # ---- placement and preemption ----------------------------------------------------------
     def _schedule(self) -> None:
+        if self.drain is not None and self.drain.draining():
+            return  # the node is about to be taken back: nothing new starts here
+        if self._warm_starting():
+            return  # a new interpreter would take as long as the server's imports: wait for it instead
         if self.fleet is None or not self.fleet.current():
             self.fleet = self.fleet_loader(self)
         if self.fleet is not None:
