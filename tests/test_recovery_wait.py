@@ -153,6 +153,9 @@ def test_a_killed_rank_is_replaced_and_the_job_completes_in_its_first_attempt_bi
     survivor = 1 - victim
     assert reformed[0]["pids"][str(survivor)] == pids[survivor]  # the survivor kept its process
     assert reformed[0]["pids"][str(victim)] != pids[victim]
+    assert reformed[0]["tier"] == "disk"  # the restore the new generation made (this job has no memory tier)
+    log = (home / "jobs" / str(job) / "logs" / "attempt-1.log").read_text()
+    assert f"rank {victim} forked from the warm rank server (pid {reformed[0]['pids'][str(victim)]})" in log
     assert_bitwise_equal(final(home, job), reference, f"rank {victim} killed")
 
 
@@ -235,4 +238,8 @@ def test_a_stuck_rank_is_found_by_the_others_ended_and_replaced(home: Path, loca
     assert [a.outcome for a in backend.store.attempts(job)] == ["completed"], backend.store.job(job).reason
     reformed = events(backend, job, EventKind.GROUP_REFORMED)
     assert [e["replaced"] for e in reformed] == [[1]] and reformed[0]["pids"]["0"] == pids[0]
+    log = (home / "jobs" / str(job) / "logs" / "attempt-1.log").read_text()
+    assert (
+        log.count("stopped answering") == 1 and "rank 1 forked from the warm rank server" in log
+    )  # once, not its replacement
     assert_bitwise_equal(final(home, job), reference, "rank 1 stuck")

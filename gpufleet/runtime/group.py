@@ -24,6 +24,7 @@ import json
 import os
 import pickle
 import signal
+import stat
 import threading
 import time
 from collections import deque
@@ -35,7 +36,7 @@ from typing import Any
 
 from gpufleet.errors import GpufleetError
 from gpufleet.jobs import deathsig
-from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_TIMEOUT
+from gpufleet.jobs.protocol import DEFAULT_TIMEOUT_S, ENV_RECOVERY, ENV_TIMEOUT
 
 LOST_MARKS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
 """Words of a gloo or NCCL error raised because another rank is gone or stuck."""
@@ -52,7 +53,17 @@ interpreter's finalisation. Holding the tensors here makes the worker's drop nev
 
 
 class PeerLost(GpufleetError):
-    """Another rank of the attempt is gone or stuck: the group cannot go on, the job must be requeued."""
+    """Another rank of the attempt is gone or stuck: this group cannot go on.
+
+    The job is requeued, or, under ``distributed.recovery: wait`` (``GPUFLEET_RECOVERY=wait``), the
+    group re-forms around the surviving processes (:func:`after_peer_loss` says which).
+    """
+
+
+def after_peer_loss(env: dict[str, str] | None = None) -> str:
+    """What follows a lost or stuck rank, in words: the group re-forms under ``recovery: wait``, else a requeue."""
+    recovery = (env if env is not None else os.environ).get(ENV_RECOVERY)
+    return "the group re-forms with a replacement rank" if recovery == "wait" else "the attempt is requeued"
 
 
 def lost_marker(job_dir: Path, attempt: int) -> Path:
@@ -216,6 +227,26 @@ def forget_group(wait_s: float = 10.0) -> bool:
     return not dist.is_initialized()
 
 
+def close_sockets_on_exec() -> None:
+    """Make every socket of this process close on ``exec`` (Linux; elsewhere nothing).
+
+    gloo opens its connections to the other ranks inheritable. A process this rank starts afterwards
+    without closing descriptors (the memory tier's keeper, started detached with ``posix_spawn``,
+    outlives the rank) then holds them: when this rank is killed its connections stay open, and the
+    other ranks, instead of failing their collective at once ("connection closed by peer"), wait in
+    it for the whole ``distributed.timeout_seconds``. Called whenever a process group is made.
+    """
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            fd = int(name)
+            if stat.S_ISSOCK(os.fstat(fd).st_mode) and os.get_inheritable(fd):
+                os.set_inheritable(fd, False)
+
+
 @contextlib.contextmanager
 def _collective(rank: int) -> Iterator[None]:
     try:
@@ -225,7 +256,9 @@ def _collective(rank: int) -> Iterator[None]:
             raise
         why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         mark_lost(rank, why)
-        raise PeerLost(f"rank {rank}: another rank of this attempt is gone or stuck ({why}); requeued") from None
+        raise PeerLost(
+            f"rank {rank}: another rank of this attempt is gone or stuck ({why}); {after_peer_loss()}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +363,7 @@ class Group:
         import torch.distributed as dist
 
         pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=dist_timeout()))
+        close_sockets_on_exec()
         return dataclasses.replace(self, backend="gloo", process_group=pg)
 
     def gather(self, value: Any) -> list[Any]:
@@ -464,6 +498,7 @@ def current_group() -> Group:
             _state["exit_hook"] = True
             # Ours to tear down before the interpreter's finalisation (see WORLD_DEFAULT_MODULES).
             atexit.register(_destroy)
+    close_sockets_on_exec()  # the world group's connections, whoever made it
     return Group(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -478,7 +513,9 @@ __all__ = [
     "WORLD_DEFAULT_MODULES",
     "Group",
     "PeerLost",
+    "after_peer_loss",
     "apply_default_timeout",
+    "close_sockets_on_exec",
     "current_group",
     "die_with_parent",
     "dist_timeout",

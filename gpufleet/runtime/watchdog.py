@@ -14,8 +14,9 @@ step has not advanced for ``stall_s`` (a quarter of the timeout, between 2 and 6
 2. reads every rank's file. A rank that is not waiting, or that wrote nothing (dead, frozen, or
    holding the interpreter), is the one the others wait for. The lowest-numbered waiting rank
    reports it, once per stall: a ``rank_stalled`` event (ranks, hosts, step, seconds, where) and
-   a line on its stderr, which is the attempt's log (``gpufleet logs``). When the steps move
-   again the same rank reports ``rank_stall_cleared``.
+   a line on its stderr, which is the attempt's log (``gpufleet logs``), saying what follows the
+   timeout: a requeue, or under ``distributed.recovery: wait`` a group re-formed with the stuck rank
+   replaced. When the steps move again the same rank reports ``rank_stall_cleared``.
 
 Nothing of this runs on the step path: the loop only stores its step and the time (two
 assignments in :meth:`RankWatch.progress`); the thread wakes every ``poll_s``.
@@ -37,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from gpufleet.jobs.events import EventKind
+from gpufleet.runtime.group import after_peer_loss
 
 WAITING_MARKS = ("/torch/distributed/", "/torch/autograd/", "/gpufleet/runtime/group.py")
 """Where a rank's main thread waits on the other ranks (collectives, DDP's backward, FSDP's gathers)."""
@@ -213,7 +215,7 @@ class RankWatch:
         print(
             f"gpufleet: {named} has not finished step {step + 1} for {stalled:.0f} s; "
             f"rank(s) {', '.join(map(str, sorted(waiters)))} wait for it. "
-            f"The group gives up after {self.timeout_s:g} s and the attempt is requeued",
+            f"The group gives up after {self.timeout_s:g} s and {after_peer_loss()}",
             file=sys.stderr,
             flush=True,
         )

@@ -14,7 +14,13 @@ survivors' processes:
   their group broken, wait for the generation (``runtime.launch``) and call their entrypoint again;
   it restores the last step every rank committed. Once the new generation has met and restored
   (rank 0's ``group`` event names every current PID, its ``train_start`` follows), this appends
-  ``group_reformed`` to the job's events.
+  ``group_reformed`` to the job's events, with the tier the restore used (``own``, ``peer``, ``disk``).
+* **a warm replacement**: the replacement is forked from a warm rank server started with the ranks
+  (``group_launch.warm_ranks``), which has imported torch already, and the new generation is
+  published at once; a replacement started cold (the server refused, is still importing, or died)
+  is waited for until it has imported torch (``runtime.group.ready_marker``). Either way a rank
+  started for the current generation and not ready yet is starting, not stuck: it is never ended
+  for its silence (the recovery timeout bounds it).
 * **a stuck rank** (alive, silent) is found by the others: their collectives time out
   (``distributed.timeout_seconds``) and each leaves a reform request
   (``runtime.group.reform_request``). A rank still silent :data:`SILENCE_S` seconds after the first
@@ -30,7 +36,8 @@ forwarded once to every rank, which saves and exits 75, and ranks still alive
 once every rank recorded a ``completed`` session the attempt is completed, whatever its processes do
 in their teardown, and those alive the exit grace later are ended. Every rank runs in a process
 group of its own (the scheduler's signal to the attempt's group reaches it once, from here) behind
-the death-signal shim, so nothing outlives this process.
+the death-signal shim, so nothing outlives this process; a warm replacement runs in a session of its
+own and dies with the warm rank server, which dies with this process.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.backends.group_launch import FORWARDED, all_completed, exit_grace, exit_status
+from gpufleet.backends.group_launch.warm_ranks import WarmRanks
+from gpufleet.backends.local.warm import AttemptProcess, WarmProcess
 from gpufleet.jobs.deathsig import shim_argv
 from gpufleet.jobs.events import EventKind, append_event
 from gpufleet.jobs.protocol import (
@@ -86,6 +95,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PER_RANK = ("RANK", "LOCAL_RANK", "ROLE_RANK", "MASTER_PORT", ENV_GENERATION)
+"""Variables of :func:`rank_environment` that differ between the ranks, or between generations."""
+
+
 def rank_environment(rank: int, nproc: int, port: int, generation: int, run_id: str, rdzv: Path) -> dict[str, str]:
     """What torchrun gives a rank of one node, plus the rendezvous file and the generation it joins."""
     return {
@@ -108,6 +121,12 @@ def rank_environment(rank: int, nproc: int, port: int, generation: int, run_id: 
     }
 
 
+def shared_environment(nproc: int, run_id: str, rdzv: Path) -> dict[str, str]:
+    """What every rank of the attempt gets alike: the warm rank server starts with it (``WORLD_SIZE``...)."""
+    every = rank_environment(0, nproc, 0, 0, run_id, rdzv)
+    return {name: value for name, value in every.items() if name not in PER_RANK}
+
+
 @dataclass(slots=True)
 class Reform:
     """A re-forming in progress: since when (both clocks), which ranks were replaced."""
@@ -117,6 +136,8 @@ class Reform:
     replaced: set[int] = field(default_factory=set)
     met: bool = False
     """Rank 0 reported the current generation's ranks (its ``group`` event): the next ``train_start`` ends it."""
+    tier: str | None = None
+    """Where the last ``restore`` since the loss read its state: ``own``, ``peer``, ``disk`` (``None``: nothing)."""
 
 
 class RankSupervisor:
@@ -127,7 +148,9 @@ class RankSupervisor:
         self.rdzv = rendezvous_file(job_dir, attempt)
         self.run_id = uuid.uuid4().hex[:12]
         self.generation, self.port = 0, free_port()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, AttemptProcess] = {}
+        self.warm = WarmRanks(None, "not started")
+        """Forks replacement ranks from an interpreter that has imported torch (started with the ranks)."""
         self.recovery_s = recovery_timeout()
         self.silence_s = min(SILENCE_S, dist_timeout())
         self.reform: Reform | None = None
@@ -137,20 +160,37 @@ class RankSupervisor:
         self.failure: int | None = None
         self.completed_at: float | None = None
         self.unready: set[int] = set()
-        """Ranks started for a generation not published yet: it is, once each is ready (``ready_marker``)."""
+        """Ranks started for the current generation that are not ready yet (``ready_marker``): never silent."""
+        self.cold: set[int] = set()
+        """Those of :attr:`unready` started as new interpreters: the generation is published once they are ready."""
         self.ended: set[int] = set()
         """PIDs SIGKILLed for their silence, not reaped yet."""
         self._offset = 0
 
     # ---- the ranks -----------------------------------------------------------------------------
     def start(self) -> None:
+        """Publish generation 0 and start every rank cold, and the warm rank server beside them."""
         write_rendezvous(self.rdzv, self.generation, self.port)
+        self.warm = WarmRanks.start(self.argv, {**os.environ, **shared_environment(self.nproc, self.run_id, self.rdzv)})
         for rank in range(self.nproc):
-            self.spawn(rank)
+            self.spawn(rank, warm=False)
 
-    def spawn(self, rank: int) -> None:
+    def spawn(self, rank: int, *, warm: bool = True) -> bool:
+        """Start ``rank`` for the current generation, forked warm when asked and possible: whether it was."""
         env = {**os.environ, **rank_environment(rank, self.nproc, self.port, self.generation, self.run_id, self.rdzv)}
+        if warm:
+            child = self.warm.spawn(self.argv, env)
+            if isinstance(child, WarmProcess):
+                self.procs[rank] = child
+                print(f"gpufleet: rank {rank} forked from the warm rank server (pid {child.pid})", file=sys.stderr)
+                return True
+            print(f"gpufleet: rank {rank} starts as a new process: {child}", file=sys.stderr, flush=True)
         self.procs[rank] = subprocess.Popen(shim_argv(self.argv, signal.SIGKILL, os.getpid()), env=env, process_group=0)
+        return False
+
+    def close(self) -> None:
+        """After the attempt: end the warm rank server."""
+        self.warm.close()
 
     def alive(self) -> list[int]:
         return [rank for rank, proc in self.procs.items() if proc.poll() is None]
@@ -228,15 +268,15 @@ class RankSupervisor:
             file=sys.stderr,
             flush=True,
         )
-        for rank in lost:
-            self.spawn(rank)
-        self.unready = set(lost)
+        self.unready, self.cold = set(lost), {rank for rank in lost if not self.spawn(rank)}
+        self._publish()
 
     def _publish(self) -> None:
-        """Let the survivors join the new generation once every rank started for it is ready to."""
+        """Let the survivors join the new generation once every rank started cold for it is ready to."""
         ready = {r for r in self.unready if ready_marker(self.job_dir, self.attempt, self.generation, r).exists()}
         self.unready -= ready
-        if not self.unready and (read_rendezvous(self.rdzv) or (-1, 0))[0] != self.generation:
+        self.cold &= self.unready
+        if not self.cold and (read_rendezvous(self.rdzv) or (-1, 0))[0] != self.generation:
             write_rendezvous(self.rdzv, self.generation, self.port)
 
     def _check_requests(self) -> None:
@@ -248,9 +288,13 @@ class RankSupervisor:
             return
         now = time.monotonic()
         self.asked_at = self.asked_at if self.asked_at is not None else now
-        silent = [r for r in self.alive() if r not in asked]
-        if not silent:
+        quiet = [r for r in self.alive() if r not in asked]
+        if not quiet:
             self._replace([])
+            return
+        silent = [r for r in quiet if r not in self.unready]  # a rank still starting is not stuck
+        if not silent:  # judged silent only once ready: the recovery timeout bounds a start that never ends
+            self.asked_at = None
             return
         fresh = [r for r in silent if self.procs[r].pid not in self.ended]
         if fresh and now - self.asked_at >= self.silence_s:
@@ -294,6 +338,8 @@ class RankSupervisor:
             ranks = event.get("ranks")
             if event.get("kind") == EventKind.GROUP and isinstance(ranks, list):
                 self.reform.met = {r.get("rank"): r.get("pid") for r in ranks if isinstance(r, dict)} == pids
+            elif event.get("kind") == EventKind.RESTORE:
+                self.reform.tier = restore_tier(event)
             elif event.get("kind") == EventKind.TRAIN_START and self.reform.met:
                 self._reformed(event.get("step"))
                 return
@@ -309,9 +355,14 @@ class RankSupervisor:
             replaced=sorted(self.reform.replaced),
             pids={str(rank): proc.pid for rank, proc in sorted(self.procs.items())},
             step=step,
+            tier=self.reform.tier,
             seconds=round(seconds, 3),
         )
-        print(f"gpufleet: the group re-formed in {seconds:.1f} s (generation {self.generation})", file=sys.stderr)
+        print(
+            f"gpufleet: the group re-formed in {seconds:.1f} s (generation {self.generation}, "
+            f"restored from {self.reform.tier or 'nothing'})",
+            file=sys.stderr,
+        )
         lost_marker(self.job_dir, self.attempt).unlink(missing_ok=True)  # recovered: no reason to requeue
         self.reform, self._offset = None, 0
 
@@ -342,11 +393,19 @@ class RankSupervisor:
         """The attempt's exit status once every rank has exited."""
         if self.failure is not None:
             return self.failure
-        codes = [proc.returncode for proc in self.procs.values()]
+        codes = [proc.returncode for proc in self.procs.values() if proc.returncode is not None]  # all exited
         code = 0 if all(c == 0 for c in codes) else 1
         return exit_status(
             code, self.events, self.attempt, world_size=self.nproc, rank_exits=[c for c in codes if c != 0]
         )
+
+
+def restore_tier(event: dict[str, object]) -> str | None:
+    """The tier a ``restore`` event read from: its ``tier``, else ``disk``; ``None`` when it restored nothing."""
+    if event.get("step") is None:
+        return None
+    tier = event.get("tier")
+    return str(tier) if tier else "disk"
 
 
 def supervise(nproc: int, command: Sequence[str], *, no_python: bool = False) -> int:
@@ -372,12 +431,25 @@ def supervise(nproc: int, command: Sequence[str], *, no_python: bool = False) ->
     except OSError as err:
         print(f"gpufleet.backends.group_launch: cannot start a rank: {err.strerror}", file=sys.stderr, flush=True)
         sup.send(sup.alive(), signal.SIGKILL)
+        sup.close()
         return 127
     for signum in pending:
         sup.stop(signum)
-    while (status := sup.tick()) is None:
-        time.sleep(TICK_S)
+    try:
+        while (status := sup.tick()) is None:
+            time.sleep(TICK_S)
+    finally:
+        sup.close()
     return status
 
 
-__all__ = ["SILENCE_S", "RankSupervisor", "free_port", "rank_environment", "supervise"]
+__all__ = [
+    "PER_RANK",
+    "SILENCE_S",
+    "RankSupervisor",
+    "free_port",
+    "rank_environment",
+    "restore_tier",
+    "shared_environment",
+    "supervise",
+]
