@@ -188,11 +188,26 @@ def _spawn_detached(log: Path, ready: Path) -> tuple[int, threading.Event]:
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, str(log), flags, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
+        # Nothing of the rank: an inherited gloo socket held open by the keeper would hide the rank's
+        # death from its peers (they would wait out the collective timeout instead of seeing it closed).
+        *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_descriptors()),
     ]
     pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions, setsid=True)
     exited = threading.Event()
     threading.Thread(target=_reap, args=(pid, exited), daemon=True, name="gpufleet-keeper-reaper").start()
     return pid, exited
+
+
+def _inheritable_descriptors() -> list[int]:
+    """This process's descriptors above 2 that a spawned child would inherit."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            with contextlib.suppress(OSError):
+                if fd > 2 and os.get_inheritable(fd):
+                    found.append(fd)
+    return found
 
 
 def _reap(pid: int, exited: threading.Event) -> None:
