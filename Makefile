@@ -59,11 +59,12 @@ services-down:
 	scripts/dev-slurm down
 
 unit: dev services
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
 
 test: lint typecheck unit
 
-soak: dev
+soak: dev services
+	$(BIN)/pytest -q -m slow
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_port_exit.py -k ported
