@@ -371,14 +371,17 @@ class NoticeWatcher:
                 return
             if before is not None and (before.deadline, before.detail) == (notice.deadline, notice.detail):
                 return
-            self.current[name] = notice
-            self._call(self.on_notice, notice)
+            if self._call(self.on_notice, notice):  # one that failed (a busy store) is handled at the next poll
+                self.current[name] = notice
 
-    def _call(self, callback: Callable[[Notice], None], notice: Notice) -> None:
+    def _call(self, callback: Callable[[Notice], None], notice: Notice) -> bool:
+        """Whether ``callback`` handled ``notice``; a failure is logged, never the end of the watcher."""
         try:
             callback(notice)
         except Exception as err:  # noqa: BLE001 - a failing callback is logged; the next notice still comes
             self.log(f"handling the {notice.source} notice failed: {err}")
+            return False
+        return True
 
 
 # --- the local backend's drain ----------------------------------------------------------------

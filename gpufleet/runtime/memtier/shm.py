@@ -37,6 +37,7 @@ from gpufleet.runtime.memtier.copies import (
     MAX_HEADER_BYTES,
     CopyHeader,
     CorruptCopy,
+    TierError,
     check_state,
     save_into,
     verify,
@@ -84,7 +85,12 @@ class OwnStore:
     def _commit(
         self, step: int, fill: Callable[[IO[bytes]], object], header_of: Callable[[], CopyHeader]
     ) -> CopyHeader:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.job_folder.parent.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (self.job_folder.parent, self.job_folder, self.folder):
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+        if not private_root(self.job_folder.parent):
+            raise TierError(f"{self.job_folder.parent} is not a folder of this user's alone: no copy is written")
         final = self.path(step)
         tmp = self.folder / f".tmp-step-{step:08d}-{os.getpid()}"
         head_tmp = self.folder / f".tmp-head-{step:08d}-{os.getpid()}"
@@ -115,6 +121,8 @@ class OwnStore:
 
     def steps(self) -> list[int]:
         """The steps held, newest first (by header file name: each is still checked when read)."""
+        if not private_root(self.job_folder.parent):
+            return []  # another user could have put anything there
         try:
             names = os.listdir(self.folder)
         except OSError:
@@ -172,6 +180,19 @@ class OwnStore:
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def private_root(root: Path) -> bool:
+    """Whether ``root`` is a real folder of this user that no one else may write to.
+
+    ``/dev/shm`` is writable by every user: one who creates ``gpufleet-<uid>`` first could swap a
+    rank's folder for one of their own (a copy with forged weights) or read what it holds.
+    """
+    try:
+        info = os.lstat(root)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 @contextlib.contextmanager

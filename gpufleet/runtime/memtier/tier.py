@@ -45,6 +45,7 @@ from typing import Any
 from gpufleet.jobs.events import EventKind
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.group import Group
+from gpufleet.runtime.health import first_nonfinite
 from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode
 from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, running_keeper
 from gpufleet.runtime.memtier.release import room, tier_need_bytes
@@ -393,7 +394,7 @@ class RamTier:
                     if reason is not None:
                         self._skipped(tier, step, reason)
                         continue
-                    return MemoryCopy(tier, header, self.own.load(header), where)
+                    return self._finite(MemoryCopy(tier, header, self.own.load(header), where))
                 else:
                     got = self._peer(start=False).get(self.place.key, self.group.rank, step)
                     if got is None:
@@ -405,12 +406,28 @@ class RamTier:
                 if reason is not None:
                     self._skipped(tier, step, reason)
                     continue
-                return MemoryCopy(tier, header, decode(header, payload), where)
+                return self._finite(MemoryCopy(tier, header, decode(header, payload), where))
+            except NonfiniteCopy:
+                self._skipped(tier, step, "nonfinite")
             except CorruptCopy:
                 self._skipped(tier, step, "corrupt")
             except TierError:
                 self._skipped(tier, step, "unreachable")
         return None
+
+    @staticmethod
+    def _finite(got: MemoryCopy) -> MemoryCopy:
+        """``got``, unless a weight or optimizer tensor holds NaN or inf (``NonfiniteCopy``).
+
+        A disk checkpoint is checked for non-finite state before it is written; a snapshot is not
+        (it costs a pass over the state every step), so the check is made here, once, at restore:
+        otherwise a rollback would land on the very state that broke the run, again and again.
+        """
+        named = [(name, tensor) for name, tensor in _named_tensors(got.state) if not name.startswith("trainer/")]
+        bad = first_nonfinite(named)
+        if bad is not None:
+            raise NonfiniteCopy(f"copy of step {got.header.step}: {bad} holds NaN or inf")
+        return got
 
     def _header_problem(self, header: CopyHeader, fingerprint: str | None) -> str | None:
         if header.fingerprint != fingerprint:
@@ -436,6 +453,19 @@ class RamTier:
                 self._peer(start=False).drop(self.place.key, self.group.rank, after_step=step)
             except TierError:
                 self._client = None
+
+
+class NonfiniteCopy(CorruptCopy):
+    """A copy whose bytes are whole but whose weights or optimizer state hold NaN or inf."""
+
+
+def _named_tensors(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every tensor of a nested state, named by its path (``model/weight``)."""
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in _named_tensors(v, f"{prefix}{k}/")]
+    if isinstance(value, (list, tuple)):
+        return [item for i, v in enumerate(value) for item in _named_tensors(v, f"{prefix}{i}/")]
+    return [(prefix.rstrip("/"), value)]
 
 
 def _step_problem(step: int, before_step: int | None, disk_step: int | None, healthy_through: int | None) -> str | None:

@@ -52,11 +52,23 @@ def send_frame(
         sock.sendall(payload)
 
 
+GROW_BYTES = 1 << 22
+"""A frame's buffer grows by at most this much ahead of the bytes that arrived (then doubles with them)."""
+
+
 def _recv_exact(sock: socket.socket, n: int, *, first: bool = False) -> bytearray:
-    buffer = bytearray(n)
-    view, got = memoryview(buffer), 0
+    """``n`` bytes; the buffer grows with the bytes that arrive, so a length that lies costs nothing.
+
+    A frame's lengths are only a claim: a buffer of the claimed size allocated up front lets any
+    client (or a peer that answers a rank) take that much memory with a 17-byte prefix.
+    """
+    buffer = bytearray(min(n, GROW_BYTES))
+    got = 0
     while got < n:
-        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if got == len(buffer):
+            buffer.extend(bytes(min(n, max(2 * len(buffer), GROW_BYTES)) - len(buffer)))
+        with memoryview(buffer) as view:
+            k = sock.recv_into(view[got:], min(len(buffer) - got, GROW_BYTES))
         if k == 0:
             raise Closed("connection closed") if first and got == 0 else WireError("connection closed mid-frame")
         got += k
