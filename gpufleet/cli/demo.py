@@ -98,6 +98,7 @@ def run_demo(*, fault: str | None = None, json_out: bool = False, home: Path | N
     started = time.monotonic()
     backend = LocalBackend(home, spawn=False)
     scheduler = LocalScheduler(home, slots=1, poll_s=0.05)
+    scheduler.prepare()  # the warm server imports torch while the first job is submitted
     store = backend.store
     low_spec, high_spec = demo_specs()
     quiet = json_out

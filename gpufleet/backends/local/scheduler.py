@@ -173,8 +173,7 @@ class LocalScheduler:
             self.drain = attach(self.home)
         except UsageError as err:  # a bad GPUFLEET_NOTICES: say it, run without notices rather than die
             print(f"gpufleet scheduler: {err}; preemption notices are not watched", flush=True)
-        self.warm_hold = self._warm_server() is not None  # importing while the first submit arrives: the
-        # first attempts wait for it rather than start a new interpreter that would take as long
+        self.prepare()
         idle_since = time.monotonic()
         full_since: float | None = None
         while not stop:
@@ -241,6 +240,7 @@ class LocalScheduler:
             if kind == "cancel" and run is None and job.state not in TERMINAL:
                 self.store.set_job_state(job_id, "cancelled", reason="cancelled while queued")
                 self.store.add_event(job_id, EventKind.CANCELLED)
+                release_memory_tier(job_dir(self.home, job_id))  # an earlier attempt's copies and keeper
             elif run is not None and run.stop is None:
                 outcome = "cancelled" if kind == "cancel" else "preempted"
                 self._stop(run, outcome, grace)
@@ -424,6 +424,11 @@ class LocalScheduler:
             env=env,
             start_new_session=True,
         )
+
+    def prepare(self) -> None:
+        """Start the warm server now, so that it imports while the first submit arrives; launches wait for
+        it (up to ``WARM_WAIT_S``) rather than start a new interpreter that would take as long."""
+        self.warm_hold = self._warm_server() is not None
 
     def _warm_starting(self) -> bool:
         """Whether the warm server is still importing, and young enough that waiting for it costs nothing."""

@@ -69,7 +69,17 @@ ENV_WARM_START = "GPUFLEET_WARM_START"
 ENV_ROOM = "GPUFLEET_WARM_ENV_ROOM"
 """Padding in the server's environment block, overwritten by each child with its own environment."""
 ENV_ROOM_BYTES = 64 * 1024
-PRELOADED = ("numpy", "torch", "gpufleet.runtime.session", "gpufleet.runtime.group", "gpufleet.spec")
+PRELOADED = (
+    "numpy",
+    "torch",
+    "torch._dynamo",  # what `torch.use_deterministic_algorithms` and `torch.compile` import: ~1.5 s on 2 cores
+    "torch._inductor.config",
+    "gpufleet.runtime.session",
+    "gpufleet.runtime.group",
+    "gpufleet.spec",
+    "gpufleet.workloads.tinylm",  # the built-in workloads (the demo's): gpufleet's own modules, not a user's
+    "gpufleet.workloads.toy",
+)
 """What the server imports once for every attempt: torch and the runtime an entrypoint uses. Not a module an
 attempt runs with ``-m`` (``gpufleet.runtime.launch``): run as ``__main__`` it must not be imported already."""
 START_VARIABLE_PREFIXES = ("PYTHON", "TORCH", "LD_", "LC_", "MKL_", "KMP_")
@@ -77,6 +87,8 @@ START_VARIABLE_PREFIXES = ("PYTHON", "TORCH", "LD_", "LC_", "MKL_", "KMP_")
 values differ from the server's starts cold."""
 START_VARIABLES = ("LANG",)
 """Single variables of the same kind."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""Thread counts torch and OpenBLAS read once, in the server: a warm child applies its own (:func:`_apply_threads`)."""
 ONE_PROCESS = ("", "0", "1")
 """``WORLD_SIZE`` values of a process that is not a rank of a group (the runtime's session reads it at import)."""
 SERVER_CODE = "import sys; from gpufleet.backends.local.warm import main; main(sys.argv[1:])"
@@ -135,6 +147,51 @@ def start_variables_differ(server_env: Mapping[str, str], env: Mapping[str, str]
     return sorted(n for n in names if server_env.get(n) != env.get(n))
 
 
+def _thread_count(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def thread_variables_refused(server_env: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """Thread variables the server was started with that an attempt lacks (or spoils): it starts cold.
+
+    A warm child sets the count its environment names; without one it would run with the count
+    the server's value gave, not the default a new interpreter picks.
+    """
+    return [
+        name
+        for name in THREAD_VARIABLES
+        if server_env.get(name) != env.get(name) and name in server_env and _thread_count(env, name) is None
+    ]
+
+
+def _apply_threads(env: Mapping[str, str]) -> None:
+    """The thread counts ``env`` names, as torch and OpenBLAS read them when a new interpreter loads them.
+
+    Both read them once, when the server imported them: without this a child with
+    ``OMP_NUM_THREADS=4`` (the scheduler's share of the cores) would run with the server's count.
+    """
+    omp, mkl, blas = (_thread_count(env, name) for name in THREAD_VARIABLES)
+    torch = sys.modules.get("torch")
+    if torch is not None and (mkl or omp) is not None:
+        torch.set_num_threads(mkl or omp)
+    if (blas or omp) is not None:
+        _set_blas_threads(blas or omp or 1)
+
+
+def _set_blas_threads(count: int) -> None:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "openblas" in Path(path).name.lower() and ".so" in path:
+            with contextlib.suppress(OSError):
+                lib = ctypes.CDLL(path)
+                for symbol in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_"):
+                    if hasattr(lib, symbol):
+                        getattr(lib, symbol)(ctypes.c_int(count))
+                        return
+            return
+
+
 def environ_block(env: Mapping[str, str]) -> bytes:
     """``env`` as the kernel shows a process's environment: ``NAME=value`` strings, each ended by a NUL."""
     return b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in env.items())
@@ -152,6 +209,9 @@ class _Server:
     """``sys.path`` after its first entry (the script's folder or the working directory)."""
     environ_room: int
     """Bytes of the original environment block a child may write its environment into."""
+    start_env: dict[str, str]
+    """The environment the server started with, before its imports (``torch._inductor`` sets a variable of its
+    own): what a new interpreter of the attempt is compared with."""
 
 
 def _original_environ_span() -> tuple[int, int]:
@@ -189,6 +249,7 @@ def serve(fd: int) -> int:
 
 
 def _serve(sock: socket.socket) -> int:
+    start_env = dict(os.environ)
     for name in PRELOADED:
         importlib.import_module(name)
     release_blas_threads()
@@ -196,7 +257,7 @@ def _serve(sock: socket.socket) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     start, end = _original_environ_span()
-    server = _Server(sock, wake_r, wake_w, sys.path[1:], end - start)
+    server = _Server(sock, wake_r, wake_w, sys.path[1:], end - start, start_env)
     _send(sock, {"ready": os.getpid()})
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -237,9 +298,12 @@ def refusal(server: _Server, request: Mapping[str, Any], fds: Sequence[int]) -> 
         return "not gpufleet's interpreter running a module or a file"
     if len(fds) != 1:
         return "no log descriptor came with the request"
-    differ = start_variables_differ(os.environ, request["env"])
+    differ = start_variables_differ(server.start_env, request["env"])
     if differ:
         return f"{', '.join(differ[:3])} differ from the warm server's, which read them at its start"
+    unset = thread_variables_refused(server.start_env, request["env"])
+    if unset:
+        return f"{', '.join(unset)} set for the warm server is not a thread count in the attempt's environment"
     if request["env"].get("WORLD_SIZE", "") not in ONE_PROCESS:
         return "a rank of a group starts as a new process"
     if len(environ_block(request["env"])) >= server.environ_room:
@@ -311,6 +375,7 @@ def _become_attempt(server: _Server, request: Mapping[str, Any], log_fd: int, st
     importlib.invalidate_caches()
     linecache.clearcache()
     _reseed()
+    _apply_threads(env)
     code, interrupted = _run(entry)
     _exit_as_python(code, interrupted)
 
@@ -640,6 +705,7 @@ __all__ = [
     "release_blas_threads",
     "serve",
     "start_variables_differ",
+    "thread_variables_refused",
     "threads",
     "warm_entry",
     "warm_start_enabled",
