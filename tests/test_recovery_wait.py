@@ -133,7 +133,7 @@ def script_spec(folder: Path, name: str, **env: str) -> JobSpec:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("victim", [1, 0])
+@pytest.mark.parametrize("victim", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_a_killed_rank_is_replaced_and_the_job_completes_in_its_first_attempt_bit_exact(
     home: Path, local2: Any, victim: int
 ) -> None:
@@ -176,6 +176,7 @@ def test_a_python_script_entrypoint_recovers_in_process(home: Path, local2: Any,
     assert_bitwise_equal(final(home, job), reference, "script, rank 1 killed")
 
 
+@pytest.mark.slow  # make soak
 @pytest.mark.timeout(600)
 def test_a_rank_that_fails_with_its_own_error_still_fails_the_job(home: Path, local2: Any, tmp_path: Path) -> None:
     backend, scheduler = local2
@@ -203,6 +204,7 @@ def test_a_sigterm_of_the_group_still_requeues_and_resumes_exactly(home: Path, l
     assert_bitwise_equal(final(home, job), reference, "preempted once")
 
 
+@pytest.mark.slow  # make soak
 @pytest.mark.timeout(900)
 def test_a_group_that_cannot_re_form_in_time_falls_back_to_the_requeue(home: Path, local2: Any) -> None:
     """Rank 0 stopped (SIGSTOP) and rank 1 killed: the group cannot meet; after the recovery timeout
@@ -223,6 +225,7 @@ def test_a_group_that_cannot_re_form_in_time_falls_back_to_the_requeue(home: Pat
     assert_bitwise_equal(final(home, job), reference, "requeued after the recovery timeout")
 
 
+@pytest.mark.slow  # make soak
 @pytest.mark.timeout(900)
 def test_a_stuck_rank_is_found_by_the_others_ended_and_replaced(home: Path, local2: Any) -> None:
     """Rank 1 stopped (alive, silent): rank 0's collective times out, it asks for a new generation, and
