@@ -218,7 +218,10 @@ def test_the_keeper_refuses_oversize_and_garbage_frames(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     module = "gpufleet.runtime.memtier.keeper"
     args = ["--ready-file", str(ready), "--max-copy-bytes", "4000", "--idle-seconds", "60"]
-    proc = subprocess.Popen([sys.executable, "-m", module, *args])
+    secret = "k" * 64
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args], env={**os.environ, "GPUFLEET_MEMORY_PEER_TOKEN": secret}
+    )
     try:
         wait_for(ready.exists)
         host, port = ready.read_text().strip().rsplit(":", 1)
@@ -228,7 +231,7 @@ def test_the_keeper_refuses_oversize_and_garbage_frames(tmp_path: Path) -> None:
                 reply = sock.recv(4096)
                 assert reply[:4] == MAGIC and reply[4] == 101, reply  # ERR, then the keeper hangs up
                 assert sock.recv(4096) == b""
-        client = PeerClient(f"{host}:{port}")
+        client = PeerClient(f"{host}:{port}", token=secret)
         payload = encode({"trainer": {"step": 1}})
         with pytest.raises(TierError):  # refused before its bytes are read ("larger than", or the hang-up)
             client.put("ab", 0, header_for(1, payload * 100, fingerprint=None), payload * 100)

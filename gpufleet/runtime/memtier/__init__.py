@@ -11,6 +11,7 @@ Floor 6 of the layers (README, "Layout"; ``tests/test_layers.py``), like the res
     wire.py     (frames)                    the keeper's length-prefixed protocol: JSON headers, opaque bytes
     keeper.py   Keeper, ``python -m``       a process that holds the newest copies of each rank in its RAM
     peer.py     PeerClient, ensure_keeper   talking to a keeper; starting the job's own one, once
+    runid.py    run_id                      the run a job folder belongs to: copies of an earlier run are skipped
     tier.py     RamTier                     snapshot at a step boundary, restore own -> peer, agreed by ranks
     release.py  release, tier_need_bytes    what a finished job leaves behind, and what a tier needs
 
@@ -18,7 +19,8 @@ Why a second tier: a disk checkpoint every step costs seconds; a copy into RAM c
 and the write that follows runs in a background thread. A rank that dies leaves its shared-memory
 files and the keeper's copy behind, so its replacement starts from the step it died at, not the
 last disk checkpoint. Nothing here is trusted: every copy is hashed, its header is checked against
-the run (fingerprint, job, world size) and a bad one is skipped, never loaded.
+the run (run id, fingerprint, job, world size) and a bad one is skipped, never loaded; a keeper
+serves only the clients that send its secret.
 
 Nothing in this package imports torch at import time (the CLI lists the tiers without it).
 """

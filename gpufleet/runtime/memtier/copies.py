@@ -26,6 +26,7 @@ from gpufleet.errors import CheckpointError
 MAX_HEADER_BYTES = 64 * 1024
 """A header is a few hundred bytes; anything larger is not one of ours."""
 SHA256 = re.compile(r"[0-9a-f]{64}")
+RUN_ID = re.compile(r"[0-9a-f]{1,64}")
 MAX_STEP = 99_999_999
 CHUNK_BYTES = 64 * 1024 * 1024
 """A copy is hashed in chunks of this many bytes, so it can be verified by several threads at once."""
@@ -58,6 +59,10 @@ class CopyHeader:
     judged: bool = True
     """False: taken at a step the ranks had not judged yet (between two agreements); ``healthy`` is
     then what was known when it was taken, and a rollback never uses it beyond the last healthy step."""
+    run: str | None = None
+    """The run that wrote it (``runid.run_id``): a job folder reused by a new job (a home reset, its
+    id given again) holds copies of the same job id and model that are not this run's. ``None``: a
+    copy written before copies carried one."""
 
     def to_json(self) -> builtins.bytes:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
@@ -87,6 +92,9 @@ class CopyHeader:
             raise CorruptCopy("copy header field loss is not a number")
         if job is not None and not (isinstance(job, str) and len(job) <= 200):
             raise CorruptCopy("copy header field job is not a short string")
+        run = raw.get("run")
+        if run is not None and not (isinstance(run, str) and RUN_ID.fullmatch(run)):
+            raise CorruptCopy("copy header field run is not 1 to 64 lowercase hex digits")
         for flag in ("healthy", "judged"):
             if not isinstance(raw.get(flag, True), bool):
                 raise CorruptCopy(f"copy header field {flag} is not true or false")
@@ -102,6 +110,7 @@ class CopyHeader:
             rank=raw.get("rank", 0),
             world_size=raw.get("world_size", 1),
             judged=raw.get("judged", True),
+            run=run,
         )
 
     @classmethod

@@ -11,6 +11,15 @@ would take it over ``--max-bytes``, and exits by itself after ``--idle-seconds``
 It never interprets a payload; headers are JSON (``wire.py``). It runs at a lower priority
 (``NICE``): on a node whose cores the ranks keep busy, receiving a copy waits for an idle core
 rather than slow a step down (a rank skips its next send while one is in flight).
+
+It serves only clients that know its secret, ``GPUFLEET_MEMORY_PEER_TOKEN`` in its environment
+(never an argument: any user of the node can read a process's command line), and refuses to start
+without one of at least 32 characters. ``ensure_keeper`` makes a fresh one for each keeper it starts;
+a keeper started by hand on another node gets one from its operator, and the ranks that name it in
+``GPUFLEET_MEMORY_PEER`` get the same in ``GPUFLEET_MEMORY_PEER_TOKEN``. The secret travels in each
+request's header, not as an HMAC of the frame: hashing every payload (gigabytes of weights) would
+cost a pass over each copy, and on a network without encryption whoever could read the secret on the
+wire could read the weights too.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import os
 import re
 import socket
 import socketserver
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,6 +44,10 @@ NICE = 10
 """How much the keeper lowers its own scheduling priority (``os.nice``)."""
 IDLE_SECONDS = 15 * 60.0
 KEY = re.compile(r"[0-9a-f]{1,64}")
+RUN = re.compile(r"[0-9a-f]{1,64}")
+ENV_TOKEN = "GPUFLEET_MEMORY_PEER_TOKEN"
+"""The keeper's secret, in its environment; the same variable gives the ranks a peer keeper's secret."""
+MIN_SECRET_CHARS = 32
 Reply = tuple[Op, dict[str, Any], bytes | bytearray]
 
 
@@ -76,14 +90,14 @@ class Keeper:
                 return self._get(key, rank, header.get("step"))
             if op is Op.LIST:
                 listed = [
-                    {"rank": r, "step": h.step, "bytes": h.bytes}
+                    {"rank": r, "step": h.step, "bytes": h.bytes, "run": h.run}
                     for (k, r), held in self.copies.items()
                     if k == key
                     for h, _ in held
                 ]
                 return Op.OK, {"copies": listed}, b""
             if op is Op.DROP:
-                return self._drop(key, rank, header.get("after_step"))
+                return self._drop(key, rank, header.get("after_step"), header.get("other_than_run"))
         raise WireError(f"operation {op.name} is not a request")
 
     def _put(self, key: str, rank: int | None, header: dict[str, Any], payload: bytearray) -> Reply:
@@ -108,9 +122,14 @@ class Keeper:
         copy, payload = found[-1]
         return Op.OK, {"copy": copy.to_dict()}, payload
 
-    def _drop(self, key: str, rank: int | None, after: Any) -> Reply:
+    def _drop(self, key: str, rank: int | None, after: Any, other_than_run: Any = None) -> Reply:
+        """The copies of ``key`` (one rank's, or all): after a step, of a run other than one, or every one."""
+        if other_than_run is not None and not (isinstance(other_than_run, str) and RUN.fullmatch(other_than_run)):
+            raise WireError("other_than_run must be 1 to 64 lowercase hex digits")
         for where in [k for k in self.copies if k[0] == key and (rank is None or k[1] == rank)]:
-            if isinstance(after, int) and not isinstance(after, bool):
+            if other_than_run is not None:
+                self.copies[where] = [item for item in self.copies[where] if item[0].run in (None, other_than_run)]
+            elif isinstance(after, int) and not isinstance(after, bool):
                 self.copies[where] = [item for item in self.copies[where] if item[0].step <= after]
             else:
                 del self.copies[where]
@@ -125,7 +144,7 @@ class _Handler(socketserver.BaseRequestHandler):
         keeper = self.server.keeper
         while True:
             try:
-                op, header, payload = recv_frame(sock, keeper.max_copy_bytes)
+                op, header, payload = recv_frame(sock, keeper.max_copy_bytes, secret=self.server.secret)
                 reply = keeper.handle(op, header, payload)
             except Closed:
                 return
@@ -146,8 +165,8 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], keeper: Keeper) -> None:
-        self.keeper = keeper
+    def __init__(self, address: tuple[str, int], keeper: Keeper, secret: str) -> None:
+        self.keeper, self.secret = keeper, secret
         super().__init__(address, _Handler)
 
 
@@ -159,9 +178,14 @@ def parse_address(raw: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve(address: str, *, idle_seconds: float, max_copy_bytes: int, max_bytes: int, ready: Path | None) -> None:
+def serve(
+    address: str, *, secret: str, idle_seconds: float, max_copy_bytes: int, max_bytes: int, ready: Path | None
+) -> None:
+    """Listen on ``address`` and serve the clients that send ``secret`` until idle for ``idle_seconds``."""
+    if len(secret) < MIN_SECRET_CHARS:
+        raise TierError(f"the keeper's secret has {len(secret)} characters; give it at least {MIN_SECRET_CHARS}")
     keeper = Keeper(max_copy_bytes, max_bytes)
-    server = _Server(parse_address(address), keeper)
+    server = _Server(parse_address(address), keeper, secret)
     host, port = str(server.server_address[0]), int(server.server_address[1])
     if ready is not None:
         tmp = ready.with_name(f".{ready.name}.tmp")
@@ -195,11 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     if max_bytes < 1 or args.idle_seconds <= 0:
         p.error("--max-bytes and --idle-seconds must be positive")
     max_copy = args.max_copy_bytes if args.max_copy_bytes is not None else max_bytes
+    secret = os.environ.get(ENV_TOKEN, "").strip()
+    if len(secret) < MIN_SECRET_CHARS:  # one line, as every refusal of bad input
+        print(
+            f"keeper: {ENV_TOKEN} is {'unset' if not secret else 'too short'}: set it in the keeper's environment "
+            f"to a secret of at least {MIN_SECRET_CHARS} characters (python -c 'import secrets; "
+            "print(secrets.token_hex(32))')",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     with contextlib.suppress(OSError):
         os.nice(NICE)
     try:
         serve(
             args.address,
+            secret=secret,
             idle_seconds=args.idle_seconds,
             max_copy_bytes=max_copy,
             max_bytes=max_bytes,
@@ -216,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-__all__ = ["Keeper", "main", "parse_address", "serve"]
+__all__ = ["ENV_TOKEN", "Keeper", "main", "parse_address", "serve"]

@@ -114,6 +114,10 @@ class OwnStore:
             self._remove(old)
         return header
 
+    def remove(self, step: int) -> None:
+        """The copy of ``step`` stops existing (its header goes first)."""
+        self._remove(step)
+
     def _remove(self, step: int) -> None:
         for path in (self.head_path(step), self.path(step)):  # the header first: the copy stops existing at once
             with contextlib.suppress(OSError):

@@ -38,7 +38,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,9 @@ from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.group import Group
 from gpufleet.runtime.health import first_nonfinite
 from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode
-from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, running_keeper
+from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, peer_token, running_keeper
 from gpufleet.runtime.memtier.release import room, tier_need_bytes
+from gpufleet.runtime.memtier.runid import run_id
 from gpufleet.runtime.memtier.shm import OwnStore, job_key, shm_root
 from gpufleet.spec import MemoryTier
 
@@ -68,6 +69,8 @@ class TierPlace:
     peer_address: str | None
     """``GPUFLEET_MEMORY_PEER``; ``None``: the job's own keeper, started on first use."""
     ranks_per_node: int = 1
+    peer_token: str | None = field(default=None, repr=False)
+    """``GPUFLEET_MEMORY_PEER_TOKEN``: the secret of the keeper ``peer_address`` names."""
 
     @property
     def key(self) -> str:
@@ -75,13 +78,17 @@ class TierPlace:
 
 
 def place_from_env(env: Mapping[str, str], ckpt_dir: Path) -> TierPlace:
-    """The job's folder (``$GPUFLEET_JOB_DIR``, else the checkpoint folder), the shm root and the peer."""
+    """The job's folder (``$GPUFLEET_JOB_DIR``, else the checkpoint folder), the shm root and the peer.
+
+    ``TierError`` when ``GPUFLEET_MEMORY_PEER`` names a keeper without ``GPUFLEET_MEMORY_PEER_TOKEN``.
+    """
     ranks = env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or "1"
     return TierPlace(
         shm_root=shm_root(env),
         job_dir=Path(env.get("GPUFLEET_JOB_DIR") or ckpt_dir).resolve(),
         peer_address=peer_address(env),
         ranks_per_node=int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1,
+        peer_token=peer_token(env),
     )
 
 
@@ -137,6 +144,14 @@ class RamTier:
         self._sending: Future[None] | None = None
         self.peer_skips = 0
         self._client: PeerClient | None = None
+        self._run: str | None = None
+        self._others_cleared = False
+
+    def run(self) -> str:
+        """This run's id (``runid.run_id``, kept in the job folder), carried by every copy it writes."""
+        if self._run is None:
+            self._run = run_id(self.place.job_dir)
+        return self._run
 
     # ---- snapshots ------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -266,7 +281,13 @@ class RamTier:
         try:
             if synced is not None:
                 synced.synchronize()
-            header = self.own.write(step, staged, rank=self.group.rank, world_size=self.group.world_size, **fields)
+            run = self.run()
+            if not self._others_cleared:  # copies of another run at later steps would prune this one at once
+                self._own_steps(run, announce=False)
+                self._others_cleared = True
+            header = self.own.write(
+                step, staged, rank=self.group.rank, world_size=self.group.world_size, run=run, **fields
+            )
         except Exception:  # noqa: BLE001 - a full /dev/shm or a bad value: the disk tier still holds the job
             self.write_failures += 1
             return
@@ -317,11 +338,12 @@ class RamTier:
         """The keeper's client: the given peer, else the job's keeper (started when ``start``)."""
         if self._client is None:
             address = self.place.peer_address
-            if address is None:
+            token = self.place.peer_token
+            if address is None:  # the job's keeper: its client finds the secret its record gave this process
                 address = ensure_keeper(self.place.job_dir) if start else running_keeper(self.place.job_dir)
             if address is None:
                 raise TierError("missing")
-            self._client = PeerClient(address)
+            self._client = PeerClient(address, token=token)
         return self._client
 
     def wait(self) -> None:
@@ -348,7 +370,13 @@ class RamTier:
         """Collective: the newest copy every rank holds and verifies (own, then peer), or ``None`` for the disk."""
         self.wait()
         held: dict[int, list[str]] = {}
-        for tier, steps in (("own", self._own_steps()), ("peer", self._peer_steps(disk_step))):
+        try:
+            run: str | None = self.run()
+        except TierError:
+            run = None  # no copy can be told to be this run's: none is a candidate (the ranks still meet)
+            self._skipped("own", None, "no_run_id")
+        own, peer = (self._own_steps(run), self._peer_steps(disk_step, run)) if run is not None else ([], [])
+        for tier, steps in (("own", own), ("peer", peer)):
             for step in steps:
                 reason = _step_problem(step, before_step, disk_step, self.healthy_through)
                 if reason == "stale":
@@ -367,14 +395,31 @@ class RamTier:
                 return got
         return None
 
-    def _own_steps(self) -> list[int]:
-        return self.own.steps()
+    def _own_steps(self, run: str, *, announce: bool = True) -> list[int]:
+        """The own copies' steps; a copy of another run is skipped and removed (it is this user's, and stale)."""
+        steps = []
+        for step in self.own.steps():
+            with contextlib.suppress(TierError):  # an unreadable header is judged (and skipped) when loaded
+                if self.own.header(step).run not in (None, run):
+                    if announce:
+                        self._skipped("own", step, "other_run")
+                    self.own.remove(step)
+                    continue
+            steps.append(step)
+        return steps
 
-    def _peer_steps(self, disk_step: int | None) -> list[int]:
+    def _peer_steps(self, disk_step: int | None, run: str) -> list[int]:
+        """The keeper's steps of this rank; its copies of another run are skipped and dropped."""
         if not self.config.peer:
             return []
         try:
-            listed = self._peer(start=False).list(self.place.key)
+            client = self._peer(start=False)
+            listed = client.copies(self.place.key)
+            other = sorted(s for r, s, of in listed if r == self.group.rank and of not in (None, run))
+            for step in other:
+                self._skipped("peer", step, "other_run")
+            if other:
+                client.drop(self.place.key, self.group.rank, other_than_run=run)
         except TierError as err:
             if str(err) != "missing":
                 self._skipped("peer", None, "unreachable")
@@ -382,7 +427,7 @@ class RamTier:
                 self._client.close()
             self._client = None
             return []
-        return sorted((s for r, s in listed if r == self.group.rank), reverse=True)
+        return sorted((s for r, s, of in listed if r == self.group.rank and of in (None, run)), reverse=True)
 
     def _load(self, step: int, tiers: list[str], fingerprint: str | None) -> MemoryCopy | None:
         for tier in tiers:
@@ -430,6 +475,8 @@ class RamTier:
         return got
 
     def _header_problem(self, header: CopyHeader, fingerprint: str | None) -> str | None:
+        if header.run is not None and header.run != self._run:
+            return "other_run"
         if header.fingerprint != fingerprint:
             return "fingerprint"
         if header.rank != self.group.rank or header.world_size != self.group.world_size:

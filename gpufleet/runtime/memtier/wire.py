@@ -4,7 +4,9 @@
 
     magic "GFK1" | op (1 byte) | header length (4 bytes) | payload length (8 bytes) | header | payload
 
-Big-endian. Requests: ``PUT`` (header ``{key, rank, copy}``, payload: the copy's bytes), ``GET``
+Big-endian. Every request's header carries the keeper's secret (``token``): the keeper compares it
+(``hmac.compare_digest``) as soon as the header is read and refuses a request without it before a
+byte of its payload is read. Requests: ``PUT`` (header ``{key, rank, copy}``, payload: the copy's bytes), ``GET``
 (``{key, rank, step?}``: that step, else the newest), ``LIST`` (``{key}``), ``DROP``
 (``{key, rank?, after_step?}``), ``PING``. Replies: ``OK`` or ``ERR`` (``{error}``). The lengths are
 checked before a byte of the body is read, so an oversized or garbage frame costs nothing; the
@@ -14,6 +16,7 @@ payload is never interpreted by the keeper, and headers are JSON (no pickle cros
 from __future__ import annotations
 
 import enum
+import hmac
 import json
 import socket
 import struct
@@ -41,6 +44,14 @@ class WireError(TierError):
 
 class Closed(WireError):
     """The other side closed the connection between frames."""
+
+
+class Unauthorized(WireError):
+    """A request without the keeper's secret: refused before its payload is read."""
+
+
+TOKEN = "token"
+"""The header field of a request that carries the keeper's secret."""
 
 
 def send_frame(
@@ -75,8 +86,14 @@ def _recv_exact(sock: socket.socket, n: int, *, first: bool = False) -> bytearra
     return buffer
 
 
-def recv_frame(sock: socket.socket, max_payload: int) -> tuple[Op, dict[str, Any], bytearray]:
-    """One frame, its lengths checked before its body is read (``WireError`` otherwise)."""
+def recv_frame(
+    sock: socket.socket, max_payload: int, *, secret: str | None = None
+) -> tuple[Op, dict[str, Any], bytearray]:
+    """One frame, its lengths checked before its body is read (``WireError`` otherwise).
+
+    ``secret``: the header must carry it (``Unauthorized`` otherwise, the payload left unread); the
+    field is removed from the header returned.
+    """
     magic, op, head_len, payload_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size, first=True))
     if magic != MAGIC:
         raise WireError("not a keeper frame (bad magic)")
@@ -92,7 +109,15 @@ def recv_frame(sock: socket.socket, max_payload: int) -> tuple[Op, dict[str, Any
         raise WireError("header is not JSON") from None
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
+    if secret is not None:
+        _check_secret(header.pop(TOKEN, None), secret)
     return Op(op), header, _recv_exact(sock, payload_len)
 
 
-__all__ = ["Closed", "Op", "WireError", "recv_frame", "send_frame"]
+def _check_secret(given: Any, secret: str) -> None:
+    """``Unauthorized`` unless ``given`` is ``secret``, compared in constant time."""
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
+        raise Unauthorized("unauthorized: a request must carry this keeper's secret (its token)")
+
+
+__all__ = ["TOKEN", "Closed", "Op", "Unauthorized", "WireError", "recv_frame", "send_frame"]
