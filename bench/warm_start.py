@@ -61,6 +61,7 @@ def demo_run(warm: bool) -> dict[str, Any]:
         home = Path(tmp)
         backend = LocalBackend(home, spawn=False)
         scheduler = LocalScheduler(home, slots=1, poll_s=0.05)
+        scheduler.prepare()  # as the demo does: the warm server imports while the first job is submitted
         store = backend.store
         low_spec, high_spec = demo_specs()
         forked: dict[tuple[int, int], bool] = {}

@@ -286,6 +286,8 @@ class LocalScheduler:
             code = run.proc.poll()
             if code is None:
                 continue
+            # The end is when the process ended, not when its events were read into the store below.
+            ended_at = (run.proc.ended_at if isinstance(run.proc, WarmProcess) else None) or time.time()
             signal_group(run.proc.pid, signal.SIGKILL)  # leave no stray children behind
             # Recorded before it is forgotten: a store that fails here (a full disk) is retried next tick.
             self._ingest(self.store.job(job_id))
@@ -296,16 +298,16 @@ class LocalScheduler:
             elif code < 0 and stop is None:  # killed by no one here (a node's notice, then its kill): after
                 seen = exit_from_events(events_file(self.home, job_id), run.n)  # a save it is a requeue
                 code = code if seen is None else seen
-            self._finish(self.store.job(job_id), run.n, code, stop)
+            self._finish(self.store.job(job_id), run.n, code, stop, ended_at=ended_at)
             run.log.close()
             del self.running[job_id]
 
-    def _finish(self, job: Job, n: int, code: int, stop: str | None) -> None:
+    def _finish(self, job: Job, n: int, code: int, stop: str | None, *, ended_at: float | None = None) -> None:
         end = attempt_end(code, stop, attempt=n, restarts=job.restarts, max_restarts=job.spec.max_restarts)
         self.store.end_attempt(
             job.id,
             n,
-            ended_at=time.time(),
+            ended_at=ended_at if ended_at is not None else time.time(),
             exit_code=code,
             outcome=end.outcome,
             job_state=end.state,
