@@ -36,7 +36,7 @@ def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
     """List the step-N checkpoints in DIR, with their state and metrics, and the memory tier's copies."""
     infos = _ckpt_infos(directory)
     rows = [_ckpt_row(i) for i in infos]
-    memory = _memory_tiers(directory)
+    memory = memory_tiers(directory)
     if json_out:
         emit_json({"directory": str(directory), "checkpoints": rows, "memory": memory})
         return
@@ -61,10 +61,10 @@ def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
         )
     )
     if memory is not None:
-        _print_memory(memory)
+        print_memory(memory)
 
 
-def _memory_tiers(directory: Path) -> dict[str, Any] | None:
+def memory_tiers(directory: Path) -> dict[str, Any] | None:
     """The memory tier of the job whose checkpoints these are (``checkpoint.memory``): steps held per rank.
 
     The job's folder is the checkpoint folder's parent under gpufleet (``jobs/<id>/checkpoints``), or
@@ -107,7 +107,7 @@ def _memory_tiers(directory: Path) -> dict[str, Any] | None:
     return None
 
 
-def _print_memory(memory: dict[str, Any]) -> None:
+def print_memory(memory: dict[str, Any]) -> None:
     peer = memory["peer"]
     ranks = sorted({*memory["own"], *(peer["ranks"] if peer else {})}, key=int)
     console.print(f"memory tier: own copies in {escape(memory['own_root'])}")

@@ -19,7 +19,7 @@ from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, 
 from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_flags
 from gpufleet.jobs.states import JobState
 from gpufleet.outfiles import check_output_dir
-from gpufleet.paths import gpufleet_home
+from gpufleet.paths import checkpoints_dir, gpufleet_home
 from gpufleet.spec import JobSpec, load_spec
 from gpufleet.views import JobView, job_summary, jobs_view, log_view
 
@@ -113,6 +113,12 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     job = store.job(job_id)
     detail = JobView.read(store, gpufleet_home(), job_id)
     view = detail.to_json()
+    memory = None
+    if job.spec.checkpoint.memory is not None:  # the RAM tiers and the steps each holds (`ckpt list` shows them too)
+        from gpufleet.cli.ckpt import memory_tiers
+
+        memory = memory_tiers(checkpoints_dir(gpufleet_home(), job_id))
+        view["memory"] = memory
     if json_out:
         emit_json(view)
         return
@@ -173,6 +179,10 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     console.print(
         table("checkpoints", ["step", "healthy", "path"], [[c["step"], c["healthy"], c["path"]] for c in ckpts])
     )
+    if memory is not None:
+        from gpufleet.cli.ckpt import print_memory
+
+        print_memory(memory)
 
 
 LOG_MAX_BYTES = 16 << 20
