@@ -16,7 +16,8 @@ PACKAGE = Path(local.__file__).parent
 BACKENDS = PACKAGE.parent
 ALLOWED = {
     "process": set(),
-    "scheduler": {"process"},
+    "warm": set(),
+    "scheduler": {"process", "warm"},
     "fleet": {"scheduler"},
     "backend": {"process"},
     "__main__": {"scheduler"},
