@@ -206,6 +206,29 @@ def test_a_warm_attempt_is_found_by_its_variables_and_signalled_as_a_group(serve
     assert child.wait(timeout=120) == -signal.SIGTERM
 
 
+def test_a_warm_attempt_shows_its_variables_by_the_time_its_pid_is_known(server: WarmServer, tmp_path: Path) -> None:
+    # A scheduler that dies between starting an attempt and recording its PID leaves the next one to find
+    # the attempt by its GPUFLEET_* variables: they must be there as soon as the PID is known, or the
+    # attempt is taken for lost and run a second time beside itself.
+    (tmp_path / "sleep.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    home = tmp_path / "home"
+    for n in range(20):
+        child = run_warm(
+            server,
+            [PY, "sleep.py"],
+            tmp_path,
+            tmp_path / "s.log",
+            GPUFLEET_JOB_ID="42",
+            GPUFLEET_ATTEMPT=str(n + 1),
+            GPUFLEET_HOME=str(home),
+        )
+        try:
+            assert attempt_processes(home, 42, n + 1) == [child.pid]
+        finally:
+            signal_group(child.pid, signal.SIGKILL)
+            child.wait(timeout=120)
+
+
 def test_a_refused_request_says_why(server: WarmServer, tmp_path: Path) -> None:
     with (tmp_path / "r.log").open("ab") as log:
         env = {**os.environ, "PYTHONHASHSEED": "123"}

@@ -94,7 +94,7 @@ def test_group_batch_script_notes_signals_first_and_runs_srun_as_a_child(tmp_pat
     assert script.startswith(f"#!{sys.executable}\n") and "execvp" not in script and "shell" not in script
     first = [type(node).__name__ for node in tree.body[:3]]
     assert first == ["Import", "Assign", "For"] and "signal.SIGTERM" in ast.unparse(tree.body[2])  # before anything
-    assert "run_group(spec['srun'], attempt, stops)" in ast.unparse(tree.body[-1])
+    assert "run_group(spec['srun'], attempt, signals.stops, signals.adopt)" in ast.unparse(tree.body[-1])
     payload = next(n for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).startswith('{"srun"'))
     assert json.loads(str(payload.value))["srun"] == srun_argv(dist_spec())
     assert script.count("$(rm -rf /)") == 1  # only inside that literal

@@ -356,6 +356,11 @@ def _become_attempt(server: _Server, request: Mapping[str, Any], log_fd: int, st
     server_pid = os.getppid()
     os.setsid()
     die_with_parent(int(request["death_signal"]), parent=server_pid)
+    env: dict[str, str] = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    # Before the PID is given out: a scheduler that dies before recording it finds the attempt by these.
+    _show_environ(env)
     os.write(started_w, b"1")
     os.close(started_w)
     _reset_signals()
@@ -363,10 +368,6 @@ def _become_attempt(server: _Server, request: Mapping[str, Any], log_fd: int, st
     os.close(server.wake_r)
     os.close(server.wake_w)
     _standard_descriptors(log_fd)
-    env: dict[str, str] = request["env"]
-    os.environ.clear()
-    os.environ.update(env)
-    _show_environ(env)
     os.chdir(request["cwd"])
     entry = warm_entry(request["argv"])
     assert entry is not None  # refused otherwise

@@ -206,8 +206,8 @@ def batch_script(spec: JobSpec, job_id: int, home: Path) -> str:
     if not runs_ranks(spec):
         payload = json.dumps({"argv": entry_argv(spec), **common})
         return f"""{head}.
-import json, os, sys, time
-{_attempt_start(payload)}{_notice_handlers()}if spec["cwd"]:
+import json, os, signal, sys, time
+{_EARLY_SIGNALS}{_attempt_start(payload)}{_notice_handlers()}if spec["cwd"]:
     os.chdir(spec["cwd"])
 if signals.stops:
     sys.exit({REQUEUE_EXIT_CODE})
@@ -223,8 +223,8 @@ sys.exit(exit_like(os.waitpid(child, 0)[1]))
 """
     payload = json.dumps({"srun": srun_argv(spec), **common})
     return f"""{head}, and srun starts its ranks.
-import json, os, sys, time
-{_attempt_start(payload)}{_notice_handlers()}from gpufleet.backends.slurm.rank import run_group
+import json, os, signal, sys, time
+{_EARLY_SIGNALS}{_attempt_start(payload)}{_notice_handlers()}from gpufleet.backends.slurm.rank import run_group
 if spec["cwd"]:
     os.chdir(spec["cwd"])
 sys.exit(run_group(spec["srun"], attempt, signals.stops, signals.adopt))
@@ -234,8 +234,16 @@ sys.exit(run_group(spec["srun"], attempt, signals.stops, signals.adopt))
 def _notice_handlers() -> str:
     """The handlers every batch script installs once the attempt is numbered (see ``rank.BatchSignals``)."""
     return """from gpufleet.backends.slurm.rank import BatchSignals, exit_like
-signals = BatchSignals(os.path.join(folder, "events.jsonl"), attempt, spec["lead"]).install()
+signals = BatchSignals(os.path.join(folder, "events.jsonl"), attempt, spec["lead"]).install(early)
 """
+
+
+_EARLY_SIGNALS = """early = []
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, lambda signum, frame: early.append(signum))
+"""
+"""Noted before anything else runs: a stop or a warning during the script's start-up is not lost (nor
+kills it), and ``BatchSignals.install`` then acts on each as if it had come after."""
 
 
 NOTICE_SIGNAL_MAX_S = 65535

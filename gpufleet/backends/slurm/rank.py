@@ -160,9 +160,12 @@ class BatchSignals:
         self._owed = 0
         self._noticed = False
 
-    def install(self) -> BatchSignals:
+    def install(self, early: list[int] | None = None) -> BatchSignals:
+        """Take over the signals; ``early``: those the script's first handlers noted before, acted on now."""
         for sig in NOTED_SIGNALS:
             signal.signal(sig, self.on_signal)
+        for signum in list(early or ()):  # a copy: none arrives in that list once the handlers are ours
+            self.on_signal(signum, None)
         return self
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
