@@ -15,9 +15,11 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
+from gpufleet.backends import sync_remote
 from gpufleet.backends.base import Backend
 from gpufleet.backends.local import LocalBackend, LocalScheduler
 from gpufleet.backends.slurm.backend import slurm_env
+from gpufleet.jobs.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,6 +189,19 @@ def follow(backend: Backend, until: Callable[[], bool], timeout: float = 240.0, 
         assert time.monotonic() < deadline, "timed out"
         backend.sync()
         time.sleep(poll_s)
+
+
+def follow_home(home: Path, until: Callable[[], bool], timeout: float = 240.0) -> None:
+    """Sync every scheduler with active jobs in ``home`` (``sync_remote``) until ``until()`` holds.
+
+    For a test whose jobs a fleet may place on more than one backend; the timeout is only a safety net.
+    """
+    store = Store(home / "state.db")
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        sync_remote(home, store)
+        time.sleep(0.5)
 
 
 def final_dcp_state(

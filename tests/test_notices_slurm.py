@@ -9,16 +9,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import follow_home
 
-from gpufleet.backends import sync_remote
 from gpufleet.backends.slurm.backend import SlurmBackend, batch_script, notice_lead_s, sbatch_argv
 from gpufleet.backends.slurm.rank import BatchSignals
 from gpufleet.cost.usage import store_usages
-from gpufleet.jobs.store import Store, latest_step
+from gpufleet.jobs.store import latest_step
 from gpufleet.spec import JobSpec, parse_spec
 
 
@@ -90,15 +89,6 @@ def test_a_warning_before_the_attempt_starts_is_passed_on_when_it_does(
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 1
 
 
-def wait(home: Path, until: Callable[[], bool], timeout: float = 240) -> None:
-    store = Store(home / "state.db")
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        sync_remote(home, store)
-        time.sleep(0.5)
-
-
 @pytest.mark.timeout(400)
 def test_real_slurm_warning_saves_requeues_and_is_in_the_ledger(
     slurm: dict[str, str], home: Path, monkeypatch: pytest.MonkeyPatch
@@ -108,11 +98,11 @@ def test_real_slurm_warning_saves_requeues_and_is_in_the_ledger(
     backend = SlurmBackend(home)
     store = backend.store
     job = backend.submit(toy())
-    wait(home, lambda: (latest_step(store, job) or 0) >= 10)
+    follow_home(home, lambda: (latest_step(store, job) or 0) >= 10)
     ref = store.job(job).backend_ref
     assert ref is not None
     subprocess.run(["scancel", "--signal=USR1", "--batch", ref], check=True, env=slurm, timeout=60)
-    wait(home, lambda: store.job(job).state == "completed")
+    follow_home(home, lambda: store.job(job).state == "completed")
     attempts = store.attempts(job)
     assert len(attempts) == 2 and attempts[0].outcome in ("requeued", "preempted") and attempts[0].exit_code == 75
     notice = store.events(job, kinds=("preemption_notice",))[0]

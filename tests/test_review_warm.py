@@ -15,7 +15,7 @@ PROBE = "import torch\nprint('threads', torch.get_num_threads(), flush=True)\n"
 
 CHILD = (
     "import os, torch\n"
-    "from gpufleet.backends.local.warm import _apply_threads\n"
+    "from gpufleet.backends.local.warm_server import _apply_threads\n"
     "torch.get_num_threads()\n"  # read once, as the warm server did at its imports
     "os.environ['OMP_NUM_THREADS'] = '1'\n"
     "_apply_threads(os.environ)\n"

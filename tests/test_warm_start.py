@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,14 +17,18 @@ from typing import Any
 import pytest
 
 from gpufleet.backends.lifecycle import attempt_processes, signal_group
+from gpufleet.backends.local import warm_server
 from gpufleet.backends.local.warm import (
+    SERVER_CODE,
     WarmEntry,
     WarmProcess,
     WarmServer,
+    serves_world_size,
     start_variables_differ,
     warm_entry,
     warm_start_enabled,
 )
+from gpufleet.backends.local.warm_server import _Server, refusal
 
 PY = sys.executable
 
@@ -236,3 +241,55 @@ def test_a_refused_request_says_why(server: WarmServer, tmp_path: Path) -> None:
         assert isinstance(answer, str) and "PYTHONHASHSEED" in answer
         answer = server.spawn([PY, "-c", "1"], env=os.environ, cwd=str(tmp_path), log=log, death_signal=15)
         assert isinstance(answer, str)
+
+
+def test_the_plain_server_refuses_a_rank_of_a_group(server: WarmServer, tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("pass\n")
+    with (tmp_path / "r.log").open("ab") as log:
+        env = {**os.environ, "WORLD_SIZE": "2"}
+        answer = server.spawn([PY, "x.py"], env=env, cwd=str(tmp_path), log=log, death_signal=signal.SIGTERM)
+    assert answer == "a rank of a group starts as a new process"
+
+
+def judged(world_size: int, request_world_size: str, tmp_path: Path) -> str | None:
+    """What a server for ``world_size`` says of a request whose ``WORLD_SIZE`` is ``request_world_size``."""
+    (tmp_path / "x.py").write_text("pass\n")
+    server = _Server(socket.socket(), -1, -1, [], 1 << 16, {}, world_size)
+    request = {"argv": [PY, "x.py"], "env": {"WORLD_SIZE": request_world_size}, "cwd": str(tmp_path)}
+    try:
+        return refusal(server, request, [1])
+    finally:
+        server.sock.close()
+
+
+def test_a_server_forks_only_the_world_size_it_was_started_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm_server, "threads", lambda: 1)  # this test's process: as a server about to fork
+    assert serves_world_size(1, "") and serves_world_size(1, "1") and serves_world_size(2, "2")
+    assert not serves_world_size(1, "2") and not serves_world_size(2, "3") and not serves_world_size(2, "")
+    assert judged(1, "2", tmp_path) == "a rank of a group starts as a new process"
+    assert judged(2, "3", tmp_path) == (
+        "WORLD_SIZE '3' is not the warm rank server's '2', which the runtime read at import"
+    )
+    assert judged(2, "1", tmp_path) == (
+        "WORLD_SIZE '1' is not the warm rank server's '2', which the runtime read at import"
+    )
+    assert judged(2, "2", tmp_path) is None
+    assert judged(1, "", tmp_path) is None and judged(1, "1", tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["3", "--world-size", "2"], {}, "WORLD_SIZE '' in its environment is not the world size 2"),
+        (["3"], {"WORLD_SIZE": "4"}, "WORLD_SIZE '4' in its environment is not the world size 1"),
+        (["3", "--world-size", "0"], {}, "usage: python -c SERVER_CODE FD [--world-size N]"),
+        (["three"], {}, "usage: python -c SERVER_CODE FD [--world-size N]"),
+    ],
+)
+def test_a_server_started_for_another_world_size_than_its_environment_names_exits_2(
+    args: list[str], env: dict[str, str], says: str
+) -> None:
+    base = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    done = subprocess.run([PY, "-c", SERVER_CODE, *args], env={**base, **env}, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ BACKENDS = PACKAGE.parent
 ALLOWED = {
     "process": set(),
     "warm": set(),
+    "warm_server": {"warm"},
     "scheduler": {"process", "warm"},
     "fleet": {"scheduler"},
     "backend": {"process"},

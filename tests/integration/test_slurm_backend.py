@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import follow_home
 
-from gpufleet.backends import get_backend, sync_remote
+from gpufleet.backends import get_backend
 from gpufleet.backends.slurm.backend import SlurmBackend, slurm_usage
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
@@ -22,15 +21,6 @@ from gpufleet.spec import parse_spec
 from gpufleet.workloads.tinylm import TINY
 
 LM: dict[str, Any] = {**TINY, "steps": 400}
-
-
-def wait(store_home: Path, until: Callable[[], bool], timeout: float = 180) -> None:
-    store = Store(store_home / "state.db")
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        sync_remote(store_home, store)
-        time.sleep(0.5)
 
 
 def lm_spec(name: str, team: str, priority: int, args: dict[str, Any]) -> Any:
@@ -56,9 +46,9 @@ def test_preempted_by_high_tier_requeued_resumed_bit_exact(
     store = backend.store
     # Paced (a pace changes no number) so the high-tier job preempts it mid-run on a loaded machine too.
     low = backend.submit(lm_spec("lm-low", "perception", 0, {**LM, "step_seconds": 0.05}))
-    wait(home, lambda: (latest_step(store, low) or 0) >= 15)
+    follow_home(home, lambda: (latest_step(store, low) or 0) >= 15, timeout=180)
     high = backend.submit(lm_spec("lm-high", "planning", 10, {**LM, "steps": 20}))
-    wait(home, lambda: all(store.job(j).state == "completed" for j in (low, high)), timeout=300)
+    follow_home(home, lambda: all(store.job(j).state == "completed" for j in (low, high)), timeout=300)
     attempts = store.attempts(low)
     assert [a.outcome for a in attempts][-1] == "completed" and len(attempts) == 2, attempts
     assert attempts[0].outcome in ("preempted", "requeued")
@@ -123,9 +113,9 @@ def test_backend_contract_submit_preempt_resume_finish_account(
     )
     job = backend.submit(spec)
     store = Store(home / "state.db")
-    wait(home, lambda: store.job(job).state == "running" and (latest_step(store, job) or 0) >= 20)
+    follow_home(home, lambda: store.job(job).state == "running" and (latest_step(store, job) or 0) >= 20, timeout=180)
     backend.preempt(job)
-    wait(home, lambda: store.job(job).state == "completed", timeout=200)
+    follow_home(home, lambda: store.job(job).state == "completed", timeout=200)
     attempts = store.attempts(job)
     assert len(attempts) == 2 and attempts[0].outcome in ("preempted", "requeued")
     signalled = store.events(job, kinds=("preempt_signal",))

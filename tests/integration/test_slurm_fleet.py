@@ -9,14 +9,11 @@ that may also run on L40S overflows to the L40S partition and is priced at that 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import follow_home, run_cli
 
-from gpufleet.backends import sync_remote
 from gpufleet.backends.slurm.backend import run_slurm
 from gpufleet.cost.usage import store_usages
 from gpufleet.jobs.events import EventKind
@@ -40,15 +37,6 @@ def job_file(tmp_path: Path, name: str, types: list[str], steps: int, pace: floa
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(spec), encoding="utf-8")
     return path
-
-
-def wait(home: Path, until: Callable[[], bool], timeout: float = 240) -> None:
-    store = Store(home / "state.db")
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, "timed out"
-        sync_remote(home, store)
-        time.sleep(0.5)
 
 
 @pytest.mark.timeout(600)
@@ -76,7 +64,7 @@ def test_a_team_over_its_slurm_quota_pends_with_slurms_reason_and_a_flexible_job
 
     store = Store(home / "state.db")
     first = submit(job_file(tmp_path, "first", ["H100"], 2000, 0.05))  # holds perception's 2 H100 until cancelled
-    wait(home, lambda: (latest_step(store, first) or 0) >= 1)
+    follow_home(home, lambda: (latest_step(store, first) or 0) >= 1)
     second = submit(job_file(tmp_path, "second", ["H100"], 20, 0.0))
     flexible = submit(job_file(tmp_path, "flexible", ["H100", "L40S"], 20, 0.0))
     try:
@@ -86,14 +74,14 @@ def test_a_team_over_its_slurm_quota_pends_with_slurms_reason_and_a_flexible_job
             second: ("gf-h100", "gf-perception-h100"),  # the quota is full: it waits in Slurm's queue
             flexible: ("gf-l40s", "gf-perception-l40s"),  # overflow to the next feasible offer
         }
-        wait(home, lambda: "QOSGrpGRES" in (store.job(second).reason or ""))
+        follow_home(home, lambda: "QOSGrpGRES" in (store.job(second).reason or ""))
         code, out, _ = run_cli(capsys, monkeypatch, "jobs", "--json")
         rows = {r["id"]: r for r in json.loads(out)["jobs"]}
         assert rows[second]["state"] == "queued"
         assert rows[second]["reason"].startswith("waiting: Slurm QOSGrpGRES (QOS gf-perception-h100")
         code, out, _ = run_cli(capsys, monkeypatch, "jobs")
         assert "QOSGrpGRES" in out  # the why column
-        wait(home, lambda: store.job(flexible).state == "completed")
+        follow_home(home, lambda: store.job(flexible).state == "completed")
     finally:
         for job in (first, second, flexible):
             run_cli(capsys, monkeypatch, "cancel", str(job))

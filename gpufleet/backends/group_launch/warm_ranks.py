@@ -2,17 +2,16 @@
 
 Most of the time a lost rank's replacement takes is a new interpreter importing torch, numpy and
 gpufleet's runtime; the survivors wait for it. The rank supervisor therefore starts, with the
-ranks, one *warm spawn server* (``backends/local/warm.py``) for the attempt, and forks each
+ranks, one *warm spawn server* (``backends/local/warm_server.py``) for the attempt, and forks each
 replacement there: the child becomes ``python -u -m gpufleet.runtime.launch ...`` with the rank's
 exact environment, as the local scheduler's warm start does for whole attempts.
 
-The local scheduler's server refuses a rank of a group (``WORLD_SIZE`` above 1), because the
-runtime reads ``WORLD_SIZE`` when it is imported (``runtime/session.py`` prepares the world group's
-defaults then). This server is started with the environment the ranks share
+The runtime reads ``WORLD_SIZE`` when it is imported (``runtime/session.py`` prepares the world
+group's defaults then), so a server forks only processes of the world size it was started for. This
+one is started for the group's (``--world-size N``) with the environment the ranks share
 (:func:`gpufleet.backends.group_launch.supervisor.shared_environment`: ``WORLD_SIZE``,
-``TORCHELASTIC_RUN_ID``...), so what it imported is what a new rank would have imported, and it
-forks a rank whose ``WORLD_SIZE`` is its own (:func:`rank_refusal`); every other refusal of
-``warm.py`` holds, and a refused, failed or dead server means a cold start.
+``TORCHELASTIC_RUN_ID``...), so what it imported is what a new rank would have imported; every other
+refusal of the server holds, and a refused, failed or dead server means a cold start.
 
 Lifetimes: the server dies with the supervisor (SIGKILL, the death-signal shim of
 ``WarmServer.start``), each child with the server (SIGKILL); so a replacement still dies with the
@@ -23,58 +22,32 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Self
 
-from gpufleet.backends.lifecycle import attempt_argv
 from gpufleet.backends.local import warm
-
-RANK_SERVER_CODE = (
-    "import sys; from gpufleet.backends.group_launch.warm_ranks import serve_ranks; serve_ranks(sys.argv[1:])"
-)
-"""The rank server's command (``python -c``), as ``warm.SERVER_CODE`` with :func:`rank_refusal` in place."""
 
 READY_WAIT_S = 30.0
 """How long a replacement waits for a server still importing: it is further along than a new interpreter."""
 
-_plain_refusal = warm.refusal
 
-
-def rank_refusal(server: Any, request: Mapping[str, Any], fds: Sequence[int]) -> str | None:
-    """``warm.refusal`` for a rank of the server's own group: its ``WORLD_SIZE`` must be the server's."""
-    env: Mapping[str, str] = request["env"]
-    mine, theirs = os.environ.get("WORLD_SIZE", ""), env.get("WORLD_SIZE", "")
-    if theirs != mine:
-        return f"WORLD_SIZE {theirs!r} is not the warm rank server's {mine!r}, which the runtime read at import"
-    alone = {name: value for name, value in env.items() if name != "WORLD_SIZE"}
-    return _plain_refusal(server, {**request, "env": alone}, fds)
-
-
-def serve_ranks(argv: Sequence[str]) -> None:
-    """The rank server's process: ``warm.main`` judging requests with :func:`rank_refusal`."""
-    warm.refusal = rank_refusal  # the server's loop looks the function up at each request
-    warm.main(argv)
+def group_world_size(env: Mapping[str, str]) -> int:
+    """The ``WORLD_SIZE`` ``env`` names (1 when it names none): the group a rank server serves."""
+    raw = env.get("WORLD_SIZE", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
 class RankServer(warm.WarmServer):
-    """The supervisor's handle on its warm rank server (``warm.WarmServer`` running :data:`RANK_SERVER_CODE`)."""
+    """The supervisor's handle on its warm rank server: ``warm.WarmServer`` for the ranks of one group."""
 
     @classmethod
-    def start(cls, env: Mapping[str, str]) -> RankServer:
-        """Start the server with ``env`` (the ranks' shared environment); it dies with this process."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = attempt_argv([sys.executable, "-c", RANK_SERVER_CODE, str(theirs.fileno())])
-        os.set_inheritable(theirs.fileno(), True)
-        quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1)]
-        try:
-            pid = os.posix_spawn(
-                argv[0], argv, {**env, warm.ENV_ROOM: "x" * warm.ENV_ROOM_BYTES}, file_actions=quiet, setsid=True
-            )
-        finally:
-            theirs.close()
-        return cls(pid, mine)
+    def start(cls, env: Mapping[str, str], *, world_size: int | None = None) -> Self:
+        """Start the server with ``env`` (the ranks' shared environment); it dies with this process.
+
+        It forks ranks of ``world_size``, by default the ``WORLD_SIZE`` that ``env`` names.
+        """
+        return super().start(env, world_size=world_size or group_world_size(env))
 
 
 def one_log() -> bool:
@@ -124,4 +97,4 @@ class WarmRanks:
             self.server = None
 
 
-__all__ = ["RANK_SERVER_CODE", "READY_WAIT_S", "RankServer", "WarmRanks", "one_log", "rank_refusal", "serve_ranks"]
+__all__ = ["READY_WAIT_S", "RankServer", "WarmRanks", "group_world_size", "one_log"]

@@ -8,8 +8,10 @@ name of another, and nothing imports in a circle):
 - ``scheduler.py``: :class:`LocalScheduler`, the loop that owns the attempts (launch, signal, reap,
   requeue, adopt what a dead scheduler left) and places jobs in one pool of slots. It declares
   :class:`FleetPolicy`, what it asks of the placement on a fleet. Imports ``process`` and ``warm``.
-- ``warm.py``: the warm spawn server that forks attempts from an interpreter that has imported
-  torch, and :class:`WarmProcess`, an attempt's handle with ``Popen``'s surface. Imports none of the others.
+- ``warm.py``: the handle on the warm spawn server (:class:`WarmServer`, and :class:`WarmProcess`, an
+  attempt's handle with ``Popen``'s surface) and the rules both halves share. Imports none of the others.
+- ``warm_server.py``: the server process that forks attempts from an interpreter that has imported
+  torch. Imports ``warm``.
 - ``fleet.py``: :class:`FleetScheduling`, that policy (quotas, reclaim, storms, failover, checkpoint
   moves), which plugs itself into the loop when imported. Imports ``scheduler``.
 - ``backend.py``: :class:`LocalBackend`, the client side (``gpufleet submit`` and the job verbs)
