@@ -12,6 +12,8 @@ feature below needs libraries of its own, installed with ``pip install 'gpufleet
     serve     fastapi, uvicorn    gpufleet serve
     data      fsspec, s3fs        staging a job's data sources (a spec's ``data:``), gpufleet bench stage
     slurm     ClusterShell        Slurm hostlists: the Slurm backend's ranks, fleet topology files
+    elastic   torchft             ``distributed.recovery: continue`` (not in ``all``: a native
+                                  Lighthouse and Manager for the hosts that train elastically)
 
 A feature imports its libraries through :func:`require` (a module object) or :func:`required` (a
 block of typed ``import`` statements), so a missing one is one line naming the extra to install
@@ -35,7 +37,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "data": ("fsspec", "s3fs"),
     "slurm": ("ClusterShell",),
 }
-"""Each feature extra and the top-level modules it installs (pyproject's ``optional-dependencies``)."""
+"""Each feature extra of ``gpufleet[all]`` and the top-level modules it installs (pyproject's
+``optional-dependencies``). ``elastic`` (torchft) is mapped where it is used (``runtime.elastic``, the
+local backend's submit check), like the ``ray`` and ``gpu`` extras that ``all`` leaves out too."""
 
 
 def missing_extra(module: str, extra: str, feature: str, cause: ImportError | None = None) -> UsageError:

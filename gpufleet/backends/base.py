@@ -41,6 +41,10 @@ class Feature(enum.Enum):
         "submission; cancel the job and submit its spec again with the new resources (the new job has a "
         "checkpoint folder of its own, so it starts from step 0)"
     )
+    ELASTIC = (
+        "elastic recovery (distributed.recovery: continue, survivors stepping short-handed): "
+        "use recovery: wait or requeue"
+    )
     HOLD = "holding a queued job back (gpufleet hold) and releasing it: cancel it and submit its spec again later"
 
 
@@ -154,6 +158,8 @@ class Backend(ABC):
             self.require(Feature.MULTI_RANK)
         if spec.resources.nodes > 1:
             self.require(Feature.MULTI_NODE)
+        if spec.recovery == "continue":
+            self.require(Feature.ELASTIC)
         check_submittable(spec, env)
         spec = self._admit(spec, env)
         fresh = [p for p in (self.home, self.home / "jobs", state_db(self.home)) if not os.path.lexists(p)]

@@ -35,6 +35,11 @@ costs them whether or not the job is ever preempted.
 long before the node went the attempt heard of it) and the seconds the save took, beside the buckets
 above, which it does not change.
 
+**Short-handed steps.** Under ``distributed.recovery: continue`` a lost replica costs no restart:
+the others step on without it while it heals. Those steps are not bit-exact (fewer shares of the
+batch averaged); the ledger lists how many there were and the samples the missing shares skipped,
+beside the buckets, which they do not change (the GPUs were held and used throughout).
+
 **Preempted or killed.** An attempt requeued because a process of it was killed or vanished (a
 ``kill -9`` of a rank, a rank lost to its group, the OOM killer, a lost node) is not a preemption:
 it is counted under ``killed``, not ``preemptions``. Its restart costs what a preemption's does,
@@ -129,6 +134,10 @@ class AttemptUsage:
     """The provider whose preemption notice reached the attempt (``aws``, ``gcp``, ``azure``, ``slurm``)."""
     notice_lead_s: float | None = None
     """Seconds between that notice and the deadline it gave (``None``: no notice, or no deadline)."""
+    short_handed_steps: int = 0
+    """Steps run without every replica (``distributed.recovery: continue``, while a lost one healed)."""
+    samples_skipped: int = 0
+    """Samples of the missing replicas' shares of those steps: trained on by nobody."""
 
     @property
     def wall_s(self) -> float:
@@ -223,6 +232,10 @@ class Cost:
     egress_bytes: int = 0
     notices: tuple[NoticeLead, ...] = ()
     """The preemption notices its attempts had (none: every preemption came unannounced)."""
+    short_handed_steps: int = 0
+    """Steps its attempts ran without every replica (``distributed.recovery: continue``)."""
+    samples_skipped: int = 0
+    """Samples those steps skipped (the missing replicas' shares of the global batch)."""
 
     @property
     def total_gpu_hours(self) -> float:
@@ -261,6 +274,8 @@ class Cost:
             egress_money=self.egress_money + other.egress_money,
             egress_bytes=self.egress_bytes + other.egress_bytes,
             notices=self.notices + other.notices,
+            short_handed_steps=self.short_handed_steps + other.short_handed_steps,
+            samples_skipped=self.samples_skipped + other.samples_skipped,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -290,6 +305,8 @@ class Cost:
                 k: _sig(v * 3600.0) for k, v in self.preemption_gpu_hours.items()
             },
             "preemption_notices": [n.to_dict() for n in self.notices],
+            "short_handed_steps": self.short_handed_steps,
+            "samples_skipped": self.samples_skipped,
         }
 
 
@@ -326,6 +343,8 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
         steps_redone=usage.steps_redone,
         unpriced=() if price is not None else (key,),
         notices=_notices(usage),
+        short_handed_steps=max(0, usage.short_handed_steps),
+        samples_skipped=max(0, usage.samples_skipped),
     )
 
 

@@ -125,6 +125,25 @@ def attempt_notice(n: int, events: Sequence[Event]) -> tuple[str | None, float |
     return None, None
 
 
+def attempt_short_handed(mine: Sequence[Event]) -> tuple[int, int]:
+    """Steps an attempt ran without every replica, and the samples their missing shares skipped.
+
+    From its ``short_handed`` events (``distributed.recovery: continue``; each counts a run of such
+    steps). Written by user processes: a count that is not a whole number of at least 0 reads as 0.
+    """
+    steps = skipped = 0
+    for e in mine:
+        if e.kind == EventKind.SHORT_HANDED:
+            steps += _whole(e.data.get("steps"))
+            skipped += _whole(e.data.get("samples_skipped"))
+    return steps, skipped
+
+
+def _whole(value: Any) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TS
+    return int(value) if ok else 0
+
+
 def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
     """Whether the attempt ended because a process of it was killed or vanished, not by a preemption.
 
@@ -207,6 +226,7 @@ def attempt_usage(
     spec = job.spec
     placed = attempt_placement(attempt, events)
     notice_source, notice_lead_s = attempt_notice(attempt.n, events)
+    short_handed_steps, samples_skipped = attempt_short_handed(mine)
     return AttemptUsage(
         job_id=job.id,
         job_name=job.name,
@@ -243,6 +263,8 @@ def attempt_usage(
         rollback_restore_s=rollback_restore_s,
         notice_source=notice_source,
         notice_lead_s=notice_lead_s,
+        short_handed_steps=short_handed_steps,
+        samples_skipped=samples_skipped,
     )
 
 
@@ -273,6 +295,7 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
 __all__ = [
     "attempt_gpus",
     "attempt_notice",
+    "attempt_short_handed",
     "attempt_usage",
     "attempt_usages",
     "job_usages",

@@ -54,6 +54,10 @@ class EventKind(StrEnum):
     GROUP_REFORMED = "group_reformed"
     """The ranks re-formed in place after a lost rank (``distributed.recovery: wait``): the generation,
     the ranks replaced, the step every rank resumed from, the tier it came from, seconds since the fault."""
+    SHORT_HANDED = "short_handed"
+    """Under ``distributed.recovery: continue``, steps the replicas ran without every replica (one event per
+    run of such steps, not per step): the steps, the samples of the missing replicas' shares skipped, the
+    fewest replicas that took part, and the first and last step of the run."""
     RNG_RESEEDED = "rng_reseeded"
     """The random state was reseeded because the world size changed since the checkpoint."""
     CONFIG_CHANGED = "config_changed"
@@ -168,6 +172,7 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.CHECKPOINT_SKIPPED,
     EventKind.TIER_SKIPPED,
     EventKind.GROUP_REFORMED,
+    EventKind.SHORT_HANDED,
     EventKind.RUN_CHANGED,
     EventKind.UNHEALTHY,
     EventKind.ROLLBACK,

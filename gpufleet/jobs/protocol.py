@@ -47,7 +47,8 @@ ENV_CURRENCY = "GPUFLEET_CURRENCY"
 CURRENCY_RE = re.compile(r"[A-Za-z]{2,10}")
 """A currency code as a rate card and ``GPUFLEET_CURRENCY`` may spell it (``USD``, ``eur``); checked on both sides."""
 ENV_RECOVERY = "GPUFLEET_RECOVERY"
-"""``wait`` when a lost rank is replaced in place (``JobSpec.recovery``); unset: the attempt is requeued."""
+"""``wait`` when a lost rank is replaced in place (``JobSpec.recovery``), ``continue`` when the survivors
+step on without it while it is replaced (``distributed.recovery: continue``); unset: the attempt is requeued."""
 ENV_RECOVERY_TIMEOUT = "GPUFLEET_RECOVERY_TIMEOUT_S"
 """Seconds a group may take to re-form in place before the attempt is requeued
 (``distributed.recovery_timeout_seconds``)."""
@@ -55,6 +56,17 @@ ENV_RDZV_FILE = "GPUFLEET_RDZV_FILE"
 """The rank supervisor's rendezvous file, ``{"generation": G, "master_port": P}``: where a re-formed group meets."""
 ENV_GENERATION = "GPUFLEET_GENERATION"
 """The generation of the group a rank joined (0 at the attempt's start, one more at each re-forming)."""
+ENV_ELASTIC_LIGHTHOUSE = "GPUFLEET_ELASTIC_LIGHTHOUSE"
+"""Under ``recovery: continue``: the attempt's torchft Lighthouse (``http://127.0.0.1:PORT``), where the
+replicas agree on who takes part in each step."""
+ENV_REPLICA_RANK = "GPUFLEET_REPLICA_RANK"
+"""Under ``recovery: continue``: this rank's place among the replicas (each rank is a replica group of one,
+so torch sees ``RANK=0``, ``WORLD_SIZE=1``); it picks the rank's share of the global batch."""
+ENV_REPLICAS = "GPUFLEET_REPLICAS"
+"""Under ``recovery: continue``: how many replicas the job has when none is missing."""
+ENV_ELASTIC_EVENTS = "GPUFLEET_ELASTIC_EVENTS"
+"""Under ``recovery: continue``: the job's event log for every replica's short-handed steps (only replica 0
+gets ``GPUFLEET_EVENTS``, so one session writes the job's events)."""
 
 
 def _number(raw: str, *, low: float, integer: bool = False) -> bool:
@@ -153,15 +165,16 @@ def job_environment(spec: JobSpec, job_id: int, home: Path, backend: str) -> dic
 
 
 def recovery_environment(spec: JobSpec) -> dict[str, str]:
-    """``GPUFLEET_RECOVERY=wait`` and its timeout for a group that re-forms in place, else nothing.
+    """``GPUFLEET_RECOVERY`` (``wait``, ``continue``) and its timeout for a group that recovers in place, else nothing.
 
     Only gpufleet's own launcher can replace a rank (``launcher: torchrun``, one node); elsewhere a
     lost rank requeues the attempt whatever the spec asks.
     """
-    if spec.recovery != "wait" or spec.distributed is None or not torchrun_launched(spec) or spec.resources.nodes > 1:
+    mode = spec.recovery
+    if mode == "requeue" or spec.distributed is None or not torchrun_launched(spec) or spec.resources.nodes > 1:
         return {}
     return {
-        ENV_RECOVERY: "wait",
+        ENV_RECOVERY: mode,
         ENV_RECOVERY_TIMEOUT: repr(float(spec.distributed.recovery_timeout_seconds)),
     }
 
@@ -247,6 +260,8 @@ __all__ = [
     "ENV_CKPT_DIR",
     "ENV_CURRENCY",
     "ENV_DATA_DIR",
+    "ENV_ELASTIC_EVENTS",
+    "ENV_ELASTIC_LIGHTHOUSE",
     "ENV_EVENTS",
     "ENV_FAULT",
     "ENV_GENERATION",
@@ -257,6 +272,8 @@ __all__ = [
     "ENV_RDZV_FILE",
     "ENV_RECOVERY",
     "ENV_RECOVERY_TIMEOUT",
+    "ENV_REPLICAS",
+    "ENV_REPLICA_RANK",
     "ENV_SPEC",
     "ENV_STRATEGY",
     "ENV_TIMEOUT",

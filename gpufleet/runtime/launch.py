@@ -17,6 +17,10 @@ the broken one down, waits for the supervisor to publish the next generation (up
 entrypoint builds its model and optimizer again and its ``TrainSession`` restores the last step every
 rank committed, so the run goes on bit-exact, in the same interpreter: torch is not imported again and
 the process keeps its PID. Without a new generation in time it exits 75 (the attempt is requeued).
+
+Under ``GPUFLEET_RECOVERY=continue`` nothing is re-run: the survivors never see their group break
+(each rank is a torchft replica of its own, ``runtime.elastic``), and a lost rank's replacement is a
+new process that heals from a peer.
 """
 
 from __future__ import annotations
@@ -171,8 +175,11 @@ def finish(code: int) -> None:
     """Exit with ``code``. One rank of several leaves with ``os._exit`` once its output is flushed: its
     session has saved, written its events (flushed line by line) and destroyed the process group, and
     what is left to tear down is the interpreter, during whose finalisation a collective backend's
-    threads can abort a rank that succeeded (SIGABRT, "terminate called without an active exception")."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    threads can abort a rank that succeeded (SIGABRT, "terminate called without an active exception").
+    So does an elastic replica (``recovery: continue``): torch sees a world of one, but torchft's servers
+    and their threads are left to the process's end."""
+    alone = int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1
+    if alone and os.environ.get(ENV_RECOVERY) != "continue":
         sys.exit(code)
     import logging
 

@@ -278,11 +278,15 @@ class Distributed(_Frozen):
     recovery: Literal["requeue", "wait", "continue"] | None = None
     """What the group does when a rank is lost. ``wait`` (exact; the default with a memory tier): the
     surviving ranks keep their processes, a replacement is started, the group re-forms and every rank
-    goes on from the last step all of them committed, bit-exact. ``requeue`` (the default otherwise):
-    every rank exits and the job is run again from its checkpoint; also the fallback when ``wait`` has
-    not recovered within ``recovery_timeout_seconds``."""
+    goes on from the last step all of them committed, bit-exact. ``continue`` (elastic, torchft; DDP on
+    one node, ``pip install 'gpufleet[elastic]'``): the survivors keep stepping with fewer replicas while
+    a replacement starts and heals from a peer's live state; not bit-exact, the steps run short-handed
+    and the samples skipped are recorded. ``requeue`` (the default otherwise): every rank exits and the
+    job is run again from its checkpoint; also the fallback when ``wait`` or ``continue`` has not
+    recovered within ``recovery_timeout_seconds``."""
     recovery_timeout_seconds: float = Field(default=120.0, gt=0, le=86400)
-    """How long ``wait`` may take to re-form the group before the attempt is requeued instead."""
+    """How long ``wait`` may take to re-form the group (``continue``: to heal a replacement) before the
+    attempt is requeued instead."""
     agree_every: int = Field(default=4, ge=1, le=1000)
     """Steps between two agreements of the ranks (one small all-reduce, and a point where they all
     wait for the slowest; they also meet at every step a checkpoint is due). Every step is still
@@ -364,6 +368,26 @@ class DataPolicy(_Frozen):
                 if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
                     raise ValueError(f"data destinations {a!r} and {b!r} overlap: give each source its own folder")
         return self
+
+
+def _continue_refusal(spec: JobSpec) -> str | None:
+    """What ``distributed.recovery: continue`` lacks in ``spec``, or ``None`` when it can run.
+
+    Each rank is a torchft replica group of one that averages its gradients with the others
+    (``runtime.elastic``): that is DDP, on the one node where gpufleet's own rank supervisor runs
+    torchft's Lighthouse; sharded state (FSDP) cannot be healed from one peer, and a memory tier's
+    copies belong to a group that re-forms as a whole.
+    """
+    assert spec.distributed is not None
+    if spec.distributed.strategy != "ddp":
+        return f"distributed.strategy: ddp (not {spec.distributed.strategy})"
+    if spec.distributed.launcher != "torchrun":
+        return f"distributed.launcher: torchrun (not {spec.distributed.launcher})"
+    if spec.resources.nodes != 1:
+        return f"resources.nodes: 1 (not {spec.resources.nodes})"
+    if spec.checkpoint.memory is not None:
+        return "no checkpoint.memory"
+    return None
 
 
 class JobSpec(_Frozen):
@@ -500,13 +524,15 @@ class JobSpec(_Frozen):
                 "or raise resources.gpus to 2 or more (one rank per GPU), or set distributed.one_rank: true",
             )
         if self.distributed is not None and self.distributed.recovery == "continue":
-            raise _field_error(
-                "JobSpec",
-                ("distributed", "recovery"),
-                "continue",
-                "continue (elastic: survivors step short-handed) is not available; "
-                "use wait (exact: survivors keep their processes) or requeue",
-            )
+            why = _continue_refusal(self)
+            if why is not None:
+                raise _field_error(
+                    "JobSpec",
+                    ("distributed", "recovery"),
+                    "continue",
+                    f"continue (elastic: survivors step short-handed) needs {why}; "
+                    "use wait (exact: survivors keep their processes) or requeue",
+                )
         argv = self.command  # `wait` re-runs a rank in process: only a Python script or module can be
         launched = self.distributed is not None and self.distributed.launcher == "torchrun" and nodes == 1
         if argv and launched and self.recovery == "wait":
@@ -524,8 +550,9 @@ class JobSpec(_Frozen):
         return self
 
     @property
-    def recovery(self) -> Literal["requeue", "wait"]:
-        """What a lost rank costs: ``wait`` (re-form in place) or ``requeue`` (see :class:`Distributed`).
+    def recovery(self) -> Literal["requeue", "wait", "continue"]:
+        """What a lost rank costs: ``wait`` (re-form in place), ``continue`` (the survivors step on
+        short-handed) or ``requeue`` (see :class:`Distributed`).
 
         Unset, it is ``wait`` for a group with a memory tier (the survivors' and the peer's RAM copies
         make the in-place restore fast) and ``requeue`` otherwise; one process is always ``requeue``."""
@@ -533,7 +560,7 @@ class JobSpec(_Frozen):
             return "requeue"
         if self.distributed.recovery is None:
             return "wait" if self.checkpoint.memory is not None else "requeue"
-        return "wait" if self.distributed.recovery == "wait" else "requeue"
+        return self.distributed.recovery
 
     @property
     def ranks_per_node(self) -> int:

@@ -8,6 +8,7 @@ data position, so the only data state a checkpoint needs is that one integer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -22,6 +23,7 @@ from gpufleet.errors import SpecError
 from gpufleet.jobs.faults import FaultPlan
 from gpufleet.jobs.protocol import ENV_STRATEGY
 from gpufleet.runtime import TrainSession
+from gpufleet.runtime.elastic import Elastic, continues, replica_place
 from gpufleet.runtime.group import Group, current_group
 from gpufleet.workloads import check_seed
 from gpufleet.workloads.charlm import CharCorpus, CharLM, CharLMConfig, evaluate, load_text
@@ -128,17 +130,17 @@ def train(
     ``eval`` event: a sweep's pruner reads it as the intermediate value). ``step_seconds`` paces
     each step (a demo a person can follow, a preemption that lands mid-run); it changes no number.
     ``text`` trains on a UTF-8 file instead of the shipped text (relative: under ``$GPUFLEET_DATA_DIR``).
+    Under ``distributed.recovery: continue`` each rank is an elastic replica (``runtime.elastic``): it
+    trains on its replica's rows and averages gradients over the replicas taking part in each step.
     ``on_step`` is called after every step with the session (progress hooks, tests).
     """
     check_seed(seed)
     torch.use_deterministic_algorithms(True)
     group = current_group()
     strategy = strategy or os.environ.get(ENV_STRATEGY) or "none"
-    if batch_size % group.world_size:
-        raise SpecError(
-            f"args.batch_size={batch_size} does not divide among {group.world_size} ranks: "
-            f"give a multiple of {group.world_size}"
-        )
+    share, parts = replica_place() if continues() else (group.rank, group.world_size)
+    if batch_size % parts:
+        raise SpecError(f"args.batch_size={batch_size} does not divide among {parts} ranks: give a multiple of {parts}")
     corpus, plain, optimizer, schedule = build(
         seed=seed,
         context=context,
@@ -163,18 +165,33 @@ def train(
         ckpt_dir=ckpt_dir,
         flops_per_token=plain.flops_per_token(),
     )
-    with sess:
+    elastic = Elastic.from_env(
+        model,
+        optimizer,
+        session=sess,
+        state_dict=schedule.state_dict,
+        load_state_dict=schedule.load_state_dict,
+        samples_per_replica=batch_size // parts,
+    )
+    with elastic or contextlib.nullcontext(), sess:
         model.train()
         for _ in sess.steps():
             x, y = corpus.batch("train", sess.data_position, batch_size, context, seed)
-            x, y = x[group.rank :: group.world_size], y[group.rank :: group.world_size]
+            x, y = x[share::parts], y[share::parts]
+            if elastic is not None:
+                elastic.zero_grad()  # this step's quorum, while the forward runs
             _, loss = model(x, y)
             assert loss is not None
-            loss = faults.apply(loss, sess.data_position, group.rank)
+            loss = faults.apply(loss, sess.data_position, share)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
+            if elastic is not None:
+                elastic.average_gradients()  # over the replicas taking part: the missing shares are skipped
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            if elastic is None:
+                optimizer.step()
+            elif not elastic.step():
+                continue  # a replica was lost mid-step: the step runs again without it
             schedule.step()
             sess.report(loss, tokens=x.numel(), lr=float(schedule.get_last_lr()[0]))
             if eval_every > 0 and sess.step % eval_every == 0 and sess.step < steps:

@@ -38,7 +38,8 @@ child and stays its parent, so that:
 
 With ``GPUFLEET_RECOVERY=wait`` (``distributed.recovery: wait``) the ranks are started by gpufleet's
 own rank supervisor instead (``group_launch.supervisor``), which keeps all of the above and replaces
-a lost rank in place rather than ending the group.
+a lost rank in place rather than ending the group; with ``GPUFLEET_RECOVERY=continue`` its elastic
+variant (``group_launch.elastic``) runs torchft's Lighthouse and lets the survivors step on.
 
 ``ARGV`` is what each rank runs: arguments of gpufleet's own interpreter (``-m gpufleet.runtime.launch``,
 ``train.py --lr 3e-3``, ``-c CODE``), or with ``--no-python`` a complete command (another
@@ -239,7 +240,7 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         print(f"gpufleet.backends.group_launch: {err}\n{USAGE}", file=sys.stderr)
         return 2
-    if os.environ.get(ENV_RECOVERY) == "wait":  # a lost rank is replaced in place: our own supervisor
+    if os.environ.get(ENV_RECOVERY) in ("wait", "continue"):  # a lost rank is replaced: our own supervisor
         from gpufleet.backends.group_launch.supervisor import supervise
 
         return supervise(nproc, command, no_python=no_python)

@@ -29,6 +29,11 @@ survivors' processes:
   ``distributed.recovery_timeout_seconds`` of the loss (or a loss after a rank completed its
   session) ends every rank and exits 75, so the job is run again from its last checkpoint.
 
+Under ``distributed.recovery: continue`` (``GPUFLEET_RECOVERY=continue``) the attempt is run by
+:class:`~gpufleet.backends.group_launch.elastic.ElasticSupervisor` instead: each rank is a torchft
+replica of its own, a lost one is replaced without a new generation, the survivors never stop
+stepping, and the replacement heals from a peer (``group_launch.elastic``).
+
 What ``group_launch`` does for torchrun holds here too: signals (SIGTERM, SIGINT, SIGUSR1) are
 forwarded once to every rank, which saves and exits 75, and ranks still alive
 ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds later are SIGKILLed; a rank that fails with its own error
@@ -58,6 +63,7 @@ from pathlib import Path
 from gpufleet.backends.group_launch import FORWARDED, all_completed, exit_grace, exit_status
 from gpufleet.backends.group_launch.warm_ranks import WarmRanks
 from gpufleet.backends.local.warm import AttemptProcess, WarmProcess
+from gpufleet.errors import GpufleetError
 from gpufleet.jobs.deathsig import shim_argv
 from gpufleet.jobs.events import EventKind, append_event
 from gpufleet.jobs.protocol import (
@@ -66,6 +72,7 @@ from gpufleet.jobs.protocol import (
     ENV_GENERATION,
     ENV_JOB_DIR,
     ENV_RDZV_FILE,
+    ENV_RECOVERY,
     ENV_TORCHRUN_SHUTDOWN,
     REQUEUE_EXIT_CODE,
     exit_reason,
@@ -175,9 +182,13 @@ class RankSupervisor:
         for rank in range(self.nproc):
             self.spawn(rank, warm=False)
 
+    def environment(self, rank: int) -> dict[str, str]:
+        """The whole environment ``rank`` starts with, for the current generation."""
+        return {**os.environ, **rank_environment(rank, self.nproc, self.port, self.generation, self.run_id, self.rdzv)}
+
     def spawn(self, rank: int, *, warm: bool = True) -> bool:
         """Start ``rank`` for the current generation, forked warm when asked and possible: whether it was."""
-        env = {**os.environ, **rank_environment(rank, self.nproc, self.port, self.generation, self.run_id, self.rdzv)}
+        env = self.environment(rank)
         if warm:
             child = self.warm.spawn(self.argv, env)
             if isinstance(child, WarmProcess):
@@ -415,7 +426,12 @@ def supervise(nproc: int, command: Sequence[str], *, no_python: bool = False) ->
     attempt = int(attempt_raw) if attempt_raw.strip().isdigit() else 0
     job_dir = Path(os.environ.get(ENV_JOB_DIR) or (events.parent if events is not None else tempfile.mkdtemp()))
     argv = list(command) if no_python else [sys.executable, "-u", *command]
-    sup = RankSupervisor(nproc, argv, job_dir=job_dir, events=events, attempt=attempt)
+    kind = RankSupervisor
+    if os.environ.get(ENV_RECOVERY) == "continue":  # the survivors step on while a replacement heals
+        from gpufleet.backends.group_launch.elastic import ElasticSupervisor
+
+        kind = ElasticSupervisor
+    sup = kind(nproc, argv, job_dir=job_dir, events=events, attempt=attempt)
     pending: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -433,6 +449,11 @@ def supervise(nproc: int, command: Sequence[str], *, no_python: bool = False) ->
         sup.send(sup.alive(), signal.SIGKILL)
         sup.close()
         return 127
+    except GpufleetError as err:  # continue's Lighthouse without torchft: the extra to install, in one line
+        print(f"gpufleet.backends.group_launch: {err}", file=sys.stderr, flush=True)
+        sup.send(sup.alive(), signal.SIGKILL)
+        sup.close()
+        return err.exit_code
     for signum in pending:
         sup.stop(signum)
     try:

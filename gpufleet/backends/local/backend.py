@@ -8,6 +8,7 @@ the scheduler process through the ``process`` module's functions, looked up when
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from gpufleet.backends.local import process
 from gpufleet.backends.pools import active_fleet, check_fits
 from gpufleet.errors import Conflict, ParameterError, UsageError
 from gpufleet.estimate.memory import estimate_memory
+from gpufleet.extras import missing_extra
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Job
 from gpufleet.paths import hold_file
@@ -83,11 +85,20 @@ def check_memory_tier_fits(spec: JobSpec, env: Mapping[str, str]) -> None:
     )
 
 
+def check_elastic_installed(spec: JobSpec) -> None:
+    """Refuse ``distributed.recovery: continue`` where torchft is not installed: its replicas could not start.
+
+    Looked up, not imported (torchft imports torch): the job's own processes import it.
+    """
+    if spec.recovery == "continue" and importlib.util.find_spec("torchft") is None:
+        raise missing_extra("torchft", "elastic", "distributed.recovery: continue")
+
+
 @register("local")
 class LocalBackend(Backend):
     """Client side: writes jobs and requests to the store and makes sure a scheduler runs."""
 
-    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE, Feature.HOLD})
+    features = frozenset({Feature.PREEMPT_GRACE, Feature.MULTI_RANK, Feature.RESIZE, Feature.HOLD, Feature.ELASTIC})
     """One host: a job of several ranks runs them all here (one slot each); never several nodes. Each
     attempt is launched from the job's stored spec, so a resized job simply starts its next one bigger
     or smaller."""
@@ -97,6 +108,7 @@ class LocalBackend(Backend):
         self.spawn = spawn
 
     def _admit(self, spec: JobSpec, env: dict[str, str] | None) -> JobSpec:
+        check_elastic_installed(spec)
         check_memory_tier_fits(spec, {**os.environ, **(env or {})})
         fleet = active_fleet(self.home)
         if fleet is not None:
