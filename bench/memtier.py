@@ -6,11 +6,11 @@
 checkpoint (``CheckpointDir.save``) and once to the node's shared memory as a memory copy; the disk
 files are fsynced and dropped from the page cache (``POSIX_FADV_DONTNEED``) so the disk read is a
 disk read; then each is restored the way a restore does it (disk: ``CheckpointDir.load``, every
-byte read and hashed, ``torch.load``; RAM: ``OwnStore.load``, the file mapped, hashed over 2
-threads, ``torch.load(mmap=True)``), both with ``weights_only``, three times in turn, and the
-medians compared. Target: RAM >= 5x faster. The breakdown of each side (read, hash, load, and the
-copy into a model's tensors that follows either, as ``load_state_dict`` does) is timed apart in
-the same rounds and printed with it.
+byte read and checked against its sha256, ``torch.load(weights_only=True)``; RAM: ``OwnStore.load``,
+the file mapped, checked against its chunked CRC-32 (a thread per core, up to 4), its tensors views of
+the mapping), three times in turn, and the medians compared. Target: RAM >= 5x faster. The
+breakdown of each side (read, hash, load, and the copy into a model's tensors that follows either,
+as ``load_state_dict`` does) is timed apart in the same rounds and printed with it.
 
 (a) then under ``torch.distributed.run --standalone`` (2 ranks, gloo on CPU, 1 thread each), a DDP
 tinylm trains inside two ``TrainSession``s in turn, step by step (ABBA): one without a memory tier,
@@ -74,7 +74,8 @@ def restore_figures(mib: int, rounds: int = 3) -> dict[str, Any]:
     import mmap
 
     from gpufleet.runtime.checkpoint import CheckpointDir
-    from gpufleet.runtime.memtier.copies import chunked_sha256
+    from gpufleet.runtime.memtier.copies import checksum
+    from gpufleet.runtime.memtier.flat import load
     from gpufleet.runtime.memtier.shm import OwnStore, shm_root
 
     torch.manual_seed(SEED)
@@ -114,13 +115,13 @@ def restore_figures(mib: int, rounds: int = 3) -> dict[str, Any]:
             with _part(disk_parts, "copy"):
                 _copy_into(target, {"model": plain})
             del data, plain
-            with open(own.path(1), "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mapped:
-                view = memoryview(mapped)
-                with _part(ram_parts, "hash"):
-                    chunked_sha256(view)
-                view.release()
+            with open(own.path(1), "rb") as fh:
+                mapped = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            with memoryview(mapped) as view, _part(ram_parts, "hash"):
+                checksum(view)
             with _part(ram_parts, "load"):
-                torch.load(own.path(1), weights_only=True, mmap=True)
+                load(mapped)
+            del mapped
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(own.job_folder, ignore_errors=True)

@@ -43,16 +43,19 @@ def test_the_submit_check_reads_the_free_space_of_shared_memory_and_ram(
     home: Path, monkeypatch: pytest.MonkeyPatch, no_scheduler: None
 ) -> None:
     spec = parse_spec({"name": "tier", "entrypoint": "gpufleet.workloads.tinylm:train", "checkpoint": {"memory": {}}})
-    need = tier_need_bytes(local_backend.memory_state_bytes(spec) or 0, 1)
+    state_bytes = local_backend.memory_state_bytes(spec) or 0
+    need, need_ram = tier_need_bytes(state_bytes, 1, own_keeper=True)
+    assert need == 3 * state_bytes and need_ram == 5 * state_bytes  # 3 files in /dev/shm, 2 copies in the keeper
     backend = LocalBackend(home, spawn=False)
     monkeypatch.setattr(local_backend, "room", lambda shm: (need - 1, 1 << 50))
     with pytest.raises(UsageError, match=f"needs {need} bytes of shared memory \\({need - 1} free\\)"):
         backend.submit(spec)
     assert not home.exists() or not any(home.rglob("*"))
-    monkeypatch.setattr(local_backend, "room", lambda shm: (1 << 50, 2 * need - 1))  # the job's keeper: 2x in RAM
-    with pytest.raises(UsageError, match=f"{2 * need} of RAM \\({2 * need - 1} available\\)"):
+    monkeypatch.setattr(local_backend, "room", lambda shm: (1 << 50, need_ram - 1))  # the job's keeper too
+    with pytest.raises(UsageError, match=f"{need_ram} of RAM \\({need_ram - 1} available\\)"):
         backend.submit(spec)
-    monkeypatch.setenv("GPUFLEET_MEMORY_PEER", "127.0.0.1:7070")  # another node's keeper: 1x in RAM here
+    monkeypatch.setenv("GPUFLEET_MEMORY_PEER", "127.0.0.1:7070")  # another node's keeper: only /dev/shm here
+    monkeypatch.setattr(local_backend, "room", lambda shm: (need, need))
     assert backend.submit(spec) == 1
 
 

@@ -25,7 +25,7 @@ from gpufleet.jobs.store import Job
 from gpufleet.paths import hold_file
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.memtier.peer import ENV_PEER
-from gpufleet.runtime.memtier.release import room, tier_need_bytes
+from gpufleet.runtime.memtier.release import need_words, room, tier_need_bytes
 from gpufleet.runtime.memtier.shm import shm_root
 from gpufleet.spec import JobSpec
 
@@ -67,20 +67,21 @@ def memory_state_bytes(spec: JobSpec) -> int | None:
 def check_memory_tier_fits(spec: JobSpec, env: Mapping[str, str]) -> None:
     """Refuse a job whose ``checkpoint.memory`` cannot fit this host's shared memory or RAM (the runtime's rule).
 
-    Each rank of the host keeps 2 copies in ``/dev/shm`` and, with the job's own keeper, 2 more in RAM.
+    Each rank of the host keeps 3 files in ``/dev/shm`` (``runtime.memtier.release.tier_need_bytes``) and,
+    with the job's own keeper, 2 more copies in RAM.
     """
     memory = spec.checkpoint.memory
     state_bytes = memory_state_bytes(spec) if memory is not None else None
     if memory is None or state_bytes is None:
         return
-    need = tier_need_bytes(state_bytes, spec.ranks_per_node)
-    need_ram = need * (2 if memory.peer and not env.get(ENV_PEER, "").strip() else 1)
+    own_keeper = memory.peer and not env.get(ENV_PEER, "").strip()
+    need, need_ram = tier_need_bytes(state_bytes, spec.ranks_per_node, own_keeper=own_keeper)
     free, available = room(shm_root(env))
     if free >= need and available >= need_ram:
         return
     raise UsageError(
         f"checkpoint.memory needs {need} bytes of shared memory ({free} free) and {need_ram} of RAM "
-        f"({available} available): 2 copies of about {state_bytes} bytes for each of {spec.ranks_per_node} rank(s); "
+        f"({available} available): {need_words(state_bytes, spec.ranks_per_node)}; "
         "remove checkpoint.memory, or free /dev/shm and memory"
     )
 

@@ -4,10 +4,12 @@ Floor 6 of the layers (README, "Layout"; ``tests/test_layers.py``), like the res
 
 ::
 
-    copies.py   CopyHeader, encode/decode   one copy: a JSON header (step, chunked sha256, fingerprint, bytes,
-                                            created-at, judged) and the state's ``torch.save`` bytes
+    copies.py   CopyHeader, encode/decode   one copy: a JSON header (step, a CRC-32 per 64 MiB chunk named by
+                                            its algorithm, fingerprint, bytes, created-at, judged) and its body
+    flat.py     (the body)                  every tensor's bytes in one buffer filled by one ``_foreach_copy_``,
+                                            and a tagged JSON index of the rest; read back as views of a mapping
     shm.py      OwnStore                    the node's own copies: ``/dev/shm/gpufleet-<uid>/<key>/rank-R``,
-                                            written straight from the state, read back mapped
+                                            written from the staged buffer, read back mapped
     wire.py     (frames)                    the keeper's length-prefixed protocol: JSON headers, opaque bytes
     keeper.py   Keeper, ``python -m``       a process that holds the newest copies of each rank in its RAM
     peer.py     PeerClient, ensure_keeper   talking to a keeper; starting the job's own one, once

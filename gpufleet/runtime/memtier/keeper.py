@@ -8,9 +8,12 @@ leaves its state here for its replacement; on a fleet a rank points at another n
 (``GPUFLEET_MEMORY_PEER``), so a lost node loses no copy either. It keeps the 2 newest steps per
 (job key, rank), refuses a copy larger than ``--max-copy-bytes`` before reading it and one that
 would take it over ``--max-bytes``, and exits by itself after ``--idle-seconds`` without a request.
-It never interprets a payload; headers are JSON (``wire.py``). It runs at a lower priority
-(``NICE``): on a node whose cores the ranks keep busy, receiving a copy waits for an idle core
-rather than slow a step down (a rank skips its next send while one is in flight).
+It never interprets a payload; headers are JSON (``wire.py``). The job's own keeper runs on the
+ranks' node and takes a copy by its file (``PUT_FILE``): it reads the rank's file in shared memory
+itself, so a rank spends no time on the send; it reads only a file at the exact place a rank's copy
+of that step has under its own private root (``shm.py``), never a path a client makes up. It runs
+at a lower priority (``NICE``): on a node whose cores the ranks keep busy, receiving a copy waits
+for an idle core rather than slow a step down (a rank skips its next send while one is in flight).
 
 It serves only clients that know its secret, ``GPUFLEET_MEMORY_PEER_TOKEN`` in its environment
 (never an argument: any user of the node can read a process's command line), and refuses to start
@@ -30,6 +33,7 @@ import os
 import re
 import socket
 import socketserver
+import stat
 import sys
 import threading
 import time
@@ -37,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.runtime.memtier.copies import CopyHeader, TierError
-from gpufleet.runtime.memtier.wire import Closed, Op, WireError, recv_frame, send_frame
+from gpufleet.runtime.memtier.shm import OwnStore, private_root, shm_root
+from gpufleet.runtime.memtier.wire import FILE_REFUSED, Closed, Op, WireError, recv_frame, send_frame
 
 KEEP = 2
 NICE = 10
@@ -64,8 +69,10 @@ def _mem_available() -> int:
 class Keeper:
     """The copies held, by (key, rank): newest last, at most ``KEEP``; the request handling, without sockets."""
 
-    def __init__(self, max_copy_bytes: int, max_bytes: int) -> None:
+    def __init__(self, max_copy_bytes: int, max_bytes: int, shm: Path | None = None) -> None:
         self.max_copy_bytes, self.max_bytes = max_copy_bytes, max_bytes
+        self.shm = shm
+        """The node's shared-memory root whose copies ``PUT_FILE`` may name (``None``: refused)."""
         self.copies: dict[tuple[str, int], list[tuple[CopyHeader, bytes | bytearray]]] = {}
         self.lock = threading.Lock()
         self.last_request = time.monotonic()
@@ -83,8 +90,10 @@ class Keeper:
         rank = header.get("rank")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= 99_999):
             raise WireError("rank must be an integer from 0 to 99999")
+        if op is Op.PUT_FILE:
+            payload = self._read_copy(key, rank, header)  # outside the lock: other ranks' requests go on
         with self.lock:
-            if op is Op.PUT:
+            if op in (Op.PUT, Op.PUT_FILE):
                 return self._put(key, rank, header, payload)
             if op is Op.GET:
                 return self._get(key, rank, header.get("step"))
@@ -113,6 +122,33 @@ class Keeper:
         held = [*held[len(dropped) :], (copy, payload)]
         self.copies[(key, rank)] = sorted(held, key=lambda item: item[0].step)
         return Op.OK, {"step": copy.step}, b""
+
+    def _read_copy(self, key: str, rank: int | None, header: dict[str, Any]) -> bytearray:
+        """The bytes of the rank's own copy that ``PUT_FILE`` names, read from its file in shared memory."""
+        if rank is None or self.shm is None:
+            raise WireError(f"{FILE_REFUSED}: this keeper takes copies as bytes only")
+        copy = CopyHeader.from_dict(header.get("copy"))
+        if copy.bytes > self.max_copy_bytes:
+            raise WireError(f"copy of {copy.bytes} bytes is larger than the limit of {self.max_copy_bytes}")
+        path = OwnStore(self.shm, key, rank).path(copy.step)
+        if header.get("path") != str(path) or not private_root(self.shm):
+            raise WireError(f"{FILE_REFUSED}: it is not that rank's copy under this keeper's private root")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as err:
+            raise WireError(f"the copy's file does not open: {err.strerror}") from None
+        with os.fdopen(fd, "rb", buffering=0) as fh:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != copy.bytes:
+                raise WireError(f"the copy's file is not a regular file of {copy.bytes} bytes")
+            payload, got = bytearray(copy.bytes), 0
+            with memoryview(payload) as view:
+                while got < copy.bytes:
+                    n = fh.readinto(view[got:])
+                    if not n:
+                        raise WireError("the copy's file got shorter while it was read")
+                    got += n
+        return payload
 
     def _get(self, key: str, rank: int | None, step: Any) -> Reply:
         held = self.copies.get((key, rank if rank is not None else 0), [])
@@ -184,7 +220,7 @@ def serve(
     """Listen on ``address`` and serve the clients that send ``secret`` until idle for ``idle_seconds``."""
     if len(secret) < MIN_SECRET_CHARS:
         raise TierError(f"the keeper's secret has {len(secret)} characters; give it at least {MIN_SECRET_CHARS}")
-    keeper = Keeper(max_copy_bytes, max_bytes)
+    keeper = Keeper(max_copy_bytes, max_bytes, shm_root(os.environ))
     server = _Server(parse_address(address), keeper, secret)
     host, port = str(server.server_address[0]), int(server.server_address[1])
     if ready is not None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from gpufleet.runtime.memtier.copies import CopyHeader, TierError
 from gpufleet.runtime.memtier.keeper import ENV_TOKEN, MIN_SECRET_CHARS, parse_address
-from gpufleet.runtime.memtier.wire import TOKEN, Op, WireError, recv_frame, send_frame
+from gpufleet.runtime.memtier.wire import TOKEN, Op, WireError, recv_frame, send_file_frame, send_frame
 
 ENV_PEER = "GPUFLEET_MEMORY_PEER"
 RECORD = "memory-keeper.json"
@@ -79,14 +79,18 @@ class PeerClient:
             self._sock = None
 
     def _call(
-        self, op: Op, header: dict[str, Any], payload: bytes | memoryview = b""
+        self, op: Op, header: dict[str, Any], payload: bytes | memoryview = b"", *, file: tuple[int, int] | None = None
     ) -> tuple[dict[str, Any], bytearray]:
+        """One request and its reply; ``file``: the payload is ``(fd, nbytes)``, sent from the file by the kernel."""
         try:
             if self._sock is None:
                 self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             signed = {**header, TOKEN: self._token} if self._token is not None else header
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a refusal hangs up: read why
-                send_frame(self._sock, op, signed, payload)
+                if file is not None:
+                    send_file_frame(self._sock, op, signed, *file)
+                else:
+                    send_frame(self._sock, op, signed, payload)
             reply, got, data = recv_frame(self._sock, MAX_REPLY_BYTES)
         except (OSError, WireError) as err:
             self.close()
@@ -104,6 +108,14 @@ class PeerClient:
 
     def put(self, key: str, rank: int, header: CopyHeader, payload: bytes | memoryview) -> None:
         self._call(Op.PUT, {"key": key, "rank": rank, "copy": header.to_dict()}, payload)
+
+    def put_file(self, key: str, rank: int, header: CopyHeader, fd: int) -> None:
+        """``put`` of a copy whose bytes are the first ``header.bytes`` of the open file ``fd``."""
+        self._call(Op.PUT, {"key": key, "rank": rank, "copy": header.to_dict()}, file=(fd, header.bytes))
+
+    def put_path(self, key: str, rank: int, header: CopyHeader, path: str) -> None:
+        """``put`` of the rank's own copy by its file: the job's keeper, on this node, reads it."""
+        self._call(Op.PUT_FILE, {"key": key, "rank": rank, "copy": header.to_dict(), "path": path})
 
     def get(self, key: str, rank: int, step: int | None = None) -> tuple[CopyHeader, bytearray] | None:
         try:

@@ -14,17 +14,30 @@ from collections.abc import Mapping
 from pathlib import Path
 
 COPIES_KEPT = 2
+"""Copies of each rank's state a store keeps: the newest two steps."""
+SHM_FILES = COPIES_KEPT + 1
+"""Files of each rank in shared memory: the copies kept and the one being written (kept as a spare between writes)."""
 
 
-def tier_need_bytes(state_bytes: int, ranks_per_node: int) -> int:
-    """Bytes one store of a node needs: the 2 newest copies of each of its ranks' states.
+def tier_need_bytes(state_bytes: int, ranks_per_node: int, *, own_keeper: bool = False) -> tuple[int, int]:
+    """Bytes of shared memory and of ``MemAvailable`` a node's memory tier needs.
 
-    The node's shared memory needs this much; so does a keeper on it (it keeps as many), and both
-    live in RAM, so a node that runs its own keeper needs twice this much of ``MemAvailable``.
+    Shared memory holds :data:`SHM_FILES` files per rank of the node; the job's own keeper, when it
+    runs on the node (``own_keeper``), keeps :data:`COPIES_KEPT` more per rank in its RAM. Shared memory
+    is RAM too, so both count against ``MemAvailable``.
     """
     if state_bytes < 0 or ranks_per_node < 1:
         raise ValueError(f"tier_need_bytes({state_bytes}, {ranks_per_node}): give bytes >= 0 and ranks >= 1")
-    return COPIES_KEPT * state_bytes * ranks_per_node
+    shm = SHM_FILES * state_bytes * ranks_per_node
+    return shm, shm + (COPIES_KEPT * state_bytes * ranks_per_node if own_keeper else 0)
+
+
+def need_words(state_bytes: int, ranks_per_node: int) -> str:
+    """How the need is counted, for a refusal: the files per rank and the state's size."""
+    return (
+        f"{SHM_FILES} files of about {state_bytes} bytes (2 copies and the one being written) "
+        f"for each of {ranks_per_node} rank(s), and 2 more in the keeper's RAM when it runs here"
+    )
 
 
 def room(shm: Path) -> tuple[int, int]:
@@ -58,4 +71,4 @@ def release(job_dir: Path | str, env: Mapping[str, str] | None = None) -> None:
     shutil.rmtree(shm_root(os.environ if env is None else env) / job_key(job_dir), ignore_errors=True)
 
 
-__all__ = ["release", "room", "tier_need_bytes"]
+__all__ = ["COPIES_KEPT", "SHM_FILES", "need_words", "release", "room", "tier_need_bytes"]

@@ -2,20 +2,27 @@
 
 ::
 
-    /dev/shm/gpufleet-<uid>/<key>/rank-<R>/step-00000150.mem     the state's torch.save bytes
+    /dev/shm/gpufleet-<uid>/<key>/rank-<R>/step-00000150.mem     the copy's bytes (``flat.py``)
                                           /step-00000150.head    magic line, length (4 bytes), JSON header
+                                          /.spare                a pruned copy's file, kept to be written over
                                           (``$GPUFLEET_SHM_DIR`` replaces the root)
 
-``<key>`` is a short hash of the job's folder, so two jobs on a node never share copies. The state
-is serialised straight into its file (no copy in memory first), hashed on the way; the header goes
-in a file of its own, written last: a copy without one does not exist, like a checkpoint folder
-without its manifest. Both are written under temporary names and renamed, so a rank killed
-mid-write leaves the previous copy whole; the two newest steps are kept. ``tmpfs`` lives in RAM:
-there is nothing to fsync.
+``<key>`` is a short hash of the job's folder, so two jobs on a node never share copies. The
+header goes in a file of its own, written last: a copy without one does not exist, like a
+checkpoint folder without its manifest. Both are written under temporary names and renamed, so a
+rank killed mid-write leaves the previous copy whole; the two newest steps are kept. ``tmpfs``
+lives in RAM: there is nothing to fsync. Every file is 0600 in folders of 0700.
 
-The state's file is a plain ``torch.save`` archive, so a restore maps it (``mmap``), verifies it
-over 2 threads and loads it with ``torch.load(mmap=True)``: its tensors point into the mapping,
-and the only copy is the one into the model (``load_state_dict``).
+A pruned copy's file is not deleted but renamed ``.spare`` (its header gone first), and the next
+copy is written over it: a new file in ``tmpfs`` costs a page fault and a zeroed page for every
+4 KiB, five times the cost of the write itself. The spare takes the room the copy being written
+took anyway. A file a restore of this process mapped is never written over: it is deleted instead. A
+file being sent to a keeper (``lent``, read by name by the job's own keeper) stays until the send
+ends (``give_back``), its header gone when it was pruned.
+
+A restore maps the file privately, verifies it (``copies.verify``, several threads) through that
+mapping and makes every tensor a view of the same mapping (``flat.load``): the bytes checked are
+the bytes loaded, and the only copy is the one into the model (``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -29,26 +36,32 @@ import shutil
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from gpufleet.runtime.memtier.copies import (
     MAX_HEADER_BYTES,
+    ChunkedCrc32,
     CopyHeader,
     CorruptCopy,
+    OtherFormat,
     TierError,
     check_state,
-    save_into,
     verify,
 )
+from gpufleet.runtime.memtier.flat import Staged, Stager, load
 
 ENV_SHM_DIR = "GPUFLEET_SHM_DIR"
-MAGIC = b"GFMEM2\n"
+MAGIC = b"GFMEM3\n"
+"""The header file's first line; ``GFMEM2`` was the sha256 and ``torch.save`` copies of an earlier version."""
 _LENGTH = struct.Struct(">I")
 STEP_FILE = re.compile(r"step-(\d{8})\.head")
 RANK_DIR = re.compile(r"rank-(\d{1,5})")
 KEEP = 2
+SPARE = ".spare"
+WRITE_PIECE = 8 << 20
+"""The copy is checked and written a MiB at a time: each piece is checked while it is in the cache."""
 
 
 def shm_root(env: Mapping[str, str]) -> Path:
@@ -68,60 +81,103 @@ class OwnStore:
         self.job_folder = root / key
         self.folder = self.job_folder / f"rank-{rank}"
         self.keep = keep
+        self.lent: set[int] = set()
+        """Steps whose file is being read elsewhere (a send to the keeper): kept until ``give_back``."""
+        self._mapped: set[int] = set()
 
     def put(self, header: CopyHeader, payload: bytes | bytearray | memoryview) -> CopyHeader:
-        """Write one copy of bytes already serialised (temporary names, then renames); keep the ``keep`` newest."""
-        return self._commit(header.step, lambda fh: fh.write(payload), lambda: header)
+        """Write one copy of bytes already encoded (temporary names, then renames); keep the ``keep`` newest."""
+        self._commit(header.step, [memoryview(payload)])
+        return self._publish(header)
 
     def write(self, step: int, state: Any, **fields: Any) -> CopyHeader:
-        """Serialise ``state`` straight into the copy of ``step``, hashed as it is written; its header."""
-        made: dict[str, Any] = {}
+        """Encode ``state`` into the copy of ``step``, checked as it is written; its header."""
+        return self.write_staged(step, Stager().stage(state), **fields)
 
-        def fill(fh: IO[bytes]) -> None:
-            made["sha256"], made["bytes"] = save_into(state, fh)
+    def write_staged(self, step: int, staged: Staged, **fields: Any) -> CopyHeader:
+        """Write a staged snapshot into the copy of ``step`` (checked as it is written); its header."""
+        check = self._commit(step, staged.pieces(staged.tail()))
+        return self._publish(
+            CopyHeader(step=step, checksum=check.hexdigest(), bytes=check.bytes, created_at=time.time(), **fields)
+        )
 
-        return self._commit(step, fill, lambda: CopyHeader(step=step, created_at=time.time(), **made, **fields))
-
-    def _commit(
-        self, step: int, fill: Callable[[IO[bytes]], object], header_of: Callable[[], CopyHeader]
-    ) -> CopyHeader:
+    def _commit(self, step: int, pieces: Iterator[memoryview] | list[memoryview]) -> ChunkedCrc32:
+        """The copy's bytes in its file (written over the spare when there is one); their checksum."""
         self.job_folder.parent.parent.mkdir(parents=True, exist_ok=True)
         for folder in (self.job_folder.parent, self.job_folder, self.folder):
             with contextlib.suppress(FileExistsError):
                 folder.mkdir(mode=0o700)
         if not private_root(self.job_folder.parent):
             raise TierError(f"{self.job_folder.parent} is not a folder of this user's alone: no copy is written")
-        final = self.path(step)
         tmp = self.folder / f".tmp-step-{step:08d}-{os.getpid()}"
-        head_tmp = self.folder / f".tmp-head-{step:08d}-{os.getpid()}"
+        with contextlib.suppress(OSError):
+            self.head_path(step).unlink()  # a copy of this step being replaced does not exist meanwhile
         try:
-            with contextlib.suppress(OSError):
-                self.head_path(step).unlink()  # a copy of this step being replaced does not exist meanwhile
-            with open(tmp, "wb") as fh:
-                fill(fh)
-            os.replace(tmp, final)
-            header = header_of()
-            head = header.to_json()
-            with open(head_tmp, "wb") as fh:
-                fh.write(MAGIC + _LENGTH.pack(len(head)) + head)
-            os.replace(head_tmp, self.head_path(step))
+            fd = self._open_tmp(tmp)
+            try:
+                check = _write_checked(fd, pieces)
+                os.ftruncate(fd, check.bytes)  # a spare of a larger copy: its tail goes
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path(step))
         except BaseException:
-            for left in (tmp, head_tmp):
-                with contextlib.suppress(OSError):
-                    left.unlink()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        return check
+
+    def _open_tmp(self, tmp: Path) -> int:
+        """The spare renamed ``tmp`` and opened to be written over, else a new file (0600)."""
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        with contextlib.suppress(OSError):
+            os.replace(self.folder / SPARE, tmp)
+            fd = os.open(tmp, flags)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600)
+
+    def _publish(self, header: CopyHeader) -> CopyHeader:
+        """The header file, written last (the copy exists from here on); then the copies past ``keep`` go."""
+        head = header.to_json()
+        head_tmp = self.folder / f".tmp-head-{header.step:08d}-{os.getpid()}"
+        try:
+            fd = os.open(head_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(MAGIC + _LENGTH.pack(len(head)) + head)
+            os.replace(head_tmp, self.head_path(header.step))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                head_tmp.unlink()
             raise
         for old in self.steps()[self.keep :]:
-            self._remove(old)
+            self._remove(old, spare=True)
         return header
 
     def remove(self, step: int) -> None:
         """The copy of ``step`` stops existing (its header goes first)."""
         self._remove(step)
 
-    def _remove(self, step: int) -> None:
-        for path in (self.head_path(step), self.path(step)):  # the header first: the copy stops existing at once
-            with contextlib.suppress(OSError):
-                path.unlink()
+    def give_back(self, step: int) -> None:
+        """The read of a lent copy's file ended: a copy pruned meanwhile goes now."""
+        self.lent.discard(step)
+        if not self.head_path(step).exists():
+            self._remove(step, spare=True)
+
+    def _remove(self, step: int, *, spare: bool = False) -> None:
+        with contextlib.suppress(OSError):
+            self.head_path(step).unlink()  # the header first: the copy stops existing at once
+        if step in self.lent:
+            return  # its file is being read (by the keeper, by name): ``give_back`` removes it
+        reuse = spare and step not in self._mapped and not (self.folder / SPARE).exists()
+        with contextlib.suppress(OSError):
+            if reuse:
+                os.replace(self.path(step), self.folder / SPARE)
+            else:
+                self.path(step).unlink()
 
     def steps(self) -> list[int]:
         """The steps held, newest first (by header file name: each is still checked when read)."""
@@ -134,7 +190,7 @@ class OwnStore:
         return sorted((int(m.group(1)) for n in names if (m := STEP_FILE.fullmatch(n))), reverse=True)
 
     def path(self, step: int) -> Path:
-        """The file of the state's bytes of the copy of ``step``."""
+        """The file of the copy's bytes of ``step``."""
         return self.folder / f"step-{step:08d}.mem"
 
     def head_path(self, step: int) -> Path:
@@ -154,28 +210,20 @@ class OwnStore:
     def load(self, header: CopyHeader) -> dict[str, Any]:
         """The verified state of the copy ``header`` describes, its tensors mapped from the file; else ``CorruptCopy``.
 
-        The bytes hashed are the bytes loaded: the file is opened once, verified through a
-        mapping of that descriptor, and ``torch.load`` maps the same open file (``/proc/self/fd``).
+        The file is opened once and mapped privately; the mapping is verified and its tensors are
+        views of it, so the bytes checked are the bytes loaded. The file is not written over by
+        this store afterwards (a tensor of the mapping may outlive the restore).
         """
-        import torch
-
         with _open_regular(self.path(header.step)) as fh:
             fd = fh.fileno()
-            if os.fstat(fd).st_size != header.bytes:
-                size = os.fstat(fd).st_size
+            size = os.fstat(fd).st_size
+            if size != header.bytes or not size:
                 raise CorruptCopy(f"copy of step {header.step} holds {size} bytes, its header says {header.bytes}")
-            if header.bytes:
-                with mmap.mmap(fd, header.bytes, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
-                    verify(header, view)
-            else:
-                verify(header, b"")
-            by_fd = f"/proc/self/fd/{fd}"
-            source = by_fd if os.path.exists(by_fd) else str(self.path(header.step))
-            try:
-                state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
-                raise CorruptCopy(f"copy of step {header.step} does not load ({err.__class__.__name__})") from None
-        return check_state(header, state)
+            self._mapped.add(header.step)
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        with memoryview(mapped) as view:
+            verify(header, view)
+        return check_state(header, load(mapped))
 
     def drop_after(self, step: int) -> None:
         for held in self.steps():
@@ -214,6 +262,8 @@ def _open_regular(path: Path) -> Iterator[BinaryIO]:
 
 def _read_header(data: bytes, step: int) -> CopyHeader:
     """The header in a copy's header file."""
+    if data.startswith(b"GFMEM") and not data.startswith(MAGIC):
+        raise OtherFormat(f"step-{step:08d}.head is a memory copy header of another version")
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
         raise CorruptCopy(f"step-{step:08d}.head is not a memory copy header")
     (length,) = _LENGTH.unpack_from(data, len(MAGIC))
@@ -224,6 +274,20 @@ def _read_header(data: bytes, step: int) -> CopyHeader:
     if header.step != step:
         raise CorruptCopy(f"step-{step:08d}.head claims step {header.step}")
     return header
+
+
+def _write_checked(fd: int, pieces: Iterator[memoryview] | list[memoryview]) -> ChunkedCrc32:
+    """Write ``pieces`` from the start of ``fd``, a MiB at a time, each checked before it is written."""
+    check, at = ChunkedCrc32(), 0
+    for piece in pieces:
+        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
+        for start in range(0, len(view), WRITE_PIECE):
+            part = view[start : start + WRITE_PIECE]
+            check.update(part)
+            while len(part):
+                wrote = os.pwrite(fd, part, at)
+                part, at = part[wrote:], at + wrote
+    return check
 
 
 def held_copies(root: Path, key: str) -> dict[int, list[int]]:

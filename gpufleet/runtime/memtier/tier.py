@@ -1,12 +1,16 @@
 """The memory tier as a checkpoint manager drives it: snapshot at a step boundary, restore before the disk.
 
-A snapshot copies every tensor of the state into buffers allocated once (``copy_``: pinned host
-memory for a GPU tensor, the copy waited on by the writer thread through a CUDA event), so the
-loop goes on at once; the background thread serialises the state straight into the node's own
-copy in shared memory, hashing it on the way (one pass, no bytes in between), then hands the file
-to the send to the peer's keeper, which sends it from a mapping of the file. While the writer is
+A snapshot copies every tensor of the state into views of one buffer allocated once (``copy_``;
+pinned host memory when a tensor is on a GPU, the copy waited on by the writer thread through a
+CUDA event) and the rest into a small tagged tree (``flat.py``), so the loop goes on at once; the
+background thread writes the buffer and the tree into the node's own copy in shared memory
+(written over a pruned copy's file), checksumming each MiB as it goes, then hands the file to the
+send to the peer's keeper: the job's own keeper, on this node, reads the file itself (``PUT_FILE``),
+and another keeper is sent it from the file by the kernel (``sendfile``). While the writer is
 still busy the next boundary takes no snapshot (counted in ``busy_skips``): a slow write never
-stalls training. The send runs in a thread of its own; while one is in flight the next copy is
+stalls training. The writing and sending threads run at a lower priority (``WRITER_NICE``, as the
+keeper does): where the ranks keep every core busy, a write waits for an idle moment rather than
+take a core from a step. The send runs in a thread of its own; while one is in flight the next copy is
 not sent (``peer_skips``): the keeper then holds an older step than the own store, which a restore
 handles (the ranks agree on a step every rank holds, own or peer), and a slow or lost keeper never
 holds the own copies back. A failed write or send says nothing per step; it is counted, and the
@@ -19,11 +23,13 @@ holds the steps judged when it was taken. A rollback never uses a copy beyond th
 healthy, and a step judged unhealthy (and kept) drops the copies taken after it as healthy.
 
 ``every_steps: auto`` measures the synchronous cost of the first two snapshots (the second is a
-copy into buffers that exist, as every later one) and picks the fewest steps whose snapshot costs
+copy into the buffer that exists, as every later one: one ``_foreach_copy_`` and the walk over the
+state's containers) and picks the fewest steps whose snapshot costs
 at most 2 % of the step time, the same on every rank (one all-reduce, at steps where the ranks meet).
 
 A restore lists what each tier holds, skips with a ``tier_skipped`` event each copy that is stale
-(older than the newest disk checkpoint), of another run, unhealthy or corrupt, and makes the ranks
+(older than the newest disk checkpoint), of another run, of an earlier version's format
+(``other_format``), unhealthy or corrupt, and makes the ranks
 agree on one step: the newest that every rank holds (``Group.gather``), each rank verifying its
 copy (own, else peer); if any rank fails, the next older common step, and after that the disk.
 """
@@ -31,10 +37,9 @@ copy (own, else peer); if any rank fails, the next older common step, and after 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
-import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,11 +51,13 @@ from gpufleet.jobs.events import EventKind
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.group import Group
 from gpufleet.runtime.health import first_nonfinite
-from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, TierError, decode
+from gpufleet.runtime.memtier.copies import CopyHeader, CorruptCopy, OtherFormat, TierError, decode
+from gpufleet.runtime.memtier.flat import Staged, Stager
 from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, peer_address, peer_token, running_keeper
-from gpufleet.runtime.memtier.release import room, tier_need_bytes
+from gpufleet.runtime.memtier.release import need_words, room, tier_need_bytes
 from gpufleet.runtime.memtier.runid import run_id
 from gpufleet.runtime.memtier.shm import OwnStore, job_key, shm_root
+from gpufleet.runtime.memtier.wire import FILE_REFUSED
 from gpufleet.spec import MemoryTier
 
 OVERHEAD_SHARE = 0.02
@@ -58,6 +65,8 @@ OVERHEAD_SHARE = 0.02
 MEASURED = 2
 """Snapshots measured before ``auto`` picks its interval (the first allocates its buffers)."""
 MAX_ROUNDS = 4
+WRITER_NICE = 10
+"""How much the threads that write and send copies lower their priority (as the keeper does)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,13 +146,17 @@ class RamTier:
         """The newest step snapshotted before it was judged, recorded healthy."""
         self.state_bytes = 0
         self._measured: list[float] = []
-        self._buffers: dict[str, Any] = {}
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-memtier")
+        self._stager = Stager()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-memtier", initializer=_yield_cpu)
         self._future: Future[None] | None = None
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-memtier-peer")
+        self._sender = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gpufleet-memtier-peer", initializer=_yield_cpu
+        )
         self._sending: Future[None] | None = None
         self.peer_skips = 0
         self._client: PeerClient | None = None
+        self._by_path = True
+        """The job's own keeper reads the copies from their files (until it refuses one)."""
         self._run: str | None = None
         self._others_cleared = False
 
@@ -182,31 +195,30 @@ class RamTier:
         state = build()
         if self.snapshots == 0 and not self._fits(step, tensor_bytes(state)):
             return None
-        staged, synced = self._stage(state)
+        staged = self._stager.stage(state)
         seconds = time.perf_counter() - started
         self.snapshots += 1
         self.last_step = step
         if not judged and fields.get("healthy", True):
             self._optimistic = step
-        self._future = self._writer.submit(self._write, step, staged, synced, {**fields, "judged": judged})
+        self._future = self._writer.submit(self._write, step, staged, {**fields, "judged": judged})
         if measuring:
             self._measure(step, seconds, step_seconds)
         return seconds
 
     def _fits(self, step: int, state_bytes: int) -> bool:
-        """Collective, at the first snapshot: 2 copies per rank of the node fit its shared memory and RAM."""
+        """Collective, at the first snapshot: the copies of the node's ranks fit its shared memory and RAM."""
         self.state_bytes = state_bytes
-        need = tier_need_bytes(state_bytes, self.place.ranks_per_node)
+        own_keeper = self.config.peer and self.place.peer_address is None
+        need, need_ram = tier_need_bytes(state_bytes, self.place.ranks_per_node, own_keeper=own_keeper)
         free, available = room(self.place.shm_root)
-        local_keeper = self.config.peer and self.place.peer_address is None
-        need_ram = need * (2 if local_keeper else 1)
         short = free < need or available < need_ram
         if not self.group.any(short):
             return True
         self.enabled = False
         self.voice.say(
             EventKind.TIER_SKIPPED,
-            f"memory tier off: 2 copies of {state_bytes} bytes for {self.place.ranks_per_node} rank(s) need "
+            f"memory tier off: {need_words(state_bytes, self.place.ranks_per_node)} need "
             f"{need} bytes of shared memory ({free} free) and {need_ram} of RAM ({available} available); "
             "checkpoints go to disk only",
             tier="own",
@@ -241,51 +253,16 @@ class RamTier:
             snapshot_s=round(cost, 6),
         )
 
-    def _stage(self, value: Any, path: str = "") -> tuple[Any, Any]:
-        """The state with every tensor copied into this tier's buffers; a CUDA event when any came from a GPU."""
-        import torch
-
-        events: list[Any] = []
-
-        def walk(item: Any, where: str) -> Any:
-            if isinstance(item, torch.Tensor):
-                src = item.detach()
-                if src.layout is not torch.strided:
-                    return src.clone()
-                buf = self._buffers.get(where)
-                if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-                    pin = src.is_cuda and torch.cuda.is_available()
-                    buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
-                    self._buffers[where] = buf
-                buf.copy_(src, non_blocking=src.is_cuda)
-                if src.is_cuda and not events:
-                    events.append(True)
-                return buf
-            if isinstance(item, Mapping):
-                return {k: walk(v, f"{where}/{k!r}") for k, v in item.items()}
-            if isinstance(item, list):
-                return [walk(v, f"{where}/{i}") for i, v in enumerate(item)]
-            if isinstance(item, tuple):
-                return tuple(walk(v, f"{where}/{i}") for i, v in enumerate(item))
-            return copy.deepcopy(item)
-
-        staged = walk(value, path)
-        synced = None
-        if events:
-            synced = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            synced.record()
-        return staged, synced
-
-    def _write(self, step: int, staged: Any, synced: Any, fields: dict[str, Any]) -> None:
-        """Background: serialise and hash into the own copy, hand its file to the send; failures are counted."""
+    def _write(self, step: int, staged: Staged, fields: dict[str, Any]) -> None:
+        """Background: write and checksum the own copy, hand its file to the send; failures are counted."""
         try:
-            if synced is not None:
-                synced.synchronize()
+            if staged.synced is not None:
+                staged.synced.synchronize()
             run = self.run()
             if not self._others_cleared:  # copies of another run at later steps would prune this one at once
                 self._own_steps(run, announce=False)
                 self._others_cleared = True
-            header = self.own.write(
+            header = self.own.write_staged(
                 step, staged, rank=self.group.rank, world_size=self.group.world_size, run=run, **fields
             )
         except Exception:  # noqa: BLE001 - a full /dev/shm or a bad value: the disk tier still holds the job
@@ -296,26 +273,37 @@ class RamTier:
         if self._sending is not None and not self._sending.done():
             self.peer_skips += 1  # the keeper lags behind: it gets a later copy
             return
+        self.own.lent.add(step)  # not written over while it is sent
         try:  # opened here, before a later write of this thread prunes the file
             fd = os.open(self.own.path(step), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
+            self.own.give_back(step)
             self.peer_failures += 1
             return
         self._sending = self._sender.submit(self._send, header, fd)
 
     def _send(self, header: CopyHeader, fd: int) -> None:
-        """Send the copy to the keeper from a mapping of its file (no bytes read into Python first)."""
+        """Hand the copy to the keeper: the job's own keeper reads its file; another is sent it from the file."""
         try:
-            with contextlib.ExitStack() as stack:
-                stack.callback(os.close, fd)
-                mapped = stack.enter_context(mmap.mmap(fd, header.bytes, prot=mmap.PROT_READ)) if header.bytes else None
-                view = stack.enter_context(memoryview(mapped)) if mapped is not None else memoryview(b"")
-                self._peer(start=True).put(self.place.key, self.group.rank, header, view)
+            client = self._peer(start=True)
+            if self.place.peer_address is None and self._by_path:
+                try:
+                    client.put_path(self.place.key, self.group.rank, header, str(self.own.path(header.step)))
+                    return
+                except TierError as err:
+                    if FILE_REFUSED not in str(err):
+                        raise
+                    self._by_path = False  # a keeper of another root: it gets the bytes from now on
+                    client = self._peer(start=True)
+            client.put_file(self.place.key, self.group.rank, header, fd)
         except (TierError, OSError, ValueError):
             self.peer_failures += 1
             if self._client is not None:
                 self._client.close()
             self._client = None
+        finally:
+            os.close(fd)
+            self.own.give_back(header.step)
 
     def note_judged(self, step: int, *, healthy: bool) -> None:
         """The ranks judged ``step``: it is the last healthy one, or copies taken after it as healthy go."""
@@ -445,7 +433,7 @@ class RamTier:
                     if got is None:
                         self._skipped(tier, step, "missing")
                         continue
-                    header, payload = got[0], bytes(got[1])
+                    header, payload = got
                     where = f"keeper {self._peer(start=False).address}"
                 reason = self._header_problem(header, fingerprint)
                 if reason is not None:
@@ -454,6 +442,8 @@ class RamTier:
                 return self._finite(MemoryCopy(tier, header, decode(header, payload), where))
             except NonfiniteCopy:
                 self._skipped(tier, step, "nonfinite")
+            except OtherFormat:
+                self._skipped(tier, step, "other_format")
             except CorruptCopy:
                 self._skipped(tier, step, "corrupt")
             except TierError:
@@ -500,6 +490,13 @@ class RamTier:
                 self._peer(start=False).drop(self.place.key, self.group.rank, after_step=step)
             except TierError:
                 self._client = None
+
+
+def _yield_cpu() -> None:
+    """Lower the calling thread's priority (``WRITER_NICE``): on a node whose cores the ranks keep busy,
+    a background write waits for an idle moment rather than take a core from a training step."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 
 
 class NonfiniteCopy(CorruptCopy):
