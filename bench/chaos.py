@@ -114,6 +114,8 @@ def job_spec(
             "distributed": {"strategy": "ddp", "timeout_seconds": timeout_s, "recovery": setup.recovery},
             "checkpoint": checkpoint,
             "max_restarts": 5,
+            # each elastic replica judges only its own share of the batch: it marks, it does not roll back alone
+            **({"health": {"action": "mark"}} if setup.recovery == "continue" else {}),
         },
         source="bench",
     )

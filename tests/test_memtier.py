@@ -282,9 +282,9 @@ def test_ranks_holding_different_steps_restore_the_newest_step_both_hold(tmp_pat
     assert restored == [5, 5]
 
 
-def test_tier_need_bytes_counts_three_shared_memory_files_per_rank_and_the_keepers_two_copies() -> None:
-    assert tier_need_bytes(1000, 4) == (12000, 12000)  # 2 copies and the one being written, per rank
-    assert tier_need_bytes(1000, 4, own_keeper=True) == (12000, 20000)  # and the keeper's 2 in RAM
+def test_tier_need_bytes_counts_four_shared_memory_files_per_rank_and_the_keepers_two_copies() -> None:
+    assert tier_need_bytes(1000, 4) == (16000, 16000)  # 2 copies, the one being written, one being sent
+    assert tier_need_bytes(1000, 4, own_keeper=True) == (16000, 24000)  # and the keeper's 2 in RAM
     with pytest.raises(ValueError, match="ranks >= 1"):
         tier_need_bytes(1000, 0)
 

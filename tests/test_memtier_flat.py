@@ -181,6 +181,22 @@ def test_a_pruned_copys_file_is_written_over_unless_mapped_and_kept_while_lent(t
     assert modes == {0o600} and stat.S_IMODE(os.stat(store.folder).st_mode) == 0o700
 
 
+def test_a_copy_whose_send_failed_is_unlinked_not_reused_while_a_keeper_may_still_read_it(tmp_path: Path) -> None:
+    store = OwnStore(tmp_path / "shm", "ab", 0)
+    for step in (1, 2):
+        store.write(step, {"trainer": {"step": step}, "w": torch.full((1000,), float(step))}, fingerprint=None)
+    (store.folder / SPARE).unlink(missing_ok=True)
+    store.lent.add(1)
+    reader = open(store.path(1), "rb")  # noqa: SIM115 - a keeper reading the file by name, as put_path does
+    store.write(3, {"trainer": {"step": 3}, "w": torch.full((1000,), 3.0)}, fingerprint=None)
+    store.give_back(1, clean=False)
+    assert not store.path(1).exists() and not (store.folder / SPARE).exists()
+    store.write(4, {"trainer": {"step": 4}, "w": torch.full((1000,), 4.0)}, fingerprint=None)
+    before = reader.read()
+    reader.close()
+    assert torch.tensor(1.0).numpy().tobytes() in before  # what it read is still step 1's bytes
+
+
 def test_the_writer_and_sender_threads_yield_the_cpu(place: TierPlace) -> None:  # noqa: F811
     tier = RamTier(MemoryTier(peer=False), place, group=Group(), voice=Announcer(EventLog(None)), job=None)
     try:
@@ -249,3 +265,41 @@ def test_auto_picks_its_interval_from_the_flat_snapshots_cost(place: TierPlace) 
         assert event["auto"] and event["every_steps"] == tier.every and event["snapshot_s"] > 0
         picked[step_seconds] = tier.every
     assert picked[10.0] == 1 and picked[1e-7] is not None and picked[1e-7] > 1
+
+
+def forged(edit: Any) -> bytearray:
+    """A copy of :func:`rich_state` whose index ``edit`` changed, its header's lengths and checksum made to match."""
+    payload = bytearray(encode(rich_state()))
+    data_bytes, index_bytes = struct.unpack_from(">QQ", payload, 8)
+    start = 64 + data_bytes
+    index = json.loads(payload[start : start + index_bytes])
+    edit(index)
+    raw = json.dumps(index).encode()
+    payload[start : start + index_bytes] = raw
+    struct.pack_into(">Q", payload, 16, len(raw))
+    return payload
+
+
+def test_a_tensor_entry_that_reads_its_elements_twice_is_corrupt_not_a_huge_view() -> None:
+    def overlap(index: dict[str, Any]) -> None:
+        index["tensors"][0][1:3] = [[2**30, 2**30], [0, 0]]  # a one-element span, 2**60 elements
+
+    payload = forged(overlap)
+    with pytest.raises(CorruptCopy, match="overlaps itself"):
+        decode(header_for(3, payload, fingerprint=None), payload)
+
+
+def test_ordered_dict_metadata_that_is_not_a_mapping_is_corrupt() -> None:
+    def bad_meta(index: dict[str, Any]) -> None:
+        def visit(node: Any) -> bool:
+            if isinstance(node, dict) and "m" in node and "o" in node:
+                node["m"] = [1, 2]
+                return True
+            children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+            return any(visit(child) for child in children)
+
+        assert visit(index)
+
+    payload = forged(bad_meta)
+    with pytest.raises(CorruptCopy, match="metadata that is not a mapping"):
+        decode(header_for(3, payload, fingerprint=None), payload)

@@ -45,7 +45,7 @@ def test_the_submit_check_reads_the_free_space_of_shared_memory_and_ram(
     spec = parse_spec({"name": "tier", "entrypoint": "gpufleet.workloads.tinylm:train", "checkpoint": {"memory": {}}})
     state_bytes = local_backend.memory_state_bytes(spec) or 0
     need, need_ram = tier_need_bytes(state_bytes, 1, own_keeper=True)
-    assert need == 3 * state_bytes and need_ram == 5 * state_bytes  # 3 files in /dev/shm, 2 copies in the keeper
+    assert need == 4 * state_bytes and need_ram == 6 * state_bytes  # 4 files in /dev/shm, 2 copies in the keeper
     backend = LocalBackend(home, spawn=False)
     monkeypatch.setattr(local_backend, "room", lambda shm: (need - 1, 1 << 50))
     with pytest.raises(UsageError, match=f"needs {need} bytes of shared memory \\({need - 1} free\\)"):

@@ -67,6 +67,7 @@ def continue_spec(name: str, **overrides: Any) -> dict[str, Any]:
         "resources": {"nodes": 1, "gpus": 2, "cpus": 2},
         "distributed": {"strategy": "ddp", "timeout_seconds": 30, "recovery": "continue"},
         "checkpoint": {"every_steps": 10, "grace_seconds": 60},
+        "health": {"action": "mark"},
         "max_restarts": 3,
     }
     for key, value in overrides.items():
@@ -92,6 +93,7 @@ def test_continue_is_accepted_for_ddp_under_torchrun_on_one_node() -> None:
         ({"distributed": {"launcher": "script"}}, "distributed.launcher: torchrun (not script)"),
         ({"resources": {"nodes": 2}}, "resources.nodes: 1 (not 2)"),
         ({"checkpoint": {"memory": {"every_steps": 1}}}, "no checkpoint.memory"),
+        ({"health": {"action": "rollback"}}, "health.action: mark (not rollback"),
     ],
 )
 def test_continue_is_refused_in_one_line_where_it_cannot_run(overrides: dict[str, Any], needs: str) -> None:
@@ -125,6 +127,20 @@ def test_short_handed_steps_are_counted_in_runs_and_emitted_when_the_group_is_wh
         "last_step": 3,
     }
     assert count.flush() is None
+
+
+def test_a_replica_that_stops_counting_records_what_it_counted_at_once() -> None:
+    count = ShortHanded(replicas=2, samples_per_replica=4)
+    assert count.note(5, 1) is None and count.note(6, 1) is None
+    assert count.flush() == {
+        "steps": 2,
+        "samples_skipped": 8,
+        "participants": 1,
+        "replicas": 2,
+        "first_step": 5,
+        "last_step": 6,
+    }
+    assert count.flush() is None  # nothing is recorded twice
 
 
 def test_a_long_run_of_short_handed_steps_is_emitted_in_batches() -> None:

@@ -20,6 +20,7 @@ SPEC = parse_spec(
         "entrypoint": "gpufleet.workloads.tinylm:train",
         "resources": {"gpus": 2},
         "distributed": {"strategy": "ddp", "recovery": "continue"},
+        "health": {"action": "mark"},
     }
 )
 

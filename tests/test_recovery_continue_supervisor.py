@@ -32,7 +32,7 @@ replacement = (here / f"started-{rank}").exists()
 (here / f"pid-{rank}-{os.getpid()}").write_text(os.environ["WORLD_SIZE"] + " " + os.environ["RANK"])
 if replacement and mode == "heal":
     (here / f"replica-live-{rank}").write_text(json.dumps({"pid": os.getpid(), "step": 7, "healed": True}))
-while not (here / "finish").exists() and not (rank == 0 and (here / "finish-0").exists()):
+while not (here / "finish").exists() and not (here / f"finish-{rank}").exists():
     time.sleep(0.05)
 """
 
@@ -71,11 +71,11 @@ def events(job: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def kill_rank_1(job: Path) -> tuple[int, int]:
+def kill_rank_1(job: Path, victim: int = 1) -> tuple[int, int]:
     wait_for("both replicas", lambda: pids(job, 0) and pids(job, 1))
     first = pids(job, 0)[0], pids(job, 1)[0]
-    os.kill(first[1], signal.SIGKILL)
-    wait_for("the replacement", lambda: len(pids(job, 1)) == 2)
+    os.kill(first[victim], signal.SIGKILL)
+    wait_for("the replacement", lambda: len(pids(job, victim)) == 2)
     return first
 
 
@@ -119,3 +119,14 @@ def test_a_replacement_still_healing_when_a_replica_completes_is_ended_and_the_a
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "a replica completed before rank 1 healed: ending the replacement" in err
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_completing_while_replica_0_still_heals_requeues_the_attempt(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    proc = launch(job, "never")
+    kill_rank_1(job, victim=0)  # replica 0 writes the job's checkpoints and events
+    (job / "ranks" / "attempt-1" / "finish-1").write_text("")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "replica 0 had not healed when another replica completed its session" in err

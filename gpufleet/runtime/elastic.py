@@ -297,6 +297,8 @@ class Elastic:
             self._mark_live(step)
         if taking_part and self.manager.participating_rank() == 0:
             self._emit(self.count.note(step, participants))
+        elif taking_part:  # a lower replica is back and counts from now on: what this one counted is recorded now
+            self._emit(self.count.flush())
 
     def _mark_live(self, step: int) -> None:
         marker, self.marker = self.marker, None  # once a process

@@ -387,6 +387,8 @@ def _continue_refusal(spec: JobSpec) -> str | None:
         return f"resources.nodes: 1 (not {spec.resources.nodes})"
     if spec.checkpoint.memory is not None:
         return "no checkpoint.memory"
+    if spec.health.action == "rollback":  # each replica judges its own share: one rolling back alone would diverge
+        return "health.action: mark (not rollback: each replica judges only its own share of the batch)"
     return None
 
 

@@ -187,6 +187,8 @@ class ElasticSupervisor(RankSupervisor):
             self._replace_one(rank)
         self._check_healed()
         if self.healing and self._finished():
+            if 0 in self.healing:  # replica 0 writes the job's checkpoints and events: they would stop short
+                return self.requeue("replica 0 had not healed when another replica completed its session")
             self._abandon()
         oldest = min((since for since, _ in self.healing.values()), default=None)
         if oldest is not None and time.monotonic() - oldest > self.recovery_s:

@@ -67,7 +67,7 @@ def memory_state_bytes(spec: JobSpec) -> int | None:
 def check_memory_tier_fits(spec: JobSpec, env: Mapping[str, str]) -> None:
     """Refuse a job whose ``checkpoint.memory`` cannot fit this host's shared memory or RAM (the runtime's rule).
 
-    Each rank of the host keeps 3 files in ``/dev/shm`` (``runtime.memtier.release.tier_need_bytes``) and,
+    Each rank of the host keeps up to 4 files in ``/dev/shm`` (``runtime.memtier.release.tier_need_bytes``) and,
     with the job's own keeper, 2 more copies in RAM.
     """
     memory = spec.checkpoint.memory

@@ -27,6 +27,7 @@ import copy
 import functools
 import io
 import json
+import math
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -286,6 +287,8 @@ def _entry_tensor(buffer: Any, data_bytes: int, entry: Any, dtypes: dict[str, An
     span = 0 if empty else (1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True)))
     if offset % ALIGN or offset + span * dtype.itemsize > data_bytes:
         raise OtherFormat("a tensor of the copy lies outside its data region")
+    if not empty and math.prod(shape) != span:  # a copy holds dense tensors: no element read twice
+        raise OtherFormat("a tensor entry of the copy's index overlaps itself")
     if empty:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buffer, dtype=dtype, count=span, offset=DATA_AT + offset).as_strided(shape, stride)
@@ -346,7 +349,10 @@ def _read(node: Any, tensors: list[Any], others: list[Any]) -> Any:
     if kind is dict and 1 <= len(node) <= 2 and isinstance(node.get("o"), list) and set(node) <= {"o", "m"}:
         out = OrderedDict(_pairs(node["o"], tensors, others))
         if "m" in node:
-            out._metadata = _read(node["m"], tensors, others)  # type: ignore[attr-defined]
+            meta = _read(node["m"], tensors, others)
+            if not isinstance(meta, dict):
+                raise OtherFormat("the copy's state tree holds metadata that is not a mapping")
+            out._metadata = meta  # type: ignore[attr-defined]
         return out
     for tag, values in (("x", tensors), ("p", others)):
         if kind is dict and len(node) == 1 and tag in node:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 COPIES_KEPT = 2
 """Copies of each rank's state a store keeps: the newest two steps."""
-SHM_FILES = COPIES_KEPT + 1
-"""Files of each rank in shared memory: the copies kept and the one being written (kept as a spare between writes)."""
+SHM_FILES = COPIES_KEPT + 2
+"""Files of each rank in shared memory at most: the copies kept, the one being written (kept as a spare
+between writes), and a pruned one still being read by the keeper."""
 
 
 def tier_need_bytes(state_bytes: int, ranks_per_node: int, *, own_keeper: bool = False) -> tuple[int, int]:
@@ -35,7 +36,7 @@ def tier_need_bytes(state_bytes: int, ranks_per_node: int, *, own_keeper: bool =
 def need_words(state_bytes: int, ranks_per_node: int) -> str:
     """How the need is counted, for a refusal: the files per rank and the state's size."""
     return (
-        f"{SHM_FILES} files of about {state_bytes} bytes (2 copies and the one being written) "
+        f"{SHM_FILES} files of about {state_bytes} bytes (2 copies, the one being written, one being sent) "
         f"for each of {ranks_per_node} rank(s), and 2 more in the keeper's RAM when it runs here"
     )
 

@@ -161,11 +161,15 @@ class OwnStore:
         """The copy of ``step`` stops existing (its header goes first)."""
         self._remove(step)
 
-    def give_back(self, step: int) -> None:
-        """The read of a lent copy's file ended: a copy pruned meanwhile goes now."""
+    def give_back(self, step: int, *, clean: bool = True) -> None:
+        """The read of a lent copy's file ended: a copy pruned meanwhile goes now.
+
+        ``clean=False`` (the send failed: a keeper may still hold the file open and read on) unlinks it
+        instead of keeping it as the spare the next write reuses, so no reader sees it rewritten.
+        """
         self.lent.discard(step)
         if not self.head_path(step).exists():
-            self._remove(step, spare=True)
+            self._remove(step, spare=clean)
 
     def _remove(self, step: int, *, spare: bool = False) -> None:
         with contextlib.suppress(OSError):

@@ -284,11 +284,13 @@ class RamTier:
 
     def _send(self, header: CopyHeader, fd: int) -> None:
         """Hand the copy to the keeper: the job's own keeper reads its file; another is sent it from the file."""
+        sent = False
         try:
             client = self._peer(start=True)
             if self.place.peer_address is None and self._by_path:
                 try:
                     client.put_path(self.place.key, self.group.rank, header, str(self.own.path(header.step)))
+                    sent = True
                     return
                 except TierError as err:
                     if FILE_REFUSED not in str(err):
@@ -296,6 +298,7 @@ class RamTier:
                     self._by_path = False  # a keeper of another root: it gets the bytes from now on
                     client = self._peer(start=True)
             client.put_file(self.place.key, self.group.rank, header, fd)
+            sent = True
         except (TierError, OSError, ValueError):
             self.peer_failures += 1
             if self._client is not None:
@@ -303,7 +306,7 @@ class RamTier:
             self._client = None
         finally:
             os.close(fd)
-            self.own.give_back(header.step)
+            self.own.give_back(header.step, clean=sent)
 
     def note_judged(self, step: int, *, healthy: bool) -> None:
         """The ranks judged ``step``: it is the last healthy one, or copies taken after it as healthy go."""
