@@ -67,6 +67,7 @@ soak: dev services
 	$(BIN)/pytest -q -m slow
 	GPUFLEET_KILL_TRIALS=200 $(BIN)/pytest -q tests/runtime/test_kill9.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
+	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_distributed_session.py -k any_rank_at_any_moment
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_port_exit.py -k ported
 
 # The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number, and the HTTP API

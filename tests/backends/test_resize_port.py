@@ -59,7 +59,7 @@ def run_attempt(backend: LocalBackend, scheduler: GatedScheduler, job: int, n: i
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("port", ["ddp", "fsdp"])
+@pytest.mark.parametrize("port", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])  # fsdp: make soak
 def test_a_torchrun_port_resized_to_one_gpu_and_back_completes_on_its_resharded_checkpoints(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, port: str
 ) -> None:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpufleet.devtools.resumecheck import compare_final_states, final_checkpoint
@@ -63,6 +64,7 @@ def test_a_ddp_job_resumes_exactly_with_every_rank_compared(tmp_path: Path, home
     assert found.tensors == ["rank-00001.rng.torch"], found  # rank 1's own state is compared, not only rank 0's
 
 
+@pytest.mark.slow  # make soak; make test catches a naive single-process port (test_resume_check.py)
 def test_a_ddp_port_whose_loader_draws_from_the_global_rng_is_caught(tmp_path: Path, home: Path) -> None:
     # 32 rows, 2 ranks, 4 per batch: 4 steps an epoch; the preemption at step 3 resumes mid-epoch, where
     # the rebuilt DataLoader iterator draws one seed more from the restored RNG and dropout shifts.

@@ -33,6 +33,7 @@ def dqn_spec(name: str, **args: Any) -> Any:
     )
 
 
+@pytest.mark.slow  # make soak: solving CartPole takes minutes on 2 cores; make test resumes a learner on Ray
 @pytest.mark.timeout(900)
 def test_cartpole_is_solved_through_two_preemptions_and_each_resume_has_the_saved_buffer(
     local: Any, home: Path
