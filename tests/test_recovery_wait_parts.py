@@ -254,3 +254,24 @@ def test_under_wait_the_stall_report_says_the_group_re_forms(
         watch.check(start + at)
     said = capsys.readouterr().err
     assert "rank 1 on node-b" in said and "the group re-forms" in said and "requeued" not in said
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_told_to_stop_while_its_group_broke_leaves_instead_of_waiting_for_a_new_generation(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The supervisor's SIGTERM can land while the rank's session is in a collective that then fails: the
+    session ends on the broken group and drops its flag, but the rank must not wait for a generation
+    that will never come (the recovery timeout, or the supervisor's SIGKILL after the grace)."""
+    from gpufleet.runtime import launch
+    from gpufleet.runtime.components import guard as guard_module
+    from gpufleet.runtime.components.guard import PreemptionGuard
+
+    rdzv = tmp_path / "rendezvous.json"
+    rdzv.write_text('{"generation": 0, "master_port": 29500}\n')
+    monkeypatch.setenv("GPUFLEET_RDZV_FILE", str(rdzv))
+    monkeypatch.setenv("GPUFLEET_RECOVERY_TIMEOUT_S", "3600")  # only the stop can end the wait in time
+    monkeypatch.setattr(guard_module, "_told_to_stop", [None])
+    PreemptionGuard(handle_signals=False).on_signal(int(signal.SIGTERM), None)
+    assert guard_module.told_to_stop() == signal.SIGTERM
+    assert launch.rejoin() is False

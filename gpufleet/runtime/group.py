@@ -28,7 +28,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -192,14 +192,17 @@ def request_reform() -> None:
     _touch(_rank_file("request"))
 
 
-def next_generation(path: Path, generation: int, timeout_s: float) -> tuple[int, int] | None:
-    """Wait up to ``timeout_s`` for a generation newer than ``generation`` in the rendezvous file."""
+def next_generation(
+    path: Path, generation: int, timeout_s: float, stop: Callable[[], bool] = lambda: False
+) -> tuple[int, int] | None:
+    """Wait up to ``timeout_s`` for a generation newer than ``generation`` in the rendezvous file
+    (``None`` at the timeout, or as soon as ``stop()`` holds)."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = read_rendezvous(path)
         if found is not None and found[0] > generation:
             return found
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or stop():
             return None
         time.sleep(0.05)
 

@@ -31,9 +31,11 @@ import importlib
 import json
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
@@ -45,6 +47,7 @@ from gpufleet.jobs.protocol import (
     REQUEUE_EXIT_CODE,
     threads_per_rank,
 )
+from gpufleet.runtime.components.guard import told_to_stop
 from gpufleet.runtime.group import forget_group, is_peer_loss, mark_ready, next_generation, request_reform
 from gpufleet.spec import parse_spec
 
@@ -129,6 +132,24 @@ def _call(entry: Entry, in_place: bool) -> int | None:
     return 0
 
 
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM, SIGINT or SIGUSR1 while the rank waits for the next generation.
+
+    No session runs then to save at the signal (the broken one has ended, the next has not begun),
+    and the last step every rank committed is already saved: the rank leaves at once (75), instead of
+    waiting out its grace until the supervisor's SIGKILL.
+    """
+    stopped = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    previous = {signum: signal.signal(signum, lambda *_: stopped.set()) for signum in signals}
+    try:
+        yield stopped
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def rejoin() -> bool:
     """After a broken group: ask for, and wait for, the next generation; ready to call the entrypoint again."""
     generation = int(os.environ.get(ENV_GENERATION, "0") or 0)
@@ -137,7 +158,15 @@ def rejoin() -> bool:
         print("gpufleet: the broken process group could not be destroyed; the attempt is requeued", file=sys.stderr)
         return False
     timeout = recovery_timeout()
-    found = next_generation(Path(os.environ[ENV_RDZV_FILE]), generation, timeout)
+    with _stopped_by_signals() as stopped:
+
+        def stop() -> bool:
+            return stopped.is_set() or told_to_stop() is not None
+
+        found = None if stop() else next_generation(Path(os.environ[ENV_RDZV_FILE]), generation, timeout, stop=stop)
+    if found is None and stop():
+        print("gpufleet: told to stop while the group re-formed; the attempt is requeued", file=sys.stderr)
+        return False
     if found is None:
         print(f"gpufleet: the group did not re-form within {timeout:g} s; the attempt is requeued", file=sys.stderr)
         return False

@@ -98,6 +98,7 @@ class PreemptionGuard:
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only set a flag: the save happens at the next step boundary, never inside a step.
         self.received = signum
+        _told_to_stop[0] = signum
 
     def request(self, signum: int = signal.SIGTERM) -> None:
         """Ask for a save-and-requeue at the next step boundary (what SIGTERM does)."""
@@ -137,4 +138,16 @@ class PreemptionGuard:
         return GuardVerdict.SAVE_AND_EXIT if self.requested else GuardVerdict.CONTINUE
 
 
-__all__ = ["PREEMPT_SIGNALS", "GuardVerdict", "Preempted", "PreemptionGuard"]
+_told_to_stop: list[int | None] = [None]
+
+
+def told_to_stop() -> int | None:
+    """The preemption signal any guard of this process received, even one whose session then ended otherwise.
+
+    A session that ends because its group broke (a peer lost mid-collective) drops its own flag; a rank
+    that would then wait for the group to re-form must know it was told to stop meanwhile.
+    """
+    return _told_to_stop[0]
+
+
+__all__ = ["PREEMPT_SIGNALS", "GuardVerdict", "Preempted", "PreemptionGuard", "told_to_stop"]
