@@ -91,6 +91,9 @@ class EventKind(StrEnum):
     """The watchdog found ranks that stopped stepping (where each one is stuck)."""
     RANK_STALL_CLEARED = "rank_stall_cleared"
     """The group steps again after a reported stall."""
+    STRAGGLER = "straggler"
+    """Rank 0 named a rank that holds the others up (``status`` named, then ended): the rank, its host, the
+    phase (compute or data_wait), the factor over the others' median, its first step and the tax."""
     SESSION_END = "session_end"
     """The session ended: ``status`` completed, requeue or failed (see ``SESSION_EXIT``)."""
 
@@ -184,6 +187,7 @@ NOTABLE: tuple[EventKind, ...] = (
     EventKind.CANCELLED,
     EventKind.RANK_STALLED,
     EventKind.RANK_STALL_CLEARED,
+    EventKind.STRAGGLER,
     EventKind.CHECKPOINT_FAILED,
 )
 """The core's events a person watching a job should see (``gpufleet show``, ``gpufleet watch``); a feature

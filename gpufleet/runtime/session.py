@@ -35,12 +35,14 @@ import torch
 from gpufleet.errors import HealthError
 from gpufleet.jobs.events import EventKind, EventLog
 from gpufleet.jobs.protocol import ENV_STRATEGY
+from gpufleet.runtime.board import PhaseBoard, board_path
 from gpufleet.runtime.checkpoint import CheckpointInfo
 from gpufleet.runtime.components.agreement import PendingStep, RankAgreement
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.components.checkpointer import CheckpointManager, LoopPosition, SaveVerdict
 from gpufleet.runtime.components.ckpt_io import RESERVED_NAMES, Stateful, staged, state_registry
 from gpufleet.runtime.components.guard import PREEMPT_SIGNALS, GuardVerdict, Preempted, PreemptionGuard
+from gpufleet.runtime.components.phases import CHECKPOINT, COLLECTIVE, PhaseClock, uses_cuda
 from gpufleet.runtime.components.reporter import Reporter, gpu_sampler_from_env
 from gpufleet.runtime.components.settings import settings_from_env
 from gpufleet.runtime.group import Group, current_group, import_world_defaults
@@ -87,6 +89,10 @@ class TrainSession:
         agree_every: int = 4,
         preemption_rate: PreemptionRate | None = None,
         memory: TierPlace | None = None,
+        phase_timing: bool = True,
+        straggler_factor: float = 1.5,
+        hang: tuple[float, float] = (10.0, 30.0),
+        gpus_per_rank: int = 1,
     ) -> None:
         if resume not in RESUME_MODES:
             raise ValueError(f"resume={resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -114,6 +120,13 @@ class TrainSession:
         self._guard = PreemptionGuard(handle_signals=handle_signals, distributed=self.group.distributed)
         self._agreement = RankAgreement(self.group, agree_every)
         self._reporter = Reporter(self._voice, self.group, log_every_s, flops_per_token, peak_flops, gpu_sampler)
+        self._phases: PhaseClock | None = None
+        """Where each step's time goes (``components.phases``); ``phase_timing=False`` (``GPUFLEET_PHASE_TIMING=0``)
+        leaves the model and optimizer unhooked."""
+        if phase_timing:
+            self._phases = PhaseClock(cuda=uses_cuda(model))
+            self._phases.attach(model, optimizer)
+        self._ranks_policy = (straggler_factor, hang, gpus_per_rank)
         self.events, self.ckpts, self.policy = events, self._ckpt.ckpts, self._ckpt.policy
         self.values = values
         """Plain values saved with every checkpoint and restored with it (``extra`` entries without
@@ -208,13 +221,19 @@ class TrainSession:
         self._ckpt.check_start(self.restore() is not None, self.step, self.total_steps)
         self._guard.arm()
         if self.group.distributed:
-            self._agreement.watch(self.events, self.step, self.ckpts.root / ".ranks")
+            factor, hang, gpus_per_rank = self._ranks_policy
+            folder = self._agreement.watch(self.events, self.step, self.ckpts.root / ".ranks", hang=hang)
+            if self._phases is not None:
+                self._phases.board = PhaseBoard(board_path(folder, self.group.rank))
+                self._reporter.watch_stragglers(self._agreement.hosts, factor, gpus_per_rank)
         self._ckpt.start_writer()
         self._entered = True
         self._ckpt.announce_interval()
         self._step_started = time.monotonic()
         self._reporter.restart()
         self._agreement.restart()
+        if self._phases is not None:
+            self._phases.restart()
         self.events.emit(EventKind.TRAIN_START, step=self.step, data_position=self.data_position)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -222,6 +241,8 @@ class TrainSession:
         # still alive as soon as one dies, and a rank that dies of it before writing its lost-rank
         # marker and session_end leaves an attempt that reads as failed instead of requeued.
         self._agreement.close()
+        if self._phases is not None:
+            self._phases.detach()
         if exc is not None:  # a write in flight ends (or fails) before the process does; its error is moot,
             with contextlib.suppress(Exception, Preempted):  # and so is a full disk's requeue: exc is what happened
                 self._finish_write()
@@ -344,6 +365,22 @@ class TrainSession:
         loss: each is judged, the event names the offending micro-batch, and a rollback skips up
         to it. ``batches`` is how many data positions the step consumed (default: one per loss).
         """
+        phases = self._phases
+        if phases is not None:
+            phases.end_step()
+        try:
+            self._report(loss, tokens, batches, metrics)
+        finally:
+            if phases is not None:
+                phases.begin_step()
+
+    def _report(
+        self,
+        loss: float | torch.Tensor | Sequence[float | torch.Tensor],
+        tokens: int,
+        batches: int | None,
+        metrics: dict[str, float],
+    ) -> None:
         if not self._run_checked:  # a loop of its own, without steps()
             self._check_run()
         values = loss_values(loss)
@@ -352,6 +389,9 @@ class TrainSession:
         pending = PendingStep(values, tokens, batches, dict(metrics), now - self._step_started)
         if not self.group.distributed:
             self._close_step(pending, now, decide=True)
+            if self._phases is not None:
+                phases, steps = self._phases.take()
+                self._reporter.note_phases([tuple(phases)], steps, self.step)
             return
         # A group closes its steps together, at each agreement (every ``agree_every`` steps, and the last).
         self.step += 1  # provisional until the agreement judges it
@@ -367,7 +407,8 @@ class TrainSession:
         )
         if not self._agreement.hold(pending, due=due):
             # checkpoint.memory: a fixed interval's snapshot needs no meeting; the copy says it is not judged yet
-            self._ckpt.snapshot(self._position(), pending.seconds, judged=False)
+            with self._stall(CHECKPOINT):
+                self._ckpt.snapshot(self._position(), pending.seconds, judged=False)
             self._step_started = time.monotonic()
             self._agreement.progress(self.step)
             return
@@ -378,9 +419,13 @@ class TrainSession:
         pending = self._agreement.take()
         self.step -= len(pending)  # back to the first pending step: each is counted once judged
         self.data_position -= sum(p.batches for p in pending)
+        phases = self._phases.take()[0] if self._phases is not None else []
         agreed = self._agreement.agree(
-            pending, now, preempt=self._guard.raised_here, seconds_due=self._ckpt.seconds_due(now)
+            pending, now, preempt=self._guard.raised_here, seconds_due=self._ckpt.seconds_due(now), phases=phases
         )
+        if self._phases is not None:
+            self._phases.add(COLLECTIVE, self._agreement.last_wait)
+            self._reporter.note_phases(agreed.rank_phases, len(pending), self.step + len(pending))
         self._guard.note_agreement(agreed.preempt)
         self._ckpt.note_agreed_due(agreed.seconds_due)
         self._reporter.note_ranks(agreed)
@@ -423,18 +468,29 @@ class TrainSession:
             return True
         if self._guard.decide() is GuardVerdict.SAVE_AND_EXIT:
             self._preempt()
-        if self._ckpt.take_due(now):
-            bad = self.nonfinite_state()
-            if bad is not None and self.health_policy.action == "rollback":
-                self._roll_back_bad_state(bad, "before a checkpoint")
-                return False
-            self._save("periodic", bad)
-        self._ckpt.snapshot(self._position(), step.seconds)  # checkpoint.memory: a RAM copy when one is due
-        self._step_started = time.monotonic()
-        self._agreement.progress(self.step)
-        if self._ckpt.write_done():
-            self._finish_write()  # a failed write is dealt with where every rank waits for it, together
+        with self._stall(CHECKPOINT):
+            if self._ckpt.take_due(now):
+                bad = self.nonfinite_state()
+                if bad is not None and self.health_policy.action == "rollback":
+                    self._roll_back_bad_state(bad, "before a checkpoint")
+                    return False
+                self._save("periodic", bad)
+            self._ckpt.snapshot(self._position(), step.seconds)  # checkpoint.memory: a RAM copy when one is due
+            self._step_started = time.monotonic()
+            self._agreement.progress(self.step)
+            if self._ckpt.write_done():
+                self._finish_write()  # a failed write is dealt with where every rank waits for it, together
         return True
+
+    @contextlib.contextmanager
+    def _stall(self, phase: int) -> Iterator[None]:
+        """Count the time of the block as ``phase`` of the step boundary (a checkpoint stall)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._phases is not None:
+                self._phases.add(phase, time.perf_counter() - started)
 
     def log(self, kind: str = EventKind.METRICS.value, **data: Any) -> None:
         """Record anything else (validation loss, test metrics) in the job's event log.

@@ -287,6 +287,18 @@ class Distributed(_Frozen):
     recovery_timeout_seconds: float = Field(default=120.0, gt=0, le=86400)
     """How long ``wait`` may take to re-form the group (``continue``: to heal a replacement) before the
     attempt is requeued instead."""
+    straggler_factor: float = Field(default=1.5, gt=1.0, le=1000.0)
+    """A rank whose compute or data wait a step exceeds the other ranks' median by this factor, over a
+    sliding window of steps, is named a straggler (a ``straggler`` event: rank, host, phase, factor and
+    the GPU-seconds the others spent waiting for it; ``gpufleet diagnose``). The test fires a fifth of the
+    excess below (1.4 for 1.5), so that a rank exactly this slow is named whatever the noise of the measure."""
+    hang_factor: float = Field(default=10.0, gt=1.0, le=10000.0)
+    """A step that has not ended after ``hang_factor`` times the job's rolling median step time (and at
+    least ``hang_floor_seconds``) is a hang: the ranks that have not arrived are named with the phase each
+    was in, and one that is frozen on this host (no progress, no CPU time) is killed, so the job's
+    recovery policy applies before ``timeout_seconds`` runs out."""
+    hang_floor_seconds: float = Field(default=30.0, gt=0, le=86400)
+    """The least time without a step that counts as a hang, whatever the step time."""
     agree_every: int = Field(default=4, ge=1, le=1000)
     """Steps between two agreements of the ranks (one small all-reduce, and a point where they all
     wait for the slowest; they also meet at every step a checkpoint is due). Every step is still

@@ -20,6 +20,9 @@ disagree. Exposed (prometheus-client), per attempt::
                                                      time outside the step agreement, since the last step event
     gpufleet_rank_wait_seconds              gauge    per rank: mean time it waited in the step agreement for
                                                      the others (the rank that never waits holds them up)
+    gpufleet_rank_phase_seconds             gauge    per rank, host and phase (data_wait, compute, collective,
+                                                     optimizer, checkpoint, straggler_wait): its mean seconds a
+                                                     step in that phase since the last step event
 
 Labels: ``job_id``, ``job_name``, ``team``, ``attempt``, ``backend``, ``backend_job_id``,
 ``gpu_type``, ``provider``. (Not ``job``: Prometheus sets that label itself on every scrape and
@@ -113,6 +116,15 @@ class JobMetrics:
             [*names, "rank"],
             registry=self.registry,
         )
+        self.rank_phase = Gauge(
+            "gpufleet_rank_phase_seconds",
+            "Mean seconds a step each rank spent in each phase (data_wait, compute, collective, optimizer, "
+            "checkpoint; straggler_wait: the part of collective spent waiting for slower ranks).",
+            [*names, "rank", "host", "phase"],
+            registry=self.registry,
+        )
+        self._hosts: list[str] = []
+        """Each rank's host, from the attempt's ``group`` event."""
         self.families: dict[str, Any] = {}
         """The features' metric families (:mod:`gpufleet.jobs.features`), each made at its first event: a job
         that logs no ``rl`` event exports no RL gauge."""
@@ -137,6 +149,11 @@ class JobMetrics:
                     for rank, value in enumerate(values):
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             gauge.labels(**self.labels, rank=str(rank)).set(float(value))
+            self._phases(event.get("rank_phase_s"))
+        elif kind == EventKind.GROUP and isinstance(event.get("ranks"), list):
+            self._hosts = [
+                str(r.get("host", "?"))[:253] if isinstance(r, dict) else "?" for r in event["ranks"][:65536]
+            ]
         elif kind == EventKind.CHECKPOINT:
             self.ckpt_seconds.observe(float(event.get("seconds", 0.0)))
             self.ckpt_bytes.set(float(event.get("bytes", 0)))
@@ -150,6 +167,19 @@ class JobMetrics:
             self.rollbacks.inc()
         if isinstance(kind, str):
             self._record(kind, event)
+
+    def _phases(self, phases: Any) -> None:
+        """``rank_phase_s`` of a step event: ``{phase: [seconds of rank 0, rank 1, ...]}`` (malformed: skipped)."""
+        if not isinstance(phases, dict):
+            return
+        for phase, values in phases.items():
+            if not isinstance(phase, str) or not isinstance(values, list) or len(phase) > 32:
+                continue
+            for rank, value in enumerate(values[:65536]):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    host = self._hosts[rank] if rank < len(self._hosts) else ""
+                    labels = {**self.labels, "rank": str(rank), "host": host, "phase": phase}
+                    self.rank_phase.labels(**labels).set(float(value))
 
     def _record(self, kind: str, event: Mapping[str, Any]) -> None:
         """Update the metric families features derive from ``kind``'s payload (most kinds have none)."""

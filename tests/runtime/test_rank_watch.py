@@ -67,16 +67,19 @@ def test_the_lowest_waiting_rank_reports_a_silent_rank_once(tmp_path: Path) -> N
     original = wd.where
     wd.where = lambda frame: (True, "distributed_c10d.py:1 in all_reduce")
     try:
-        watch.check(start + 1.0)
+        watch.check(start + 0.5)
         assert not events and not watch.path.exists()  # not stalled yet
+        watch.check(start + 1.2)  # half the threshold: the files are written, the others get two polls
+        assert not events and json.loads(watch.path.read_text())["waiting"] is True
         watch.check(start + 2.5)
-        assert not events and json.loads(watch.path.read_text())["waiting"] is True  # others get two polls
-        watch.check(start + 3.5)
-        watch.check(start + 4.0)
+        watch.check(start + 3.0)
     finally:
         wd.where = original
     assert [e["kind"] for e in events] == ["rank_stalled"]
     assert events[0]["ranks"] == [1] and events[0]["hosts"] == ["node-b"] and events[0]["step"] == 7
+    # Before three steps are timed the threshold is the stall time; rank 1 runs on another host: reported only.
+    assert events[0]["threshold_s"] == 2.0 and events[0]["action"] == "reported" and events[0]["killed"] == []
+    assert events[0]["phases"] == {"1": "unknown"} and events[0]["hung"] is True
     watch.progress(8)
     watch.check(time.monotonic())
     assert [e["kind"] for e in events] == ["rank_stalled", "rank_stall_cleared"] and not watch.path.exists()

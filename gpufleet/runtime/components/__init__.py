@@ -11,6 +11,9 @@
     ckpt_io.py       (functions)          how one checkpoint is written, found and loaded (sharded too)
     reporter.py      Reporter             step events, MFU, rank timings, the GPU sampler, session_end,
                                           the exporters and the price from the environment
+    phases.py        PhaseClock           hooks on the model and optimizer: each step's data wait,
+                                          compute, collective, optimizer and checkpoint seconds
+    stragglers.py    StragglerDetector    names a rank slow in compute or data wait, with its tax
     settings.py      settings_from_env    what the backend exported, read into a session's arguments
 
 ``gpufleet.runtime.session`` composes them: it owns the loop's position (step, data cursor, health
@@ -22,7 +25,8 @@ What a component may import: ``announce``; the runtime's building blocks (``runt
 ``gpufleet.jobs``, ``gpufleet.estimate``, ``gpufleet.telemetry``, ``gpufleet.spec``. Never
 ``runtime.session``, never ``gpufleet.cost`` or ``gpufleet.placement`` (a job's price comes from its
 environment). Two helpers are used by one component each: ``ckpt_io`` by ``checkpointer``, the
-reporter's constructors by ``settings``; no other component imports another.
+reporter's constructors by ``settings``, ``phases`` and ``stragglers`` by ``reporter`` (and the session,
+which owns the clock); no other component imports another.
 
 The memory tier of checkpoints is ``runtime.memtier`` (RAM copies that outlive a rank), owned by
 ``checkpointer`` as its first tier: snapshots at step boundaries, restore own RAM, then a peer's,

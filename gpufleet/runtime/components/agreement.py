@@ -4,8 +4,10 @@ Each rank sees its own loss, its own signals and its own clock. If each acted on
 rank would roll back while another saved, and the next collective would hang. Every
 ``agree_every`` steps (and at every step a checkpoint or an injected fault is due) the ranks sum
 one vector: the loss of every micro-batch, the tokens, whether any rank was asked to stop, whether
-a time-based checkpoint is due on any rank, and each rank's timings. Every rank then judges the
-mean losses; a NaN on one rank makes the mean NaN on all.
+a time-based checkpoint is due on any rank, and each rank's timings: its step and wait times and
+its seconds in each phase of the steps (``components.phases``), which rank 0 reports and the
+straggler detector reads. Every rank then judges the mean losses; a NaN on one rank makes the mean
+NaN on all.
 
 The agreement also keeps the rank watch (``runtime.watchdog``), which names a rank that stops
 stepping, and the two small collectives a session needs to decide together (a metric's mean, the
@@ -69,6 +71,9 @@ class Agreement:
     """Per rank: its mean seconds a step, outside the agreements."""
     rank_wait_s: tuple[float, ...]
     """Per rank: its wait in the previous agreement for the others (the slowest rank never waits)."""
+    rank_phases: tuple[tuple[float, ...], ...] = ()
+    """Per rank: its seconds in each phase (``phases.PHASES``) since the previous agreement; empty when the
+    ranks do not time their phases."""
 
 
 def step_ends(pending: Sequence[PendingStep], now: float) -> list[float]:
@@ -97,6 +102,8 @@ class RankAgreement:
         self._agreed_at = clock()
         self._last_wait = 0.0
         self._watch: RankWatch | None = None
+        self.hosts: list[str] = []
+        """Each rank's host, once the watch started."""
 
     def hold(self, step: PendingStep, *, due: bool) -> bool:
         """Keep ``step`` for the next agreement; True when the ranks should meet now."""
@@ -111,17 +118,28 @@ class RankAgreement:
         """Training starts: timings count from here."""
         self._agreed_at = self._clock()
 
-    def agree(self, pending: Sequence[PendingStep], now: float, *, preempt: bool, seconds_due: bool) -> Agreement:
+    def agree(
+        self,
+        pending: Sequence[PendingStep],
+        now: float,
+        *,
+        preempt: bool,
+        seconds_due: bool,
+        phases: Sequence[float] = (),
+    ) -> Agreement:
         """Collective: one all-reduce for ``pending`` (this rank's view: ``preempt``, ``seconds_due``).
 
         Each rank must report as many micro-batch losses as the others. Each rank fills its own slot
-        of the timings, so the sum holds every rank's.
+        of the timings, so the sum holds every rank's; ``phases`` (this rank's phase seconds since the
+        last agreement) must have the same length on every rank, or be empty on all.
         """
         losses = [v for step in pending for v in step.values]
         flags = [*(float(step.tokens) for step in pending), float(preempt), float(seconds_due)]
         n, k, world, rank = len(losses), len(pending), self.group.world_size, self.group.rank
-        timing = [0.0] * (2 * world)
+        width = len(phases)
+        timing = [0.0] * ((2 + width) * world)
         timing[rank], timing[world + rank] = (now - self._agreed_at) / k, self._last_wait
+        timing[2 * world + rank * width : 2 * world + (rank + 1) * width] = phases
         entered = self._clock()
         summed = self.group.agree([*losses, *flags, *timing])
         self._agreed_at = self._clock()
@@ -132,13 +150,23 @@ class RankAgreement:
             steps.append(AgreedStep(mean, int(summed[n + i]), ended))
             at += len(step.values)
         base = n + k + 2
+        at_phases = base + 2 * world
+        rank_phases = tuple(
+            tuple(summed[at_phases + r * width : at_phases + (r + 1) * width]) for r in range(world) if width
+        )
         return Agreement(
             steps=tuple(steps),
             preempt=summed[n + k] > 0,
             seconds_due=summed[n + k + 1] > 0,
             rank_step_s=tuple(summed[base : base + world]),
             rank_wait_s=tuple(summed[base + world : base + 2 * world]),
+            rank_phases=rank_phases,
         )
+
+    @property
+    def last_wait(self) -> float:
+        """This rank's wait for the others in the last agreement."""
+        return self._last_wait
 
     def mean(self, value: float) -> float:
         """Collective: the mean of ``value`` over the ranks (a metric that decides for all of them)."""
@@ -152,14 +180,24 @@ class RankAgreement:
         return found[0] if found else None
 
     # ---- the rank watch --------------------------------------------------------------------
-    def watch(self, events: EventLog, step: int, fallback: Path, env: Mapping[str, str] = os.environ) -> None:
+    def watch(
+        self,
+        events: EventLog,
+        step: int,
+        fallback: Path,
+        env: Mapping[str, str] = os.environ,
+        *,
+        hang: tuple[float, float] = (10.0, 30.0),
+    ) -> Path:
         """Collective: every rank says where it runs (rank 0 records it), then watches for a rank that stops.
 
         The watch's files go to the job's folder (``GPUFLEET_JOB_DIR``), else beside the checkpoints
-        (``fallback``); a rank other than 0 reports a stall straight into the job's event log.
+        (``fallback``); a rank other than 0 reports a stall straight into the job's event log. ``hang``:
+        the spec's ``(hang_factor, hang_floor_seconds)``. Returns the rank folder (the phase boards').
         """
         here = RankInfo.here(self.group.rank)
         ranks = [RankInfo(*info) for info in self.group.gather((here.rank, here.host, here.pid))]
+        self.hosts = [r.host for r in ranks]
         events.emit(
             EventKind.GROUP,
             world_size=self.group.world_size,
@@ -181,9 +219,12 @@ class RankAgreement:
             stall_s=stall_seconds(timeout),
             timeout_s=timeout,
             emit=emit,
+            hang_factor=hang[0],
+            hang_floor_s=hang[1],
         )
         self._watch.progress(step)
         self._watch.start()
+        return folder
 
     def progress(self, step: int) -> None:
         if self._watch is not None:

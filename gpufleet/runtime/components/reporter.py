@@ -2,7 +2,10 @@
 
 Step events at most every ``log_every_s`` (throughput over the window since the last one, MFU when
 the model's FLOPs per token and the GPUs' peak are known), every rank's step and wait times on rank
-0 of a group, the GPU sampler's thread, the ``session_end`` that says how the attempt ended, and
+0 of a group, every rank's phase seconds (``rank_phase_s`` a step over the window, ``phase_totals_s``
+since training started, see ``components.phases``) and the stragglers they reveal
+(``components.stragglers``: a ``straggler`` event when one is named and when it ends), the GPU
+sampler's thread, the ``session_end`` that says how the attempt ended, and
 the listeners that export all of it (Prometheus, a textfile) with the attempt's price.
 
 MFU is the PaLM paper's model FLOPs utilization (Chowdhery et al. 2022, appendix B): achieved
@@ -30,6 +33,8 @@ from gpufleet.estimate.peak import gpu_peak
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
 from gpufleet.runtime.components.announce import Announcer
+from gpufleet.runtime.components.phases import COLLECTIVE, REPORTED, straggler_waits
+from gpufleet.runtime.components.stragglers import Straggler, StragglerDetector, Window
 from gpufleet.runtime.group import Group, PeerLost, is_peer_loss, mark_lost, mark_session_end
 from gpufleet.spec import Telemetry
 from gpufleet.telemetry.metrics import exporter_from_env, labels_from_env
@@ -138,6 +143,14 @@ class Reporter:
         """Rank 0: per rank, the sums of its step seconds and agreement waits, and the agreements, since
         the last step event (``rank_step_s``, ``rank_wait_s``)."""
         self._clock = clock
+        self._phase_window: list[list[float]] = []
+        """Rank 0: per rank, its seconds in each reported phase (``phases.REPORTED``) since the last step event."""
+        self._phase_steps = 0
+        self._phase_totals: list[list[float]] = []
+        """Rank 0: per rank, its seconds in each reported phase since training started in this attempt."""
+        self._detector: StragglerDetector | None = None
+        self._hosts: list[str] = []
+        self._gpus_per_rank = 1
 
     def open(self) -> None:
         if self.gpu_sampler is not None:
@@ -151,6 +164,58 @@ class Reporter:
     def restart(self) -> None:
         """Training starts: the first window counts from here."""
         self._window_start = self._clock()
+
+    def watch_stragglers(self, hosts: list[str], factor: float, gpus_per_rank: int) -> None:
+        """Rank 0 of a group: name stragglers from the phases of each agreement (``straggler_factor``)."""
+        if self.group.is_main:
+            self._detector = StragglerDetector(factor=factor)
+            self._hosts, self._gpus_per_rank = hosts, max(1, gpus_per_rank)
+
+    def note_phases(
+        self, per_rank: list[tuple[float, ...]] | tuple[tuple[float, ...], ...], steps: int, last_step: int
+    ) -> None:
+        """Rank 0: the phase seconds of every rank over the ``steps`` steps ending at ``last_step``."""
+        if not self.group.is_main or not per_rank or steps <= 0:
+            return
+        waits = straggler_waits([p[COLLECTIVE] for p in per_rank])
+        rows = [[*p, w] for p, w in zip(per_rank, waits, strict=True)]
+        if len(self._phase_totals) != len(rows) or len(self._phase_totals[0]) != len(rows[0]):
+            self._phase_totals = [[0.0] * len(rows[0]) for _ in rows]
+            self._phase_window, self._phase_steps = [], 0
+        if not self._phase_window:
+            self._phase_window = [[0.0] * len(rows[0]) for _ in rows]
+        for r, row in enumerate(rows):
+            for i, value in enumerate(row):
+                self._phase_window[r][i] += value
+                self._phase_totals[r][i] += value
+        self._phase_steps += steps
+        if self._detector is not None and len(rows) > 1:
+            window = Window(last_step - steps + 1, last_step, tuple(tuple(p) for p in per_rank), tuple(waits))
+            for straggler in self._detector.observe(window):
+                self._straggler(straggler, last_step)
+
+    def _straggler(self, straggler: Straggler, step: int) -> None:
+        host = self._hosts[straggler.rank] if straggler.rank < len(self._hosts) else "?"
+        fields = straggler.fields(host, self._gpus_per_rank, step)
+        gpu_s = straggler.tax_s * self._gpus_per_rank
+        if straggler.open:
+            message = (
+                f"rank {straggler.rank} on {host} is a straggler in {straggler.phase} "
+                f"(x{straggler.factor:.1f} the other ranks' median from step {straggler.first_step}); "
+                f"the others have waited {gpu_s:.2f} GPU-s for it"
+            )
+        else:
+            message = (
+                f"rank {straggler.rank} on {host} was a straggler in {straggler.phase} from step "
+                f"{straggler.first_step} to {straggler.last_step}: the others waited {gpu_s:.2f} GPU-s for it"
+            )
+        self.voice.say(EventKind.STRAGGLER, message, **fields)
+
+    def phase_totals(self) -> dict[str, list[float]]:
+        """Rank 0: ``phase_totals_s`` (per reported phase, each rank's seconds since training started)."""
+        if not self._phase_totals:
+            return {}
+        return {name: [round(row[i], 6) for row in self._phase_totals] for i, name in enumerate(REPORTED)}
 
     def note_ranks(self, agreement: Agreement) -> None:
         """Rank 0: add one agreement's timings of every rank to the window."""
@@ -198,12 +263,21 @@ class Reporter:
         self._last_log, self._window_tokens, self._window_start = now, 0, now
         return True
 
-    def _take_ranks(self) -> dict[str, list[float]]:
+    def _take_ranks(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self._phase_window and self._phase_steps > 0:
+            n = self._phase_steps
+            out["rank_phase_s"] = {
+                name: [round(row[i] / n, 6) for row in self._phase_window] for i, name in enumerate(REPORTED)
+            }
+            out["phase_totals_s"] = self.phase_totals()
+            self._phase_window, self._phase_steps = [], 0
         if not self._ranks or self._ranks[2][0] <= 0:
-            return {}
+            return out
         busy, wait, counts = self._ranks
         self._ranks = []
         return {
+            **out,
             "rank_step_s": [round(b / n, 6) for b, n in zip(busy, counts, strict=True)],
             "rank_wait_s": [round(w / n, 6) for w, n in zip(wait, counts, strict=True)],
         }
@@ -264,20 +338,29 @@ class Reporter:
         only rank 0 writes events, and an attempt whose every rank completed is completed even if
         its processes then fail to exit.
         """
+        if self._detector is not None:
+            for straggler in self._detector.close():
+                self._straggler(straggler, step)
+        totals = self.phase_totals()
+        extra: dict[str, Any] = {"phase_totals_s": totals} if totals else {}
         if exc is None:
             status = "completed"
-            self.voice.emit(EventKind.SESSION_END, status=status, step=step)
+            self.voice.emit(EventKind.SESSION_END, status=status, step=step, **extra)
         elif preempted:
             status = "requeue"
-            self.voice.emit(EventKind.SESSION_END, status=status, step=step)
+            self.voice.emit(EventKind.SESSION_END, status=status, step=step, **extra)
         elif self.group.distributed and is_peer_loss(exc):
             status = "requeue"
             if not isinstance(exc, PeerLost):  # DDP's all-reduce in backward found it, not the session
                 mark_lost(self.group.rank, str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "")
-            self.voice.emit(EventKind.SESSION_END, status=status, step=step, reason="rank_lost", error=str(exc))
+            self.voice.emit(
+                EventKind.SESSION_END, status=status, step=step, reason="rank_lost", error=str(exc), **extra
+            )
         else:
             status = "failed"
-            self.voice.emit(EventKind.SESSION_END, status=status, step=step, error=f"{type(exc).__name__}: {exc}")
+            self.voice.emit(
+                EventKind.SESSION_END, status=status, step=step, error=f"{type(exc).__name__}: {exc}", **extra
+            )
         if self.group.distributed:
             mark_session_end(self.group.rank, status)
         self.voice.events.close()

@@ -26,13 +26,15 @@ from gpufleet.runtime.components.reporter import (
 from gpufleet.runtime.group import Group, current_group
 from gpufleet.runtime.interval import PreemptionRate, rate_from
 from gpufleet.runtime.memtier.tier import TierPlace, place_from_env
-from gpufleet.spec import CheckpointPolicy, HealthPolicy, JobSpec, Telemetry, parse_spec
+from gpufleet.spec import CheckpointPolicy, Distributed, HealthPolicy, JobSpec, Telemetry, parse_spec
 
 if TYPE_CHECKING:
     from gpufleet.telemetry.gpu import GpuSampler
 
 ENV_PREEMPT_AT = "GPUFLEET_DEBUG_PREEMPT_AT"
 """Debugging: behave as if SIGTERM arrived when the attempt's training reaches this step."""
+ENV_PHASE_TIMING = "GPUFLEET_PHASE_TIMING"
+"""``0`` leaves the model and optimizer without the phase hooks (``components.phases``; a baseline to measure them)."""
 ENV_ROLLBACK_AT = "GPUFLEET_DEBUG_ROLLBACK_AT"
 """Debugging: once, after this step, roll back to the previous checkpoint and replay."""
 
@@ -53,6 +55,10 @@ class SessionArguments(TypedDict):
     agree_every: int
     preemption_rate: PreemptionRate | None
     memory: TierPlace | None
+    phase_timing: bool
+    straggler_factor: float
+    hang: tuple[float, float]
+    gpus_per_rank: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,7 @@ def settings_from_env(env: Mapping[str, str], *, ckpt_dir: str | Path, resume: s
             )
         )
     agree_every = 4 if spec is None else spec.distributed.agree_every if spec.distributed is not None else 1
+    ranks = spec.distributed if spec is not None and spec.distributed is not None else Distributed()
     arguments = SessionArguments(
         ckpt_dir=str(ckpt_root),
         policy=policy,
@@ -124,8 +131,12 @@ def settings_from_env(env: Mapping[str, str], *, ckpt_dir: str | Path, resume: s
         agree_every=agree_every,
         preemption_rate=rate,
         memory=memory,
+        phase_timing=env.get(ENV_PHASE_TIMING, "1").strip().lower() not in ("0", "false", "no", "off"),
+        straggler_factor=ranks.straggler_factor,
+        hang=(ranks.hang_factor, ranks.hang_floor_seconds),
+        gpus_per_rank=max(1, gpus // max(1, group.world_size)),
     )
     return SessionSettings(arguments, inject_preempt_at, inject_rollback_at)
 
 
-__all__ = ["SessionArguments", "SessionSettings", "env_step", "settings_from_env"]
+__all__ = ["ENV_PHASE_TIMING", "SessionArguments", "SessionSettings", "env_step", "settings_from_env"]
