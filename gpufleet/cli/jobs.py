@@ -373,9 +373,17 @@ def cost(
     job: Annotated[list[int] | None, typer.Option("--job", help="Only these job ids (repeatable).")] = None,
     rates: Annotated[Path | None, typer.Option(help="Rate card YAML (default: the shipped example card).")] = None,
     out: Annotated[Path | None, typer.Option(help="Write a cost note (Markdown, JSON, PNG) into this folder.")] = None,
+    buckets: Annotated[
+        bool,
+        typer.Option("--buckets", help="Also print where every GPU-second went (twelve buckets), per job and team."),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """GPU-hours and money per job and team, with the work lost to preemption."""
+    """GPU-hours and money per job and team, with the work lost to preemption and the goodput.
+
+    The JSON always carries each row's goodput split (gpu_seconds, buckets, goodput, badput_top);
+    --buckets prints it as tables.
+    """
     from gpufleet.cost.gather import cost_report
     from gpufleet.cost.rates import load_rates
 
@@ -388,7 +396,7 @@ def cost(
     if json_out:
         emit_json(report.to_dict())
         return
-    print_cost(report)
+    print_cost(report, buckets=buckets)
     killed = report.ledger.total.killed
     if killed:  # a killed or lost process is not a preemption: never counted under "preempted"
         which = ", ".join(

@@ -86,6 +86,7 @@ def _cost_cells(c: Cost, currency: str) -> list[object]:
     return [
         c.preemptions,
         gpu_time(c.total_gpu_hours),
+        "" if c.goodput is None else f"{c.goodput:.0%}",
         lost,
         c.steps_redone,
         overhead,
@@ -95,16 +96,49 @@ def _cost_cells(c: Cost, currency: str) -> list[object]:
     ]
 
 
-def print_cost(report: CostReport) -> None:
+def _bucket_rows(c: Cost, currency: str) -> list[list[object]]:
+    """One row per goodput bucket: GPU-seconds, share of the row's GPU time, money at its average rate."""
+    total, rate = c.gpu_seconds, c.rate_per_gpu_second
+    rows: list[list[object]] = []
+    for bucket, seconds in c.bucket_gpu_seconds().items():
+        share = f"{seconds / total:.1%}" if total > 0 else ""
+        rows.append([bucket, _gpu_seconds(seconds), share, money(seconds * rate, currency)])
+    whole = "100.0%" if total > 0 else ""
+    rows.append([styled("[bold]total[/]"), _gpu_seconds(total), whole, money(total * rate, currency)])
+    return rows
+
+
+def _gpu_seconds(seconds: float) -> str:
+    """GPU-seconds to six significant figures (a laptop demo's fractions), whole from 100,000 on."""
+    return f"{seconds:,.0f}" if seconds >= 1e5 else f"{seconds:,.6g}"
+
+
+def print_cost_buckets(report: CostReport) -> None:
+    """Where every GPU-second went, per job then per team (``gpufleet cost --buckets``)."""
+    cur = report.ledger.currency
+    head = ["bucket", "GPU-s", "share", "money"]
+    for j, c in report.ledger.jobs.items():
+        console.print(table(f"#{j} {report.names.get(j, '?')}: goodput {_goodput(c)}", head, _bucket_rows(c, cur)))
+    for team, c in report.ledger.teams.items():
+        console.print(table(f"team {team}: goodput {_goodput(c)}", head, _bucket_rows(c, cur)))
+
+
+def _goodput(c: Cost) -> str:
+    return "n/a" if c.goodput is None else f"{c.goodput:.1%}"
+
+
+def print_cost(report: CostReport, *, buckets: bool = False) -> None:
     """The per-team and per-job cost tables, the unpriced warning and the note's path.
 
     ``preemption overhead`` sits beside ``lost``: lost work alone hides what a preemption costs
     (the restart's start-up and restore, the save at the signal); see ``gpufleet.cost.ledger``.
+    ``goodput`` is the share of GPU time spent computing; ``buckets`` adds the full split of it.
     """
     cur = report.ledger.currency
     head = [
         "preempted",
         "GPU time",
+        "goodput",
         "lost",
         "redone steps",
         "preemption overhead",
@@ -117,6 +151,8 @@ def print_cost(report: CostReport) -> None:
     console.print(table("cost per team", ["team", *head], rows))
     jobs = [[f"#{j} {report.names.get(j, '?')}", *_cost_cells(c, cur)] for j, c in report.ledger.jobs.items()]
     console.print(table("cost per job", ["job", *head], jobs))
+    if buckets:
+        print_cost_buckets(report)
     if report.ledger.total.unpriced:
         unpriced = escape(", ".join(report.ledger.total.unpriced))
         console.print(f"[yellow]no rate for {unpriced}: counted in hours, not money[/]")
@@ -133,6 +169,7 @@ __all__ = [
     "gpu_time",
     "money",
     "print_cost",
+    "print_cost_buckets",
     "styled",
     "table",
 ]

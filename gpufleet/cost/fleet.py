@@ -17,6 +17,10 @@ proportions of GPU time that ``classify_gpu_time`` finds in the job's recorded D
 not a sample-by-sample attribution. A job without a series keeps all of the rest as ``useful``
 and says ``gpu_series: false``.
 
+Beside that split, each job carries the ledger's goodput (``compute`` over all of its GPU time), its
+twelve goodput buckets in GPU-seconds and its three largest badput buckets with their money (see
+:mod:`gpufleet.cost.ledger`).
+
 This module works the figures out; :mod:`gpufleet.cost.fleet_page` writes them as Markdown,
 JSON and charts.
 """
@@ -197,6 +201,12 @@ class JobWaste:
     """GPU-hours by part (``WASTE_PARTS``); they add up to ``gpu_hours``."""
     gpu_series: bool
     tokens_per_s: float | None
+    goodput: float | None = None
+    """Compute over all of the job's GPU time (the ledger's goodput buckets); ``None`` with none."""
+    buckets: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds in each of the ledger's ``GOODPUT_BUCKETS`` (they add up to ``gpu_hours`` x 3600)."""
+    badput_top: tuple[dict[str, Any], ...] = ()
+    """The three largest buckets other than compute: ``bucket``, ``gpu_seconds`` and ``money``."""
 
     @property
     def waste_gpu_hours(self) -> float:
@@ -429,6 +439,9 @@ def _job_waste(f: _JobFacts, cost: Cost, samples: Sequence[Sample]) -> JobWaste:
         breakdown={k: parts[k] for k in WASTE_PARTS},
         gpu_series=seen > 0,
         tokens_per_s=f.tokens / f.token_seconds if f.tokens > 0 and f.token_seconds > 0 else None,
+        goodput=cost.goodput,
+        buckets=cost.bucket_gpu_seconds(),
+        badput_top=tuple({"bucket": k, "gpu_seconds": v, "money": m} for k, v, m in cost.badput_top()),
     )
 
 

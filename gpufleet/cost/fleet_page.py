@@ -39,7 +39,12 @@ rollback), **startup** (process start-up and checkpoint restore, the first start
 60 s or more), **host-bound** (shorter stalls between busy samples: the GPU waits for data), \
 **comm-bound** (NVLink/PCIe busy while the SMs are not) and **useful**. Jobs marked `no series` had no \
 recorded GPU series: all of their rest counts as useful. Attempts are counted whole when they overlap \
-the window. Error budget left: 100 % untouched, 0 % spent, negative overspent."""
+the window. Error budget left: 100 % untouched, 0 % spent, negative overspent.
+
+**Goodput** is the share of a job's GPU time spent computing, from the cost ledger's twelve buckets \
+(queued, startup, staging, data wait, compute, straggler wait, checkpoint, restore, lost, rollback, \
+resize, idle; `gpufleet cost --buckets` prints them all); the top badput are its three largest other \
+buckets, priced at the job's average rate."""
 
 
 def write_report(report: FleetReport, out_dir: Path) -> list[Path]:
@@ -124,8 +129,23 @@ def report_markdown(report: FleetReport, charts: Sequence[str] = ()) -> str:
     ]
     head = ["Job", "Team", "State", unit, *(p.replace("_", " ") for p in WASTE_PARTS), "GPU series"]
     out += [f"## Jobs, most waste first ({unit})", "", *_md_table(head, rows, text_columns=3), ""]
+    out += ["## Goodput per job", "", *_goodput_table(report, scale, unit), ""]
     out += ["## How to read this", "", _HOW_TO_READ, ""]
     return "\n".join(out)
+
+
+def _goodput_table(report: FleetReport, scale: float, unit: str) -> list[str]:
+    """Each job's goodput and its three largest badput buckets, with their money."""
+    cur, rows = report.currency, []
+    for j in report.jobs:
+        goodput = "-" if j.goodput is None else f"{j.goodput:.1%}"
+        top = [
+            f"{str(t['bucket']).replace('_', ' ')}: {_num(t['gpu_seconds'] / 3600.0 * scale)} {unit}, "
+            f"{money(t['money'], cur)}"
+            for t in j.badput_top
+        ]
+        rows.append([f"#{j.job_id} {j.name}", j.team, goodput, *(top + ["-"] * 3)[:3]])
+    return _md_table(["Job", "Team", "Goodput", "Top badput", "Second", "Third"], rows, text_columns=2)
 
 
 def _md_table(head: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:

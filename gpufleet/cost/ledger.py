@@ -44,6 +44,30 @@ beside the buckets, which they do not change (the GPUs were held and used throug
 ``kill -9`` of a rank, a rank lost to its group, the OOM killer, a lost node) is not a preemption:
 it is counted under ``killed``, not ``preemptions``. Its restart costs what a preemption's does,
 so the overhead above counts it the same way.
+
+**Goodput in twelve buckets.** ``AttemptUsage.goodput_seconds`` splits the same wall more finely, in
+``GOODPUT_BUCKETS`` order, into parts that sum to it exactly (the last measured in time, ``compute``,
+is what remains)::
+
+    wall = queued + startup + staging + data_wait + compute + straggler_wait
+         + checkpoint + restore + lost + rollback + resize + idle
+
+- ``queued``: the attempt held its GPUs before its processes started (the local backend takes GPUs
+  as it starts the process: 0; on Slurm, sacct's Start up to the batch script's first event);
+- ``startup``: process start to the first step, staging and restore excluded (imports, the group);
+- ``staging``, ``checkpoint``: as above;
+- ``restore``: the restore the attempt started from (a rollback's is in ``rollback``, a resharded
+  one's in ``resize``);
+- ``lost``: the work after the last durable checkpoint of an attempt that did not finish;
+- ``rollback``: the steps a rollback discarded and its restore;
+- ``resize``: restoring a checkpoint resharded onto another world size (after ``gpufleet resize``);
+- ``idle``: held after the session ended (or after the last step) until the process exited;
+- the training time left, ``T``, split by the phase totals the runtime reports (summed over ranks,
+  ``S = data_wait + compute + collective + optimizer``): ``data_wait = T x data_wait / S``,
+  ``straggler_wait = T x straggler_wait / S`` (the part of the collectives spent waiting for slower
+  ranks), ``compute`` the rest; without phase totals all of ``T`` is ``compute``.
+
+Goodput is ``compute`` over the whole; badput is every other bucket.
 """
 
 from __future__ import annotations
@@ -57,6 +81,21 @@ from gpufleet.jobs.events import MAX_TS
 from gpufleet.jobs.states import Outcome
 
 BUCKETS = ("useful", "lost", "checkpoint", "restore", "staging", "startup")
+GOODPUT_BUCKETS = (
+    "queued",
+    "startup",
+    "staging",
+    "data_wait",
+    "compute",
+    "straggler_wait",
+    "checkpoint",
+    "restore",
+    "lost",
+    "rollback",
+    "resize",
+    "idle",
+)
+"""Where every billed GPU-second went (``AttemptUsage.goodput_seconds``); goodput is ``compute`` over all."""
 PREEMPTION_BUCKETS = ("lost", "checkpoint", "restore", "staging", "startup")
 """The buckets a preemption's overhead is drawn from (``useful`` never is)."""
 PREEMPTED_OUTCOMES = (Outcome.PREEMPTED, Outcome.REQUEUED, Outcome.LOST)
@@ -71,6 +110,29 @@ def _seconds(value: float) -> float:
     must not become a bill (nor NaN in a report), and a sum of bounded parts stays finite.
     """
     return 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_TS)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseShares:
+    """An attempt's phase totals summed over its ranks: what splits its training time.
+
+    From the last ``phase_totals_s`` the runtime reported (``cost.usage.attempt_phases`` validates
+    it). ``busy_s`` is ``data_wait + compute + collective + optimizer`` over all ranks; the
+    ``checkpoint`` phase is left out, as the ledger counts saves from their own events.
+    """
+
+    data_wait_s: float
+    straggler_wait_s: float
+    busy_s: float
+
+    def split(self, training_s: float) -> tuple[float, float]:
+        """``training_s`` seconds' shares of data wait and straggler wait; ``compute`` is the rest."""
+        busy = _seconds(self.busy_s)
+        if busy <= 0 or training_s <= 0:
+            return 0.0, 0.0
+        data = min(1.0, _seconds(self.data_wait_s) / busy)
+        straggler = min(1.0 - data, _seconds(self.straggler_wait_s) / busy)
+        return training_s * data, training_s * max(0.0, straggler)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +200,16 @@ class AttemptUsage:
     """Steps run without every replica (``distributed.recovery: continue``, while a lost one healed)."""
     samples_skipped: int = 0
     """Samples of the missing replicas' shares of those steps: trained on by nobody."""
+    queued_s: float = 0.0
+    """Of ``startup_s``, the seconds the attempt held its GPUs before its processes started."""
+    idle_s: float = 0.0
+    """Held after the session ended (or after the last step) until the attempt's end. ``shutdown_s``
+    is part of it; the older buckets count the rest as ``useful``, or as ``startup`` for an attempt
+    that never reached a first step (``first_step`` None). Never less than ``shutdown_s``."""
+    resize_restore_s: float = 0.0
+    """Of ``restore_s``, the restore at start that resharded a checkpoint onto another world size."""
+    phases: PhaseShares | None = None
+    """The phase totals that split the training time (``None``: the runtime reported none)."""
 
     @property
     def wall_s(self) -> float:
@@ -162,6 +234,45 @@ class AttemptUsage:
         scale = self._scale()
         out = {k: v * scale for k, v in self._overheads().items()}
         out["useful"] = max(0.0, self.wall_s - sum(out.values()))
+        return out
+
+    def _goodput_measured(self) -> dict[str, float]:
+        """The goodput buckets measured in time, unscaled: the older buckets split further, plus idle."""
+        old = self._overheads()
+        queued = min(_seconds(self.queued_s), old["startup"])
+        idle = max(_seconds(self.idle_s), _seconds(self.shutdown_s))
+        in_startup = idle if self.first_step is None else _seconds(self.shutdown_s)
+        in_startup = min(in_startup, old["startup"] - queued)
+        rollback_restore = min(_seconds(self.rollback_restore_s), old["restore"])
+        resize = min(_seconds(self.resize_restore_s), old["restore"] - rollback_restore)
+        rollback_lost = min(_seconds(self.rollback_lost_s), old["lost"])
+        return {
+            "queued": queued,
+            "startup": old["startup"] - queued - in_startup,
+            "staging": old["staging"],
+            "checkpoint": old["checkpoint"],
+            "restore": old["restore"] - rollback_restore - resize,
+            "lost": old["lost"] - rollback_lost,
+            "rollback": rollback_lost + rollback_restore,
+            "resize": resize,
+            "idle": idle,
+        }
+
+    def goodput_seconds(self) -> dict[str, float]:
+        """Wall seconds in each of ``GOODPUT_BUCKETS``, summing to ``wall_s`` (see the module doc).
+
+        Measured buckets that together exceed the wall are shrunk to fit, as ``seconds()`` does; the
+        training time left is split by ``phases``, and ``compute`` is the remainder, never negative.
+        """
+        measured = self._goodput_measured()
+        spent = math.fsum(measured.values())
+        scale = self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
+        parts = {k: v * scale for k, v in measured.items()}
+        training = max(0.0, self.wall_s - math.fsum(parts.values()))
+        data_wait, straggler = self.phases.split(training) if self.phases is not None else (0.0, 0.0)
+        parts["data_wait"], parts["straggler_wait"] = data_wait, straggler
+        out = {k: parts.get(k, 0.0) for k in GOODPUT_BUCKETS}
+        out["compute"] = max(0.0, self.wall_s - math.fsum(out.values()))
         return out
 
     def preemption_seconds(self) -> dict[str, float]:
@@ -236,10 +347,47 @@ class Cost:
     """Steps its attempts ran without every replica (``distributed.recovery: continue``)."""
     samples_skipped: int = 0
     """Samples those steps skipped (the missing replicas' shares of the global batch)."""
+    goodput_gpu_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GOODPUT_BUCKETS, 0.0))
+    """GPU-seconds in each of ``GOODPUT_BUCKETS``: the same GPU time as ``gpu_hours``, split finer."""
 
     @property
     def total_gpu_hours(self) -> float:
         return sum(self.gpu_hours.values())
+
+    @property
+    def gpu_seconds(self) -> float:
+        """All GPU-seconds, as the goodput buckets add them up."""
+        return math.fsum(self.goodput_gpu_seconds.values())
+
+    @property
+    def goodput(self) -> float | None:
+        """``compute`` over all GPU-seconds (``None`` with no GPU time to judge)."""
+        total = self.gpu_seconds
+        return self.goodput_gpu_seconds["compute"] / total if total > 0 else None
+
+    @property
+    def rate_per_gpu_second(self) -> float:
+        """The average price of a GPU-second here (egress, which no GPU-second costs, left out)."""
+        total = self.gpu_seconds
+        return max(0.0, self.money - self.egress_money) / total if total > 0 else 0.0
+
+    def badput_top(self, n: int = 3) -> list[tuple[str, float, float]]:
+        """The ``n`` largest buckets other than ``compute`` with any time: (bucket, GPU-seconds, money).
+
+        Money is priced at this row's average rate (``rate_per_gpu_second``); ties keep bucket order.
+        """
+        rate = self.rate_per_gpu_second
+        spent = [(k, v) for k, v in self.goodput_gpu_seconds.items() if k != "compute" and v > 0]
+        spent.sort(key=lambda kv: -kv[1])
+        return [(k, v, v * rate) for k, v in spent[:n]]
+
+    def bucket_gpu_seconds(self) -> dict[str, float]:
+        """The goodput buckets rounded to the microsecond, the rounding's remainder put on ``compute``,
+        so that they add up to ``round(gpu_seconds, 6)`` as printed."""
+        total = round(self.gpu_seconds, 6)
+        out = {k: round(v, 6) for k, v in self.goodput_gpu_seconds.items()}
+        out["compute"] = max(0.0, round(total - math.fsum(v for k, v in out.items() if k != "compute"), 6))
+        return out
 
     @property
     def lost_money(self) -> float:
@@ -276,6 +424,9 @@ class Cost:
             notices=self.notices + other.notices,
             short_handed_steps=self.short_handed_steps + other.short_handed_steps,
             samples_skipped=self.samples_skipped + other.samples_skipped,
+            goodput_gpu_seconds={
+                k: self.goodput_gpu_seconds[k] + other.goodput_gpu_seconds[k] for k in GOODPUT_BUCKETS
+            },
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -307,6 +458,12 @@ class Cost:
             "preemption_notices": [n.to_dict() for n in self.notices],
             "short_handed_steps": self.short_handed_steps,
             "samples_skipped": self.samples_skipped,
+            "gpu_seconds": round(self.gpu_seconds, 6),
+            "buckets": self.bucket_gpu_seconds(),
+            "goodput": None if self.goodput is None else round(self.goodput, 6),
+            "badput_top": [
+                {"bucket": k, "gpu_seconds": round(v, 6), "money": _sig(m)} for k, v, m in self.badput_top()
+            ],
         }
 
 
@@ -331,6 +488,7 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     egress = usage.egress_money if math.isfinite(usage.egress_money) and usage.egress_money > 0 else 0.0
     return Cost(
         gpu_hours=hours,
+        goodput_gpu_seconds={k: v * usage.gpus for k, v in usage.goodput_seconds().items()},
         preemption_gpu_hours=preemption,
         preemption_money=sum(preemption.values()) * price if price is not None else 0.0,
         money=(total * price if price is not None else 0.0) + egress,
@@ -391,12 +549,14 @@ def build_ledger(usages: Sequence[AttemptUsage], rates: RateCard) -> Ledger:
 
 __all__ = [
     "BUCKETS",
+    "GOODPUT_BUCKETS",
     "PREEMPTED_OUTCOMES",
     "PREEMPTION_BUCKETS",
     "AttemptUsage",
     "Cost",
     "Ledger",
     "NoticeLead",
+    "PhaseShares",
     "attempt_cost",
     "build_ledger",
 ]

@@ -52,7 +52,17 @@ of each attempt that restarted after a preemption. Lost work alone understates a
 attempt that saves at the signal loses almost nothing, but its restart pays the start-up (a new \
 process, imports, data) and the restore again. Its money is those GPU-hours at each attempt's own \
 rate; its share is of the row's GPU-hours. A rollback's lost work and restore count as lost and \
-restore, not as preemption overhead."""
+restore, not as preemption overhead.
+
+**Goodput** splits the same GPU time into twelve buckets that add up to it: *queued* (GPUs held before \
+the job's processes started), *startup*, *staging*, *data wait* (ranks waiting for their input), *compute*, \
+*straggler wait* (ranks waiting in collectives for a slower rank), *checkpoint*, *restore*, *lost* (work \
+after the last durable checkpoint of an attempt that did not finish), *rollback* (steps a rollback \
+discarded and its restore), *resize* (restoring a checkpoint resharded onto another world size) and \
+*idle* (held after the session ended until the process exited). Goodput is compute over the whole; the \
+three largest other buckets are the top badput, priced at the row's average rate. Data wait and \
+straggler wait divide the training time in the proportions of the ranks' phase totals; a job that \
+reported none counts all of its training time as compute."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,7 @@ def _attempt_json(u: AttemptUsage) -> dict[str, Any]:
         "seconds": {k: round(v, 6) for k, v in u.seconds().items()},
         "after_preemption": u.after_preemption,
         "preemption_seconds": {k: round(v, 6) for k, v in u.preemption_seconds().items()},
+        "goodput_seconds": {k: round(v, 6) for k, v in u.goodput_seconds().items()},
         "offer": u.offer,
         "price_per_gpu_hour": u.price_per_gpu_hour,
         "egress_bytes": u.egress_bytes,
@@ -263,6 +274,7 @@ def _note_markdown(
         )
     job_head = ["Job", "Team", "GPUs", "Attempts", "Preemptions", "Killed", *head]
     out += ["## By job", "", *markdown_table(job_head, rows, right_from=3)]
+    out += ["", "## Goodput by job", "", *_goodput_table(ledger, names, cur, amount, unit)]
     rows = []
     for u in usages:
         steps = "-" if u.first_step is None else f"{u.first_step}..{u.last_step if u.last_step is not None else '?'}"
@@ -286,6 +298,21 @@ def _note_markdown(
         out.append("_None recorded._")
     out += ["", "## How to read this", "", _HOW_TO_READ, ""]
     return "\n".join(out)
+
+
+def _goodput_table(
+    ledger: Ledger, names: Mapping[int, str], currency: str, amount: Callable[[float], str], unit: str
+) -> list[str]:
+    """Each job's goodput (compute over all its GPU time) and its three largest other buckets, with money."""
+    rows = []
+    for job_id, c in ledger.jobs.items():
+        goodput = "n/a" if c.goodput is None else f"{100.0 * c.goodput:.1f} %"
+        top = [
+            f"{k.replace('_', ' ')}: {amount(v / 3600.0)} {unit}, {money(m, currency)}" for k, v, m in c.badput_top()
+        ]
+        rows.append([_cell(f"#{job_id} {names.get(job_id, '?')}"), goodput, *(top + ["-"] * 3)[:3]])
+    head = ["Job", "Goodput", "Top badput", "Second", "Third"]
+    return markdown_table(head, rows, right_from=1)
 
 
 def _preemption_sentence(total: Cost, currency: str, amount: Callable[[float], str], unit: str) -> str:

@@ -11,8 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage
+from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
 from gpufleet.jobs.events import MAX_TS, EventKind
+from gpufleet.jobs.rank_phases import STRAGGLER_WAIT, phase_table
 from gpufleet.jobs.states import Outcome
 from gpufleet.jobs.store import Attempt, Event, Job, Store
 
@@ -144,6 +145,94 @@ def _whole(value: Any) -> int:
     return int(value) if ok else 0
 
 
+BUSY_PHASES = ("data_wait", "compute", "collective", "optimizer")
+"""The phases whose sum over ranks divides the training time (``checkpoint`` has its own events)."""
+
+
+def phase_shares(data: dict[str, Any], ranks: int | None = None) -> PhaseShares | None:
+    """The ``phase_totals_s`` of a ``step`` or ``session_end`` event, summed over ranks; ``None`` if malformed.
+
+    Written by user processes, read by :func:`gpufleet.jobs.rank_phases.phase_table`: every phase given
+    must be a list of finite, non-negative numbers, all of one length (``ranks``, the attempt's world
+    size, when known), and each phase used here must be given. Anything else is ignored, never an
+    error: the ledger then counts the training time as ``compute``.
+    """
+    table = phase_table(data.get("phase_totals_s"), ranks)
+    if table is None or any(phase not in table for phase in (*BUSY_PHASES, STRAGGLER_WAIT)):
+        return None
+    sums = {k: math.fsum(v) for k, v in table.items()}
+    return PhaseShares(
+        data_wait_s=sums["data_wait"],
+        straggler_wait_s=sums[STRAGGLER_WAIT],
+        busy_s=math.fsum(sums[k] for k in BUSY_PHASES),
+    )
+
+
+def _world_size(n: int, events: Sequence[Event]) -> int | None:
+    """The world size the backend recorded in attempt ``n``'s ``attempt_start`` (``None``: not recorded)."""
+    for e in events:
+        if e.kind == EventKind.ATTEMPT_START and e.attempt == n and e.source == "backend":
+            size = _count(e.data.get("world_size"))
+            return size if size else None
+    return None
+
+
+def attempt_phases(n: int, mine: Sequence[Event], events: Sequence[Event]) -> PhaseShares | None:
+    """The last well-formed phase totals of attempt ``n`` (its ``step`` and ``session_end`` events).
+
+    The totals are cumulative since the attempt's first step, so the last one covers its training.
+    """
+    ranks = _world_size(n, events)
+    for e in reversed(mine):
+        if e.kind in (EventKind.STEP, EventKind.SESSION_END) and "phase_totals_s" in e.data:
+            shares = phase_shares(e.data, ranks)
+            if shares is not None:
+                return shares
+    return None
+
+
+def attempt_queued(attempt: Attempt, mine: Sequence[Event], end: float) -> float:
+    """Seconds the attempt held its GPUs before its processes started.
+
+    The local backend takes the GPUs as it starts the process and records that moment as the
+    attempt's start: 0. A Slurm attempt starts at sacct's ``Start``, when the allocation was made;
+    its batch script writes an ``attempt_start`` to the event log once it runs, so the gap between
+    the two is the allocation held before any process of the job ran (a prolog, a slow node). An
+    attempt without such an event (local, or a script that never ran) shows none.
+    """
+    first = min((e.ts for e in mine if e.kind == EventKind.ATTEMPT_START), default=None)
+    return 0.0 if first is None else max(0.0, min(first, end) - attempt.started_at)
+
+
+def _size_changed(old: Any, new: Any) -> bool:
+    before, after = _count(old), _count(new)
+    return bool(before) and bool(after) and before != after
+
+
+def resharded_restore(attempt: Attempt, mine: Sequence[Event], events: Sequence[Event], restore: Event) -> bool:
+    """Whether the restore at start read a checkpoint written on another world size (after a resize).
+
+    Any of: the ``restore`` event names both world sizes (or ``resharded: true``); a ``run_changed``
+    of the attempt names two world sizes; the RNG was reseeded before training started (a checkpoint
+    of another world size holds no RNG state for this rank); or the backend started this attempt on
+    another world size than the attempt before it.
+    """
+    if restore.data.get("step") is None:
+        return False
+    d = restore.data
+    if d.get("resharded") is True or _size_changed(
+        d.get("old_world_size", d.get("saved_world_size")), d.get("world_size")
+    ):
+        return True
+    for e in mine:
+        if e.kind == EventKind.RUN_CHANGED and _size_changed(e.data.get("old_world_size"), e.data.get("world_size")):
+            return True
+        if e.kind == EventKind.RNG_RESEEDED and e.ts <= restore.ts:
+            return True
+    before = _world_size(attempt.n - 1, events) if attempt.n > 1 else None
+    return _size_changed(before, _world_size(attempt.n, events))
+
+
 def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
     """Whether the attempt ended because a process of it was killed or vanished, not by a preemption.
 
@@ -223,6 +312,11 @@ def attempt_usage(
         startup_s += shutdown_s
         durable_step = _step(checkpoints[-1].data, "step") if checkpoints else segment_start
         steps_redone += max(0, (last_step or 0) - durable_step)
+        idle_s = shutdown_s
+    else:
+        since = min(max(train_start.ts if train_start is not None else start, start), end)
+        idle_s = _idle_tail(mine, since, end, finished=outcome == "completed")
+    resized = restore is not None and resharded_restore(attempt, mine, events, restore)
     spec = job.spec
     placed = attempt_placement(attempt, events)
     notice_source, notice_lead_s = attempt_notice(attempt.n, events)
@@ -265,7 +359,24 @@ def attempt_usage(
         notice_lead_s=notice_lead_s,
         short_handed_steps=short_handed_steps,
         samples_skipped=samples_skipped,
+        queued_s=attempt_queued(attempt, mine, end),
+        idle_s=idle_s,
+        resize_restore_s=_seconds(restore.data, "seconds") if restore is not None and resized else 0.0,
+        phases=attempt_phases(attempt.n, mine, events),
     )
+
+
+def _idle_tail(mine: Sequence[Event], since: float, end: float, *, finished: bool) -> float:
+    """Seconds held after the session ended (or, for a finished attempt without one, after its last step).
+
+    ``since`` is where training began (the attempt's start if it never did), already within the wall:
+    the processes' exit, the GPUs held but no longer used.
+    """
+    ends = [e.ts for e in mine if e.kind == EventKind.SESSION_END and e.ts >= since]
+    stop = ends[0] if ends else None
+    if stop is None and finished:
+        stop = max((e.ts for e in mine if e.kind == EventKind.STEP and e.ts >= since), default=None)
+    return 0.0 if stop is None else max(0.0, end - min(stop, end))
 
 
 def attempt_usages(job: Job, attempts: Sequence[Attempt], events: Sequence[Event], now: float) -> list[AttemptUsage]:
@@ -295,10 +406,14 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
 __all__ = [
     "attempt_gpus",
     "attempt_notice",
+    "attempt_phases",
+    "attempt_queued",
     "attempt_short_handed",
     "attempt_usage",
     "attempt_usages",
     "job_usages",
     "killed_attempt",
+    "phase_shares",
+    "resharded_restore",
     "store_usages",
 ]

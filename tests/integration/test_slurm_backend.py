@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from conftest import follow_home
 
 from gpufleet.backends import get_backend
-from gpufleet.backends.slurm.backend import SlurmBackend, slurm_usage
+from gpufleet.backends.slurm.backend import SlurmBackend, allocated_cpus, slurm_usage
 from gpufleet.cost.ledger import build_ledger
 from gpufleet.cost.rates import load_rates
 from gpufleet.cost.usage import store_usages
@@ -74,6 +75,10 @@ def test_preempted_by_high_tier_requeued_resumed_bit_exact(
     assert {a["account"] for a in report["accounts"]} == {"perception", "planning"}
     for row in report["accounts"]:  # every run ended: the ledger counts sacct's own seconds, however loaded the host
         assert row["ledger_seconds"] == row["sacct_seconds"] and row["allowed_seconds"] == 0, row
+    # The goodput buckets are the billed time: each attempt's add up to its wall, the seconds sacct bills.
+    buckets = [math.fsum(u.goodput_seconds().values()) for u in store_usages(store, job_ids=[low])]
+    (billed,) = [r["sacct_seconds"] for r in report["accounts"] if r["account"] == "perception"]
+    assert math.fsum(buckets) * allocated_cpus(store.job(low).spec) == pytest.approx(billed, rel=0.01)
     first = attempts[0]
     start_event = next(e for e in store.events(low, kinds=("attempt_start",)) if e.attempt == 1)
     assert first.started_at == int(first.started_at) <= start_event.ts  # sacct's whole-second Start, before Python ran
