@@ -399,7 +399,23 @@ def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, l
 
     samples = job_gpu_samples(job_dir(home, job.id))
     telemetry = job.spec.telemetry
-    ranked = rank_findings(iter_events(events_file(home, job.id))) if job.spec.world_size > 1 else []
+    ranked: list[Finding] = []
+    if job.spec.world_size > 1:
+        from gpufleet.cost.rates import load_rates
+        from gpufleet.cost.recover import attempt_prices
+        from gpufleet.cost.usage import job_usages
+
+        # A straggler's tax is priced as the ledger prices the attempt (telemetry sits below cost).
+        rates = load_rates()
+        store = Store(state_db(home))
+        try:
+            prices = attempt_prices(job_usages(store, job), rates)
+        finally:
+            store.close()
+        factor = job.spec.distributed.straggler_factor if job.spec.distributed is not None else 1.5
+        ranked = rank_findings(
+            iter_events(events_file(home, job.id)), straggler_factor=factor, prices=prices, currency=rates.currency
+        )
     if not samples and job.spec.world_size > 1:
         source = f"job {job.id} {job.name}: {job.spec.world_size} ranks, no GPU series"
         note = f"no GPU series (telemetry.gpu_source is {telemetry.gpu_source!r}): only the ranks were judged"

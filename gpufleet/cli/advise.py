@@ -4,6 +4,8 @@ Parse, call :func:`gpufleet.placement.advisor.advise_job`, render. The preemptio
 job showed (preemptions over its hours of run); ``--preemptions-per-hour`` plans for another, and while
 none was seen the catalogue rate of the fleet pool it last ran on is the prior. The share of time lost
 is Daly's closed form (saves, lost work and restarts; :func:`~gpufleet.estimate.interval.lost_share`).
+Below the interval, what would recover the most GPU time: the job's badput buckets, largest first in
+GPU-seconds and money, each with its remedy (:func:`gpufleet.cost.recover.recoverable`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,21 @@ def _render(a: JobAdvice) -> None:
         console.print("plan for a rate with --preemptions-per-hour R (the pool's catalogue rate)", highlight=False)
     if a.daly is not None:
         console.print(escape("apply it while the job runs with checkpoint: {every: auto}"), highlight=False)
+    _render_recover(a)
+
+
+def _render_recover(a: JobAdvice) -> None:
+    """The badput buckets, most GPU time first, each with what would win it back."""
+    from gpufleet.telemetry.ranks import money_text
+
+    if not a.recover:
+        return
+    console.print(f"[bold]what would recover the most GPU time[/] ({a.currency})")
+    rows: list[list[object]] = [
+        [r.bucket, f"{r.gpu_seconds:,.1f}", "" if r.money is None else money_text(r.money, a.currency), r.action]
+        for r in a.recover
+    ]
+    console.print(table(None, ["bucket", "GPU-s", "money", "what would recover it"], rows))
 
 
 def advise_command(

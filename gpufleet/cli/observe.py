@@ -132,6 +132,7 @@ def diagnose_command(
 def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[str], json_out: bool) -> None:
     """Findings as one JSON object, or as a table followed by each finding's suggestion and source."""
     from gpufleet.cli.render import console, emit_json, fmt, table
+    from gpufleet.telemetry.ranks import RankFinding
 
     if json_out:
         emit_json({"source": source, "findings": [f.to_dict() for f in findings], "warnings": list(warnings)})
@@ -153,6 +154,9 @@ def print_findings(source: str, findings: Sequence[Finding], warnings: Sequence[
         for f in findings
     ]
     console.print(table(f"{source}: findings", ["rule", "finding", "metric", "evidence", "for", "gpus"], rows))
+    for f in findings:
+        if isinstance(f, RankFinding) and f.text:  # the rank, its host, what it did and what it cost
+            console.print(f.text, markup=False, highlight=False)
     for f in findings:
         console.print(
             f"- {escape(f.rule_id)}: {escape(f.suggestion)} [dim](source: {escape(f.source)})[/]", highlight=False

@@ -7,6 +7,10 @@ of wall time lost at today's interval and at each from Daly's closed form
 (:func:`~gpufleet.estimate.interval.lost_share`: saves, rework and restarts, so it is not
 :func:`~gpufleet.estimate.interval.loss_fraction`, which leaves out the saves and the restarts
 interrupted again). The formulas live in :mod:`gpufleet.estimate.interval`.
+
+It also ranks what would recover the most GPU time: the job's badput buckets (the ledger's goodput
+split), largest first in GPU-seconds and money, each with the remedy its own events point to
+(:func:`gpufleet.cost.recover.recoverable`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gpufleet.estimate.interval import (
 
 if TYPE_CHECKING:
     from gpufleet.cost.ledger import AttemptUsage
+    from gpufleet.cost.recover import Evidence, Recovery
     from gpufleet.jobs.store import Job, Store
 
 # --- one job's advice, from what it measured -------------------------------------------------------------------
@@ -137,6 +142,10 @@ class JobAdvice:
     """Daly's higher-order interval: the recommendation (``every: auto`` applies it while the job runs)."""
     notes: tuple[str, ...]
     """What was missing, and what stood in for it."""
+    recover: tuple[Recovery, ...] = ()
+    """The badput buckets, most GPU-seconds first, each with its remedy."""
+    currency: str = "USD"
+    """Of the money in ``recover``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +162,8 @@ class JobAdvice:
             "daly": None if self.daly is None else self.daly.to_dict(),
             "recommended": "daly" if self.daly is not None else None,
             "notes": list(self.notes),
+            "recover": [r.to_dict() for r in self.recover],
+            "currency": self.currency,
         }
 
 
@@ -199,7 +210,8 @@ def advise_job(
     from gpufleet.jobs.events import EventKind
 
     job = store.job(job_id)
-    m = measure(job_usages(store, job, now))
+    usages = job_usages(store, job, now)
+    m = measure(usages)
     notes: list[str] = []
     observed = PreemptionRate(m.preemptions_per_hour, "observed")
     if rate is not None:
@@ -254,6 +266,8 @@ def advise_job(
     if save is not None and first is not None:
         young = interval(first.interval_seconds)
         daly = interval(daly_interval(save, first.mtbf_seconds))
+    evidence = _evidence(store, job, usages, m, current_seconds, daly)
+    recover, currency = _recover(usages, evidence)
     return JobAdvice(
         job_id=job.id,
         name=job.name,
@@ -266,7 +280,49 @@ def advise_job(
         young=young,
         daly=daly,
         notes=tuple(notes),
+        recover=tuple(recover),
+        currency=currency,
     )
+
+
+def _evidence(
+    store: Store,
+    job: Job,
+    usages: Sequence[AttemptUsage],
+    m: JobMeasurements,
+    interval_s: float | None,
+    daly: Interval | None,
+) -> Evidence:
+    """What the job measured that names a remedy: its stragglers and data waits, saves, restores, interval."""
+    from gpufleet.cost.recover import Evidence, flat_events, rank_evidence
+
+    named, data_wait = rank_evidence(flat_events(store.events(job.id)))
+    ck = job.spec.checkpoint
+    return Evidence(
+        stragglers=named,
+        data_wait_by_rank=data_wait,
+        save_seconds=m.save_seconds,
+        restore_seconds=m.restore_seconds,
+        startup_seconds=m.startup_seconds,
+        interval_seconds=interval_s,
+        recommended_seconds=None if daly is None else daly.seconds,
+        memory_tier=ck.memory is not None,
+        async_save=ck.async_save,
+        rollbacks=sum(len(u.rollbacks) for u in usages),
+    )
+
+
+def _recover(usages: Sequence[AttemptUsage], evidence: Evidence) -> tuple[list[Recovery], str]:
+    """The ranked badput buckets, priced with the shipped rate card as ``gpufleet cost`` prices them."""
+    from gpufleet.cost.rates import load_rates
+    from gpufleet.cost.recover import attempt_prices, recoverable
+    from gpufleet.errors import GpufleetError
+
+    try:
+        rates = load_rates()
+    except GpufleetError:  # no card: GPU-seconds alone
+        return recoverable(usages, {}, evidence), "USD"
+    return recoverable(usages, attempt_prices(usages, rates), evidence), rates.currency
 
 
 __all__ = [

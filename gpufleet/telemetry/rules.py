@@ -89,6 +89,29 @@ def recording_rules() -> list[dict[str, str]]:
     ]
 
 
+RANK_PHASE = "gpufleet_rank_phase_seconds"
+"""Seconds a step each rank spends in each phase (labels: the job's, plus ``rank``, ``host``, ``phase``)."""
+STRAGGLER_FACTOR = 1.5
+"""How far over its job's median a rank's compute or data wait must be (``distributed.straggler_factor``)."""
+STRAGGLER_MIN_SECONDS = 0.001
+"""And by how much at least, a step: a data wait that goes from 0.1 ms to 0.3 ms is 3x but costs nothing."""
+JOB_PHASE = "job_id, attempt, phase"
+
+
+def straggler_expr(factor: float = STRAGGLER_FACTOR, min_seconds: float = STRAGGLER_MIN_SECONDS) -> str:
+    """A rank whose ``compute`` or ``data_wait`` a step exceeds ``factor`` x the median of its job's ranks.
+
+    The median is over all the ranks of the job's attempt, the rank itself included (PromQL cannot leave
+    one out), which makes it a little less sensitive than the runtime's own detector for two ranks.
+    """
+    series = f'{RANK_PHASE}{{phase=~"compute|data_wait"}}'
+    median = f"quantile by ({JOB_PHASE}) (0.5, {series})"
+    return (
+        f"({series} > on ({JOB_PHASE}) group_left () ({factor:g} * {median}))\n"
+        f"and ({series} - on ({JOB_PHASE}) group_left () {median} > {min_seconds:g})"
+    )
+
+
 def alert_rules() -> list[dict[str, Any]]:
     guide = "DCGM user guide, profiling metrics"
     alerts = [
@@ -147,6 +170,16 @@ def alert_rules() -> list[dict[str, Any]]:
             "warning",
             "A job was preempted more than 3 times in an hour: move it to on-demand or another provider",
             "gpufleet runtime",
+        ),
+        _alert(
+            "JobRankStraggler",
+            straggler_expr(),
+            "5m",
+            "warning",
+            "Rank {{ $labels.rank }} on {{ $labels.host }} holds job {{ $labels.job_id }} up: its "
+            f"{{{{ $labels.phase }}}} takes over {STRAGGLER_FACTOR:g}x the median of the job's ranks a step "
+            "(gpufleet diagnose JOB names the tax)",
+            "gpufleet runtime: per-rank phase times",
         ),
         _alert(
             "JobCheckpointSlow",
@@ -238,11 +271,14 @@ __all__ = [
     "CLOCK_BITS",
     "DRAM",
     "GPU_KEYS",
+    "RANK_PHASE",
     "SM",
+    "STRAGGLER_FACTOR",
     "TENSOR",
     "alert_rules",
     "dashboard",
     "dashboard_json",
     "recording_rules",
     "rules_yaml",
+    "straggler_expr",
 ]
