@@ -4,9 +4,11 @@ The JSON API answers with the objects the CLI prints with ``--json``, built by t
 (:mod:`gpufleet.views`, :func:`gpufleet.cost.gather.cost_report`, :func:`gpufleet.quality.standing.read_history`):
 ``GET /api/jobs`` is ``gpufleet jobs --json``, ``GET /api/jobs/{id}`` is ``gpufleet show ID --json``,
 ``GET /api/cost`` is ``gpufleet cost --json``, ``GET /api/fleet`` adds the counts and the queue to
-``gpufleet fleet show --json``. ``POST /api/jobs/{id}/preempt``, ``/cancel``, ``/hold`` and
-``/release``, and the registry's ``promote`` and ``rollback``, act like the commands of the same
-name, behind the bearer token
+``gpufleet fleet show --json``. ``GET /api/jobs/{id}/goodput`` tells where the job's GPU time went and
+``GET /metrics`` serves the same buckets for every job to Prometheus (:mod:`gpufleet.serve.goodput`);
+like the other reads, both are open to whoever passes the Host check. ``POST /api/jobs/{id}/preempt``,
+``/cancel``, ``/hold`` and ``/release``, and the registry's ``promote`` and ``rollback``, act like the
+commands of the same name, behind the bearer token
 (:mod:`gpufleet.serve.auth`). ``POST /hooks/alerts`` is the signed webhook of
 :mod:`gpufleet.quality.webhook` (same signature, replay window and idempotency), whose retrain alerts
 submit the retraining job the monitor file names for the model, once per key.
@@ -377,6 +379,16 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     def api_series(job_id: JobId) -> dict[str, Any]:
         return series_view(_job_store(home, job_id), job_id)
 
+    @app.get(
+        "/api/jobs/{job_id}/goodput",
+        tags=["jobs"],
+        summary="Where the GPU time went: goodput buckets, each rank's phases, stragglers, hangs",
+    )
+    def api_goodput(job_id: JobId) -> dict[str, Any]:
+        from gpufleet.serve.goodput import job_time_view
+
+        return job_time_view(_job_store(home, job_id), job_id)
+
     @app.get("/api/jobs/{job_id}/logs", tags=["jobs"], summary="gpufleet logs ID --json (the last 256 KiB)")
     def api_logs(job_id: JobId, attempt: int | None = Query(default=None, ge=1, le=MAX_ID)) -> dict[str, Any]:
         from gpufleet.views import log_view
@@ -445,6 +457,15 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             return {**cost_report(store, team=team, since=since).to_dict(), "period": period}
 
         return cache.get(("cost", team, period), build) if known_team(team) else build()
+
+    @app.get("/metrics", tags=["metrics"], summary="Goodput GPU-seconds and money per job and bucket (Prometheus)")
+    def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from gpufleet.serve.goodput import metrics_text
+
+        body = cache.get(("metrics",), lambda: metrics_text(_store(home)))
+        return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Cache-Control": "no-store"})
 
     @app.get("/api/quality", tags=["quality"], summary="Registry aliases and history, decisions, the monitor")
     def api_quality() -> dict[str, Any]:

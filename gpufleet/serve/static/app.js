@@ -175,6 +175,9 @@ function jobPage() {
       <button id="cancel" class="danger">Cancel</button><span id="action-result"></span></div>
     <h2>Attempts</h2><div id="timeline-box"></div><div id="attempts"></div>
     <h2>Loss</h2><div id="loss"></div><h2>Throughput</h2><div id="tps"></div><div id="mfu"></div>
+    <h2>Where the time went</h2><div id="goodput"></div>
+    <h3>Phases per rank (seconds per step)</h3><div id="rank-phases"></div>
+    <h3>Stragglers</h3><div id="stragglers"></div><h3>Hangs</h3><div id="hangs"></div>
     <h2>Checkpoints</h2><div id="ckpts"></div><h2>GPU diagnosis</h2><div id="diagnosis"></div>
     <h2>Events</h2><div id="events"></div>
     <h2>Logs</h2><div id="log-tabs" class="actions"></div><pre class="log" id="log"></pre>
@@ -208,6 +211,9 @@ function jobPage() {
       job.events.map((e) => `<tr data-kind="${esc(e.kind)}"><td>${when(e.ts)}</td><td>${e.attempt ?? ""}</td><td>${esc(e.kind)}</td>
         <td class="muted">${esc(Object.entries(e).filter(([k]) => !["ts", "attempt", "kind", "path", "sources"].includes(k))
           .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" "))}</td></tr>`));
+    await api(`/api/jobs/${id}/goodput`).then(timePanel, (err) => {
+      document.getElementById("goodput").innerHTML = `<p class="muted">${esc(err.message)}</p>`;
+    });
     if (job.attempts.length !== shownAttempts) {
       shownAttempts = job.attempts.length;
       const tabs = document.getElementById("log-tabs");
@@ -228,6 +234,97 @@ function jobPage() {
   }).catch((err) => { document.getElementById("trace").textContent = err.message; });
 }
 
+// ---- where the time went ------------------------------------------------------------------------
+
+const BUCKET_COLOR = {
+  queued: "#b0b7c3", startup: "#8a8f98", staging: "#6b8fb5", data_wait: "#e0a030", compute: "#2f8a4a",
+  straggler_wait: "#c0392b", checkpoint: "#2f6fd0", restore: "#7a5cc0", lost: "#8e2420", rollback: "#d4658a",
+  resize: "#4aa3a3", idle: "#d8dce3",
+};
+const PHASE_COLOR = { data_wait: "#e0a030", compute: "#2f8a4a", collective: "#2f6fd0", optimizer: "#7a5cc0", checkpoint: "#4aa3a3", straggler_wait: "#c0392b" };
+const MAX_RANK_BARS = 64;
+function pct(v) { return typeof v === "number" ? `${(100 * v).toFixed(1)}%` : "-"; }
+function money(v, currency) { return typeof v === "number" ? `${num(v, 2)} ${esc(currency || "")}`.trim() : "unpriced"; }
+
+// Horizontal stacked bars, one a row, scaled to the largest row: rows = [{label, attrs, right, parts: [{key, value, color, tip}]}].
+function stackedBars(id, rows, attrs = "") {
+  const W = 960, rowH = 22, gap = 6, left = 130, right = 150;
+  const most = Math.max(1e-12, ...rows.map((r) => r.parts.reduce((a, p) => a + p.value, 0)));
+  const H = rows.length * (rowH + gap) + gap;
+  const bars = rows.map((r, i) => {
+    const y = gap + i * (rowH + gap);
+    let x = left;
+    const rects = r.parts.filter((p) => p.value > 0).map((p) => {
+      const w = (p.value / most) * (W - left - right);
+      const rect = `<rect class="part" data-key="${esc(p.key)}" data-tip="${esc(p.tip)}" x="${x.toFixed(2)}" y="${y}" width="${Math.max(0.5, w).toFixed(2)}" height="${rowH}" fill="${p.color}"></rect>`;
+      x += w;
+      return rect;
+    }).join("");
+    return `<g class="bar" ${r.attrs || ""}><text x="4" y="${y + rowH - 6}">${esc(r.label)}</text>${rects}<text x="${W - right + 8}" y="${y + rowH - 6}">${esc(r.right || "")}</text></g>`;
+  }).join("");
+  return `<svg id="${id}" ${attrs} viewBox="0 0 ${W} ${H}" width="100%">${bars}</svg>`;
+}
+// Hover texts, and the legend's colours set through the DOM (the CSP refuses inline style attributes).
+function withTips(box) {
+  for (const r of box.querySelectorAll("rect[data-tip]")) hover(r, r.dataset.tip);
+  for (const s of box.querySelectorAll(".swatch[data-c]")) s.style.background = s.dataset.c;
+}
+
+function timePanel(t) {
+  const box = document.getElementById("goodput");
+  if (!t.gpu_seconds) {
+    box.innerHTML = '<p class="muted">no GPU time billed yet</p>';
+  } else {
+    const parts = t.buckets.map((b) => ({ key: b.bucket, value: b.gpu_seconds, color: BUCKET_COLOR[b.bucket] || "#999",
+      tip: `${b.bucket}: ${num(b.gpu_seconds, 1)} GPU-s (${pct(b.gpu_seconds / t.gpu_seconds)}), ${money(b.money, t.currency)}` }));
+    box.innerHTML = `<div class="cards"><div class="card"><b data-field="goodput">${pct(t.goodput)}</b>goodput (compute / billed)</div>
+      <div class="card"><b>${num(t.gpu_seconds, 1)}</b>GPU-seconds billed</div><div class="card"><b>${money(t.money, t.currency)}</b>money</div></div>` +
+      stackedBars("goodput-bar", [{ label: "all attempts", parts, right: `goodput ${pct(t.goodput)}` }]) +
+      table(["bucket", { label: "GPU-s", num: 1 }, { label: "share", num: 1 }, { label: "money", num: 1 }],
+        t.buckets.map((b) => `<tr data-bucket="${esc(b.bucket)}"><td><span class="swatch" data-c="${BUCKET_COLOR[b.bucket] || "#999"}"></span>${esc(b.bucket)}</td>
+          <td class="num">${num(b.gpu_seconds, 1)}</td><td class="num">${pct(b.gpu_seconds / t.gpu_seconds)}</td><td class="num">${money(b.money, t.currency)}</td></tr>`),
+        'id="goodput-legend" class="legend"');
+  }
+  withTips(box);
+  const phasesBox = document.getElementById("rank-phases");
+  const r = t.ranks;
+  if (!r) {
+    phasesBox.innerHTML = '<p class="muted">no phase times reported (the job\'s steps carry no rank_phase_s)</p>';
+  } else {
+    // collective includes straggler_wait: drawn as its own part so that a bar is the rank's step time
+    const shown = t.phases.filter((p) => r.rank_phase_s[p]);
+    let rows = Array.from({ length: r.ranks }, (_, rank) => {
+      const v = (p) => (r.rank_phase_s[p] ? r.rank_phase_s[p][rank] : 0);
+      const parts = shown.map((p) => {
+        const value = p === "collective" ? Math.max(0, v(p) - v("straggler_wait")) : v(p);
+        return { key: p, value, color: PHASE_COLOR[p] || "#999", tip: `rank ${rank} ${p}${p === "collective" ? " (own, waits excluded)" : ""}: ${num(value, 3)} s per step` };
+      });
+      const step = parts.reduce((a, p) => a + p.value, 0);
+      return { label: `rank ${rank}`, attrs: `data-rank="${rank}"`, parts, step, right: `${num(step, 3)} s/step` };
+    });
+    const hidden = Math.max(0, rows.length - MAX_RANK_BARS); // a large group: its slowest ranks, in rank order
+    if (hidden) {
+      const slowest = new Set([...rows].sort((a, b) => b.step - a.step).slice(0, MAX_RANK_BARS));
+      rows = rows.filter((row) => slowest.has(row));
+    }
+    phasesBox.innerHTML = `<p class="muted">attempt ${esc(r.attempt ?? "-")}, at step ${esc(r.step ?? "-")}: ` +
+      shown.map((p) => `<span class="swatch" data-c="${PHASE_COLOR[p] || "#999"}"></span>${esc(p)}`).join(" ") + "</p>" +
+      stackedBars("rank-phase-bars", rows) + (hidden ? `<p class="muted">the ${MAX_RANK_BARS} slowest of ${r.ranks} ranks shown</p>` : "");
+  }
+  withTips(phasesBox);
+  document.getElementById("stragglers").innerHTML = table(
+    ["attempt", "rank", "host", "phase", { label: "factor", num: 1 }, "steps", "status", { label: "tax GPU-s", num: 1 }, { label: "tax money", num: 1 }],
+    t.stragglers.map((s) => `<tr data-rank="${s.rank}" data-phase="${esc(s.phase)}"><td>${esc(s.attempt ?? "")}</td><td>${s.rank}</td><td>${esc(s.host)}</td>
+      <td>${esc(s.phase)}</td><td class="num">x${num(s.factor, 2)}</td><td>from ${s.first_step}${s.last_step === null ? "" : ` to ${s.last_step}`}</td>
+      <td>${esc(s.status)}</td><td class="num">${num(s.tax_gpu_seconds, 1)}</td><td class="num">${money(s.tax_money, t.currency)}</td></tr>`),
+    'id="straggler-table"');
+  document.getElementById("hangs").innerHTML = table(["when", "attempt", "step", "ranks (phase)", "stuck for", "threshold", "action"],
+    t.hangs.map((h) => `<tr><td>${when(h.ts)}</td><td>${esc(h.attempt ?? "")}</td><td>${esc(h.step ?? "")}</td>
+      <td>${h.ranks.map((k, i) => `rank ${k} on ${esc(h.hosts[i])} (${esc(h.phases[String(k)])})`).join(", ")}</td>
+      <td>${dur(h.seconds)}</td><td>${dur(h.threshold_s)}${h.median_step_s === null ? "" : ` (median step ${num(h.median_step_s, 2)} s)`}</td>
+      <td>${esc(h.action || "")}</td></tr>`), 'id="hang-table"');
+}
+
 async function showLog(id, attempt) {
   const pre = document.getElementById("log");
   try {
@@ -246,16 +343,32 @@ function spotSavings(c) {
 }
 function costRow(name, c, link) {
   const values = [c.gpu_hours, c.money, c.useful_gpu_hours, c.lost_gpu_hours, c.preemption_overhead_gpu_hours, spotSavings(c)];
-  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${values.map((v) => `<td class="num">${num(v, 2)}</td>`).join("")}</tr>`;
+  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${values.map((v) => `<td class="num">${num(v, 2)}</td>`).join("")}` +
+    `<td class="num goodput">${pct(c.goodput)}</td></tr>`;
+}
+// Each team's GPU-hours by goodput bucket; money on hover at the team's average rate.
+function teamBuckets(c) {
+  const teams = Object.entries(c.teams).filter(([, v]) => v.buckets && v.gpu_seconds > 0);
+  if (!teams.length) return '<p class="muted">no GPU time by bucket in this period</p>';
+  const rows = teams.map(([team, v]) => ({
+    label: team, attrs: `data-team="${esc(team)}"`, right: `goodput ${pct(v.goodput)}`,
+    parts: Object.entries(v.buckets).map(([b, s]) => ({ key: b, value: s / 3600, color: BUCKET_COLOR[b] || "#999",
+      tip: `${team} ${b}: ${num(s / 3600, 3)} GPU-h (${pct(s / v.gpu_seconds)}), ${money(typeof v.money === "number" ? v.money * s / v.gpu_seconds : null, c.currency)}` })),
+  }));
+  const names = Object.keys(teams[0][1].buckets);
+  return stackedBars("team-buckets", rows) + '<p class="muted">' +
+    names.map((b) => `<span class="swatch" data-c="${BUCKET_COLOR[b] || "#999"}"></span>${esc(b)}`).join(" ") + "</p>";
 }
 
 function costPage() {
   main.innerHTML = `<h1>Cost</h1><div class="actions">period <select id="period">
       <option value="24h">last 24 hours</option><option value="7d">last 7 days</option><option value="30d">last 30 days</option>
       <option value="all" selected>all time</option></select></div>
-    <div class="cards" id="total"></div><h2>Per team</h2><div id="teams"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
+    <div class="cards" id="total"></div><h2>Per team</h2><div id="teams"></div>
+    <h2>Where the GPU time went, per team</h2><div id="team-split"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
   const head = ["", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }, { label: "useful GPU-h", num: 1 },
-    { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 }];
+    { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 },
+    { label: "goodput", num: 1 }];
   const sel = document.getElementById("period");
   const render = async () => {
     const c = await api(`/api/cost?period=${sel.value}`);
@@ -263,8 +376,12 @@ function costPage() {
     document.getElementById("total").innerHTML = [["GPU-hours", t.gpu_hours], [`money (${esc(c.currency || "")})`, t.money],
       ["lost to preemption, GPU-h", t.lost_gpu_hours], ["preemption overhead, GPU-h", t.preemption_overhead_gpu_hours],
       ["spot savings", spotSavings(t)]]
-      .map(([k, v]) => `<div class="card"><b>${num(v, 2)}</b>${k}</div>`).join("");
+      .map(([k, v]) => `<div class="card"><b>${num(v, 2)}</b>${k}</div>`).join("") +
+      `<div class="card"><b data-field="goodput">${pct(t.goodput)}</b>goodput (compute / billed)</div>`;
     document.getElementById("teams").innerHTML = table(["team", ...head.slice(1)], Object.entries(c.teams).map(([k, v]) => costRow(k, v)));
+    const split = document.getElementById("team-split");
+    split.innerHTML = teamBuckets(c);
+    withTips(split);
     document.getElementById("cost-jobs").innerHTML = table(["job", ...head.slice(1)], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, `/jobs/${j.id}`)));
   };
   sel.onchange = render;
