@@ -93,6 +93,7 @@ bench: dev tools
 	$(BIN)/python bench/dist_save_throughput.py
 	$(BIN)/python bench/dist_preemption_loss.py
 	$(BIN)/python bench/dist_async_save.py
+	$(BIN)/python bench/rank_phases.py
 	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/sweep_overhead.py
 	$(BIN)/python bench/stage_throughput.py

@@ -290,8 +290,8 @@ class Distributed(_Frozen):
     straggler_factor: float = Field(default=1.5, gt=1.0, le=1000.0)
     """A rank whose compute or data wait a step exceeds the other ranks' median by this factor, over a
     sliding window of steps, is named a straggler (a ``straggler`` event: rank, host, phase, factor and
-    the GPU-seconds the others spent waiting for it; ``gpufleet diagnose``). The test fires a fifth of the
-    excess below (1.4 for 1.5), so that a rank exactly this slow is named whatever the noise of the measure."""
+    the GPU-seconds the others spent waiting for it; ``gpufleet diagnose``). A rank only just this slow is
+    named about one time in two: the measured ratio scatters by a few % (more on a shared CPU host)."""
     hang_factor: float = Field(default=10.0, gt=1.0, le=10000.0)
     """A step that has not ended after ``hang_factor`` times the job's rolling median step time (and at
     least ``hang_floor_seconds``) is a hang: the ranks that have not arrived are named with the phase each

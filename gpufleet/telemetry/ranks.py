@@ -294,6 +294,12 @@ def rank_findings(
     findings.extend(_straggler_finding(s, straggler_factor, prices.get(s.attempt), currency) for s in named)
     timed = _timed_attempts(events)
     findings.extend(_stragglers([e for e in events if event_attempt(e) not in timed], hosts, wait_fraction))
+    named_in = {s.attempt for s in named}
+    for attempt, totals in sorted(phase_totals(events).items()):
+        if attempt not in named_in:
+            found = _attempt_straggler(attempt, totals, hosts, straggler_factor, wait_fraction)
+            if found is not None:
+                findings.append(_straggler_finding(found, straggler_factor, prices.get(attempt), currency, whole=True))
     return sorted(findings, key=lambda f: (f.severity != "critical", f.rule_id))
 
 
@@ -352,11 +358,14 @@ def money_text(amount: float, currency: str) -> str:
     return f"${digits}" if currency == "USD" else f"{digits} {currency}"
 
 
-def _straggler_finding(s: Straggler, factor: float, price: float | None, currency: str) -> RankFinding:
+def _straggler_finding(
+    s: Straggler, factor: float, price: float | None, currency: str, *, whole: bool = False
+) -> RankFinding:
     money = s.tax_money(price)
     cost = f" ({money_text(money, currency)})" if money is not None else ""
+    when = f"over attempt {s.attempt}" if whole else f"from step {s.first_step}"
     text = (
-        f"rank {s.rank} on {s.host} is a straggler in {s.phase} (x{s.factor:.1f} from step {s.first_step}): "
+        f"rank {s.rank} on {s.host} is a straggler in {s.phase} (x{s.factor:.1f} {when}): "
         f"the other ranks waited {s.tax_gpu_seconds:.1f} GPU-s{cost}"
     )
     extra: dict[str, Any] = {"kind": "straggler", **s.to_dict()}
@@ -368,7 +377,9 @@ def _straggler_finding(s: Straggler, factor: float, price: float | None, currenc
         suggestion=STRAGGLER_SUGGESTIONS[s.phase],
         metric="straggler",
         observed=s.factor,
-        statistic=f"its {s.phase} seconds a step over the other ranks' median (attempt {s.attempt}, "
+        statistic=f"its {s.phase} seconds over the other ranks' median (attempt {s.attempt}, whole attempt)"
+        if whole
+        else f"its {s.phase} seconds a step over the other ranks' median (attempt {s.attempt}, "
         f"steps {s.first_step}-{s.last_step}, {s.status})",
         comparison=">=",
         threshold=factor,
@@ -376,6 +387,57 @@ def _straggler_finding(s: Straggler, factor: float, price: float | None, currenc
         gpus=(f"rank{s.rank}@{s.host}",),
         text=text,
         extra=extra,
+    )
+
+
+def _attempt_straggler(
+    attempt: int,
+    totals: Mapping[str, list[float]],
+    hosts: dict[tuple[int, int], str],
+    factor: float,
+    wait_fraction: float,
+) -> Straggler | None:
+    """A straggler over a whole attempt, from its ranks' phase totals, where the runtime named none online.
+
+    The online detector needs a dozen steps before it judges and a slowdown in the forward and backward's own
+    work; an attempt too short for it, or whose slow rank lost its time elsewhere (a sleep, host-side work
+    between the steps), is judged here on its totals: a rank whose ``compute`` or ``data_wait`` is
+    ``factor`` times the other ranks' median while they spent ``wait_fraction`` of their time waiting for
+    slower ranks (``straggler_wait``). One GPU a rank is assumed for the tax.
+    """
+    waits = totals.get("straggler_wait")
+    world = len(waits) if waits else 0
+    if waits is None or world < 2:
+        return None
+    spent = [sum(totals[p][r] for p in PHASES if p in totals and p != "straggler_wait") for r in range(world)]
+    best: tuple[float, int, str] | None = None
+    for phase in STRAGGLER_PHASES:
+        values = totals.get(phase) or []
+        for rank in range(len(values)):
+            median = statistics.median(v for r, v in enumerate(values) if r != rank)
+            ratio = values[rank] / median if median > 0 else math.inf
+            if ratio >= factor and (best is None or ratio > best[0]):
+                best = (ratio, rank, phase)
+    if best is None:
+        return None
+    ratio, rank, phase = best
+    others = [r for r in range(world) if r != rank]
+    tax = sum(waits[r] for r in others)
+    if tax < wait_fraction * sum(spent[r] for r in others):
+        return None
+    return Straggler(
+        attempt=attempt,
+        rank=rank,
+        host=hosts.get((attempt, rank), "?"),
+        phase=phase,
+        factor=min(ratio, 1000.0),
+        first_step=0,
+        last_step=0,
+        tax_s=tax,
+        gpus_per_rank=1,
+        status="ended",
+        ts=0.0,
+        since=0.0,
     )
 
 

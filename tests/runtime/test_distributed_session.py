@@ -97,7 +97,9 @@ def test_a_group_refuses_a_single_process_checkpoint_instead_of_starting_over(tm
 
 
 def test_a_slow_rank_is_found_from_the_waits_of_the_others(tmp_path: Path) -> None:
-    """Rank 1 is 60 ms slower a step: rank 0 waits for it, the runtime names it, and so does diagnosis."""
+    """Rank 1 sleeps 60 ms a step after its optimizer: rank 0 waits for it, and diagnosis names it from the
+    attempt's phase totals (12 steps are too few for the runtime's online detector, which also compares only
+    the forward and backward's own work)."""
     assert torchrun("slow", tmp_path) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     events, _ = read_events(tmp_path / "events.jsonl")
     steps = [e for e in events if e["kind"] == "step"]
@@ -106,7 +108,7 @@ def test_a_slow_rank_is_found_from_the_waits_of_the_others(tmp_path: Path) -> No
     assert [f.rule_id for f in found] == ["straggler"] and found[0].gpus[0].startswith("rank1@")
     named = found[0].to_dict()
     assert named["kind"] == "straggler" and named["rank"] == 1 and named["phase"] == "compute"
-    assert named["tax_gpu_seconds"] > 0 and [e["rank"] for e in events if e["kind"] == "straggler"] == [1, 1]
+    assert named["tax_gpu_seconds"] > 0 and "over attempt 1" in named["text"]
 
 
 def test_fsdp_on_a_model_without_parameters_fails_the_attempt_saying_so(

@@ -193,3 +193,24 @@ def test_a_hang_without_the_new_fields_keeps_the_quarter_timeout() -> None:
 def test_money_is_written_plainly() -> None:
     assert money_text(0.0041, "USD") == "$0.0041" and money_text(12.5, "EUR") == "12.50 EUR"
     assert money_text(0.00001234, "USD") == "$0.000012" and money_text(0.00997, "USD") == "$0.010"
+
+
+def test_a_straggler_over_a_whole_attempt_comes_from_its_phase_totals() -> None:
+    """No straggler event (a short attempt, a slowdown outside the forward and backward): the totals decide."""
+    group = {"kind": "group", "attempt": 1, "ts": 1.0, "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}]}
+    totals = {
+        "data_wait": [0.1, 0.1],
+        "compute": [1.0, 3.0],
+        "collective": [2.2, 0.2],
+        "optimizer": [0.1, 0.1],
+        "checkpoint": [0.0, 0.0],
+        "straggler_wait": [2.0, 0.0],
+    }
+    end = {"kind": "session_end", "attempt": 1, "ts": 9.0, "phase_totals_s": totals}
+    found = [f.to_dict() for f in rank_findings([group, end], prices={1: 3600.0})]
+    assert [(f["kind"], f["rank"], f["host"], f["phase"]) for f in found] == [("straggler", 1, "b", "compute")]
+    assert found[0]["factor"] == 3.0 and found[0]["tax_gpu_seconds"] == 2.0 and found[0]["tax_money"] == 2.0
+    even = {**end, "phase_totals_s": {**totals, "compute": [1.0, 1.2], "straggler_wait": [0.2, 0.0]}}
+    assert rank_findings([group, even]) == []
+    idle = {**end, "phase_totals_s": {**totals, "straggler_wait": [0.01, 0.0]}}  # slower, but nobody waited
+    assert rank_findings([group, idle]) == []

@@ -58,6 +58,13 @@ from gpufleet.runtime.board import (
 )
 
 DATA, COMPUTE, COLLECTIVE, OPTIMIZER, CHECKPOINT = range(5)
+TRAIN = 5
+"""Not a phase: the work of a training forward (gradients on) and its backward. An evaluation, user code and
+the session's bookkeeping are left out, so it is what ranks compare on when one is slow (an evaluation every
+few steps, as long on every rank, would drown the difference). On CUDA the GPU time from the forward to the
+last gradient; on the host the CPU time of the rank's thread over the forward and backward, which does not
+count the time the thread was kept off its CPU by others (the gloo workers, another process): on a shared
+host those make the wall time of equal work differ by tens of percent between ranks."""
 
 
 def uses_cuda(model: Any) -> bool:
@@ -99,11 +106,20 @@ class _CudaMarks:
 class PhaseClock:
     """The hooks of one rank and the phase seconds they add up (see the module docstring)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, cuda: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        work_clock: Callable[[], float] = time.thread_time,
+        cuda: bool = False,
+    ) -> None:
         self._marks: _HostMarks | _CudaMarks = _CudaMarks() if cuda else _HostMarks(clock)
         self._host = not cuda
         self._clock = clock
-        self._acc = [0.0] * len(PHASES)
+        self._work_clock = work_clock
+        """The host's measure of ``TRAIN``: the CPU time of the thread that runs the forward and backward."""
+        self._acc = [0.0] * (len(PHASES) + 1)
+        self._train_start: Any = None
         self._segments: list[tuple[int, Any, Any]] = []
         """CUDA: (phase, start event, end event) not yet read."""
         self._state = AT_BOUNDARY
@@ -160,6 +176,12 @@ class PhaseClock:
         elif state in (AFTER_OPTIMIZER, IN_OPTIMIZER):
             self._close(COMPUTE, self._marks.now())
             self._set(IN_FORWARD)
+        if self._train_start is None and torch.is_grad_enabled():
+            # On the host, the work of the rank's own thread (a thread another process or the gloo workers
+            # keep off its CPU is not slower at its work); on CUDA, the GPU's time between events.
+            self._train_start = (
+                self._work_clock() if self._host else self._mark if state != IN_FORWARD else self._marks.now()
+            )
 
     def _grad(self, param: torch.Tensor) -> None:
         key = id(param)
@@ -183,6 +205,12 @@ class PhaseClock:
         self._queued = False
         self._last_param = self._grad_param
         last = self._last_grad if self._last_grad is not None else end
+        if self._train_start is not None:
+            if self._host:
+                self._acc[TRAIN] += max(0.0, self._work_clock() - self._train_start)
+            else:
+                self._segments.append((TRAIN, self._train_start, last))
+            self._train_start = None
         self._close(COMPUTE, last)
         self._close(COLLECTIVE, end)
         self._last_grad = None
@@ -199,14 +227,14 @@ class PhaseClock:
     # ---- the step boundary (the session) ------------------------------------------------------
     def restart(self) -> None:
         """Training starts (or starts again after a restore): the first step's data wait counts from here."""
-        self._mark, self._added = self._marks.now(), 0.0
+        self._mark, self._added, self._train_start = self._marks.now(), 0.0, None
         self._set(AT_START)
 
     def end_step(self) -> None:
         """``report`` was called: the step's work is over; the boundary's own time follows."""
         self._close(COMPUTE, self._marks.now())
         self.steps += 1
-        self._added = 0.0
+        self._added, self._train_start = 0.0, None
         self._set(AT_BOUNDARY)
 
     def add(self, phase: int, seconds: float) -> None:
@@ -232,12 +260,12 @@ class PhaseClock:
     _added = 0.0
 
     def take(self) -> tuple[list[float], int]:
-        """The phase seconds and the steps since the last take, and start again from zero."""
+        """The seconds of each phase, then ``TRAIN``'s, and the steps since the last take; start again from zero."""
         for phase, start, end in self._segments:
             self._acc[phase] += self._marks.elapsed(start, end)
         self._segments.clear()
         out, steps = self._acc, self.steps
-        self._acc, self.steps = [0.0] * len(PHASES), 0
+        self._acc, self.steps = [0.0] * (len(PHASES) + 1), 0
         return out, steps
 
 
@@ -257,6 +285,7 @@ __all__ = [
     "PHASES",
     "REPORTED",
     "STRAGGLER_WAIT",
+    "TRAIN",
     "PhaseBoard",
     "PhaseClock",
     "board_path",

@@ -33,7 +33,7 @@ from gpufleet.estimate.peak import gpu_peak
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
 from gpufleet.runtime.components.announce import Announcer
-from gpufleet.runtime.components.phases import COLLECTIVE, REPORTED, straggler_waits
+from gpufleet.runtime.components.phases import COLLECTIVE, PHASES, REPORTED, straggler_waits
 from gpufleet.runtime.components.stragglers import Straggler, StragglerDetector, Window
 from gpufleet.runtime.group import Group, PeerLost, is_peer_loss, mark_lost, mark_session_end
 from gpufleet.spec import Telemetry
@@ -178,7 +178,7 @@ class Reporter:
         if not self.group.is_main or not per_rank or steps <= 0:
             return
         waits = straggler_waits([p[COLLECTIVE] for p in per_rank])
-        rows = [[*p, w] for p, w in zip(per_rank, waits, strict=True)]
+        rows = [[*p[: len(PHASES)], w] for p, w in zip(per_rank, waits, strict=True)]
         if len(self._phase_totals) != len(rows) or len(self._phase_totals[0]) != len(rows[0]):
             self._phase_totals = [[0.0] * len(rows[0]) for _ in rows]
             self._phase_window, self._phase_steps = [], 0

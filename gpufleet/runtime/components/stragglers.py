@@ -3,8 +3,7 @@
 Rank 0 feeds :class:`StragglerDetector` the per-rank phase seconds of each agreement window (every
 rank's, summed by the agreement's all-reduce). Over a sliding window of at least ``window`` steps it
 compares each rank's **compute** and **data_wait** per step with the median of the other ranks'.
-A rank is named when it exceeds that median by ``factor`` (less a ``MARGIN`` for the noise of the
-measure) in two of the last three windows (one
+A rank is named when it exceeds that median by ``factor`` in two of the last three windows (one
 noisy window names nobody, one quiet window does not hide it) and by a material amount
 (``MIN_SHARE`` of the others' step, at least ``MIN_SECONDS``: a data wait that goes from 0.1 ms to
 0.3 ms is 3x but costs nothing). The first ``window`` steps of an attempt are not judged.
@@ -28,10 +27,13 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.runtime.components.phases import COMPUTE, DATA, PHASES
+from gpufleet.runtime.components.phases import COMPUTE, DATA, PHASES, TRAIN
 
-WATCHED = {"compute": COMPUTE, "data_wait": DATA}
-"""The phases a straggler is named in (a collective or optimizer slowdown shows in every rank's step)."""
+WATCHED = {"compute": TRAIN, "data_wait": DATA}
+"""The phases a straggler is named in (a collective or optimizer slowdown shows in every rank's step), and
+the figure each is compared on: a rank's compute by its training forward and backward (``phases.TRAIN``:
+without the evaluations and the user code that every rank runs alike), falling back on all of ``compute``
+where no rank reports one (a model the hooks did not see run forward)."""
 MIN_SHARE = 0.05
 """A rank's excess must be at least this share of the other ranks' median step to count."""
 MIN_SECONDS = 0.001
@@ -41,10 +43,6 @@ CONFIRM = 2
 """Of the last ``LOOKS`` windows, how many must find a rank slow before it is named (and fast before it ends):
 one noisy window names nobody, and one window a descheduled rank loses does not hide a real straggler."""
 LOOKS = 3
-MARGIN = 0.2
-"""The share of ``factor - 1`` the threshold stays below the factor: the measured ratio of a rank exactly
-``factor`` times slower scatters by a few % around it (the other ranks' own noise, the scheduler), and a
-threshold at the factor itself would name it one time in two (``bench/rank_phases.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +52,7 @@ class Window:
     first_step: int
     last_step: int
     phases: tuple[tuple[float, ...], ...]
-    """``phases[rank][phase]`` in the order of ``PHASES``."""
+    """``phases[rank][phase]`` in the order of ``PHASES``, then ``TRAIN`` (when the ranks time it)."""
     straggler_wait: tuple[float, ...]
 
     @property
@@ -94,10 +92,8 @@ class StragglerDetector:
     """See the module docstring. ``observe`` each window; it returns the stragglers named or ended by it."""
 
     factor: float = 1.5
-    """The slowdown to name (``distributed.straggler_factor``): a rank this many times slower than the others'
-    median. The test itself fires at ``threshold``, a little below, so that a rank exactly this slow is named
-    whatever the few % of noise in its measured ratio."""
-    window: int = 8
+    """``distributed.straggler_factor``: a rank this many times slower than the others' median is named."""
+    window: int = 12
     """Steps the comparison sums over (the newest windows that cover at least this many); also the steps of an
     attempt that are not judged at all (the first ones: allocator, caches, a compilation, pages faulted in)."""
     _recent: deque[Window] = field(default_factory=lambda: deque(maxlen=64))
@@ -105,11 +101,6 @@ class StragglerDetector:
     """(rank, phase) -> its last ``LOOKS`` verdicts: (slow, first step of that window)."""
     _start: int | None = None
     active: dict[tuple[int, str], Straggler] = field(default_factory=dict)
-
-    @property
-    def threshold(self) -> float:
-        """The ratio at which a window counts as slow: ``MARGIN`` of the factor's excess below it (1.5 -> 1.4)."""
-        return 1.0 + (1.0 - MARGIN) * (self.factor - 1.0)
 
     def observe(self, window: Window) -> list[Straggler]:
         """The stragglers this window named or ended, as they stand now (copies: the detector goes on)."""
@@ -131,7 +122,7 @@ class StragglerDetector:
         for rank in range(world):
             for name, index in WATCHED.items():
                 ratio = _ratio(span, rank, index)
-                slow = ratio is not None and ratio >= self.threshold
+                slow = ratio is not None and ratio >= self.factor
                 looks = self._looks.setdefault((rank, name), deque(maxlen=LOOKS))
                 looks.append((slow, window.first_step))
                 verdict = self._verdict((rank, name), looks, ratio, window.last_step)
@@ -191,6 +182,10 @@ def _ratio(span: Sequence[Window], rank: int, index: int) -> float | None:
     world = len(span[0].phases)
     if any(len(w.phases) != world for w in span):
         return None
+    if index == TRAIN and not any(
+        len(w.phases[r]) > TRAIN and w.phases[r][TRAIN] > 0 for w in span for r in range(world)
+    ):
+        index = COMPUTE
     per_rank = [sum(w.phases[r][index] for w in span) / steps for r in range(world)]
     step_time = [sum(sum(w.phases[r][: len(PHASES)]) for w in span) / steps for r in range(world)]
     others = [per_rank[r] for r in range(world) if r != rank]
@@ -202,4 +197,4 @@ def _ratio(span: Sequence[Window], rank: int, index: int) -> float | None:
     return min(MAX_FACTOR, per_rank[rank] / median) if median > 0 else MAX_FACTOR
 
 
-__all__ = ["CONFIRM", "LOOKS", "MARGIN", "MIN_SHARE", "WATCHED", "Straggler", "StragglerDetector", "Window"]
+__all__ = ["CONFIRM", "LOOKS", "MIN_SHARE", "WATCHED", "Straggler", "StragglerDetector", "Window"]
