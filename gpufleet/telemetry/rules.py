@@ -62,6 +62,10 @@ def recording_rules() -> list[dict[str, str]]:
             "record": "gpufleet:job_mfu:avg5m",
             "expr": "avg by (job_id, job_name, team) (avg_over_time(gpufleet_job_mfu[5m]))",
         },
+        {
+            "record": "gpufleet:rank_phase_seconds:avg5m",
+            "expr": f"avg by (job_id, job_name, team, rank, host, phase) (avg_over_time({RANK_PHASE}[5m]))",
+        },
         *(
             {
                 "record": f"gpufleet:job_rl_{name}:avg5m",
@@ -237,6 +241,12 @@ def dashboard() -> dict[str, Any]:
         ("DRAM active per GPU", "gpufleet:gpu_dram_active:avg5m", "{{hostname}} gpu{{gpu}}", "percentunit"),
         ("Throughput per job", "gpufleet:job_tokens_per_second:avg5m", "#{{job_id}} {{job_name}}", "short"),
         ("MFU per job", "gpufleet:job_mfu:avg5m", "#{{job_id}} {{job_name}}", "percentunit"),
+        (
+            "Seconds a step per rank and phase",
+            "gpufleet:rank_phase_seconds:avg5m",
+            "#{{job_id}} rank {{rank}}@{{host}} {{phase}}",
+            "s",
+        ),
         ("Checkpoint save p95", "gpufleet:checkpoint_save_seconds:p95_1h", "{{team}}", "s"),
         ("Preemptions per team (1h)", "gpufleet:team_preemptions:increase1h", "{{team}}", "short"),
         ("GPUs in use per team", "gpufleet:team_gpus_in_use", "{{team}}", "short"),

@@ -30,6 +30,7 @@ def test_dashboard_panels_use_recorded_series() -> None:
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     assert exprs and all(e in records for e in exprs)
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    assert "gpufleet:rank_phase_seconds:avg5m" in exprs  # where each rank's step time goes
 
 
 def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
