@@ -274,20 +274,10 @@ def write_overhead(
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The event log's records; a torn or malformed line is skipped."""
-    out: list[dict[str, Any]] = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    """The event log's valid records (a missing log has none); a torn or malformed line is skipped."""
+    from gpufleet.jobs.events import read_events as read_log
+
+    return read_log(path)[0]
 
 
 def trial_spec(straggler_factor: float | None) -> dict[str, Any]:
