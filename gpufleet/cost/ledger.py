@@ -472,18 +472,24 @@ def _sig(value: float, digits: int = 6) -> float:
     return float(f"{value:.{digits}g}")
 
 
+def attempt_price(usage: AttemptUsage, rates: RateCard) -> float | None:
+    """The price of one GPU-hour of an attempt, as the ledger charges it: its fleet offer's, else the card's."""
+    if usage.price_per_gpu_hour is not None:  # placed on a fleet pool: the offer's own prices
+        return usage.price_per_gpu_hour
+    return rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
+
+
 def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     """Price one attempt. An attempt with no rate is counted in hours and listed as unpriced."""
     hours = {k: v * usage.gpus / 3600.0 for k, v in usage.seconds().items()}
     preemption = {k: v * usage.gpus / 3600.0 for k, v in usage.preemption_seconds().items()}
     total = sum(hours.values())
-    price: float | None
-    on_demand: float | None
-    if usage.price_per_gpu_hour is not None:  # placed on a fleet pool: the offer's own prices
-        price, on_demand = usage.price_per_gpu_hour, usage.on_demand_per_gpu_hour
-    else:
-        price = rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
-        on_demand = rates.price(usage.gpu_type, usage.provider, spot=False)
+    price = attempt_price(usage, rates)
+    on_demand = (
+        usage.on_demand_per_gpu_hour
+        if usage.price_per_gpu_hour is not None
+        else rates.price(usage.gpu_type, usage.provider, spot=False)
+    )
     key = f"{usage.gpu_type}/{usage.provider}/{'spot' if usage.spot else 'on-demand'}"
     egress = usage.egress_money if math.isfinite(usage.egress_money) and usage.egress_money > 0 else 0.0
     return Cost(
@@ -558,5 +564,6 @@ __all__ = [
     "NoticeLead",
     "PhaseShares",
     "attempt_cost",
+    "attempt_price",
     "build_ledger",
 ]

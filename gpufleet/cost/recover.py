@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpufleet.cost.ledger import GOODPUT_BUCKETS
+from gpufleet.cost.ledger import GOODPUT_BUCKETS, attempt_price
 from gpufleet.jobs.rank_phases import Straggler, stragglers
 from gpufleet.telemetry.ranks import phase_totals
 
@@ -184,13 +184,6 @@ def recoverable(usages: Sequence[GoodputAttempt], prices: Mapping[int, float], e
         if b != GOODPUT and seconds[b] > 0
     ]
     return sorted(out, key=lambda r: (-r.gpu_seconds, -(r.money or 0.0)))
-
-
-def attempt_price(usage: AttemptUsage, rates: RateCard) -> float | None:
-    """The price of one GPU-hour of an attempt, as the ledger charges it: its fleet offer's, else the card's."""
-    if usage.price_per_gpu_hour is not None:
-        return usage.price_per_gpu_hour
-    return rates.price(usage.gpu_type, usage.provider, spot=usage.spot)
 
 
 def attempt_prices(usages: Iterable[AttemptUsage], rates: RateCard) -> dict[int, float]:

@@ -124,13 +124,9 @@ def _hang_phase(value: Any) -> str:
 
 def attempt_rate(usage: AttemptUsage, rates: RateCard) -> float | None:
     """The price of one GPU-hour of ``usage`` as the ledger charged it (None: unpriced or no time)."""
-    from gpufleet.cost.ledger import attempt_cost
+    from gpufleet.cost.ledger import attempt_price
 
-    cost = attempt_cost(usage, rates)
-    hours = cost.total_gpu_hours
-    if cost.unpriced or hours <= 0:
-        return None
-    return (cost.money - cost.egress_money) / hours
+    return attempt_price(usage, rates) if usage.wall_s * usage.gpus > 0 else None
 
 
 def bucket_split(usages: Sequence[AttemptUsage], rates: RateCard) -> dict[str, Any]:
