@@ -244,6 +244,12 @@ def quality_view(home: Path) -> dict[str, Any]:
     return {"homes": homes}
 
 
+STATIC_FILES = frozenset(
+    p.name for p in resources.files("gpufleet.serve").joinpath("static").iterdir() if p.name.endswith((".js", ".css"))
+)
+"""The files ``/static/{name}`` serves: the package's own, listed once; any other name is a 404, never a path."""
+
+
 def _static(name: str) -> str:
     return resources.files("gpufleet.serve").joinpath("static", name).read_text(encoding="utf-8")
 
@@ -336,10 +342,11 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str) -> Response:
-        types = {"app.js": "text/javascript", "style.css": "text/css"}
-        if name not in types:
+        types = {".js": "text/javascript", ".css": "text/css"}
+        kind = types.get(Path(name).suffix)
+        if kind is None or name not in STATIC_FILES:
             raise HTTPException(404, "no such file")
-        return Response(_static(name), media_type=types[name], headers={"Cache-Control": "no-cache"})
+        return Response(_static(name), media_type=kind, headers={"Cache-Control": "no-cache"})
 
     # ---- the JSON API ---------------------------------------------------------------------------
 

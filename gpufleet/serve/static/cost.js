@@ -1,0 +1,57 @@
+// gpufleet serve: the cost page (common.js holds the helpers; each page file adds one entry to PAGES).
+"use strict";
+
+// ---- cost ------------------------------------------------------------------------------------
+
+function spotSavings(c) {
+  return typeof c.on_demand_money === "number" && typeof c.money === "number" ? c.on_demand_money - c.money : null;
+}
+function costRow(name, c, link) {
+  const values = [c.gpu_hours, c.money, c.useful_gpu_hours, c.lost_gpu_hours, c.preemption_overhead_gpu_hours, spotSavings(c)];
+  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${values.map((v) => `<td class="num">${num(v, 2)}</td>`).join("")}` +
+    `<td class="num goodput">${pct(c.goodput)}</td></tr>`;
+}
+// Each team's GPU-hours by goodput bucket; money on hover at the team's average rate.
+function teamBuckets(c) {
+  const teams = Object.entries(c.teams).filter(([, v]) => v.buckets && v.gpu_seconds > 0);
+  if (!teams.length) return '<p class="muted">no GPU time by bucket in this period</p>';
+  const rows = teams.map(([team, v]) => ({
+    label: team, attrs: `data-team="${esc(team)}"`, right: `goodput ${pct(v.goodput)}`,
+    parts: Object.entries(v.buckets).map(([b, s]) => ({ key: b, value: s / 3600, color: BUCKET_COLOR[b] || "#999",
+      tip: `${team} ${b}: ${num(s / 3600, 3)} GPU-h (${pct(s / v.gpu_seconds)}), ${money(typeof v.money === "number" ? v.money * s / v.gpu_seconds : null, c.currency)}` })),
+  }));
+  const names = Object.keys(teams[0][1].buckets);
+  return stackedBars("team-buckets", rows) + '<p class="muted">' +
+    names.map((b) => `<span class="swatch" data-c="${BUCKET_COLOR[b] || "#999"}"></span>${esc(b)}`).join(" ") + "</p>";
+}
+
+function costPage() {
+  main.innerHTML = `<h1>Cost</h1><div class="actions">period <select id="period">
+      <option value="24h">last 24 hours</option><option value="7d">last 7 days</option><option value="30d">last 30 days</option>
+      <option value="all" selected>all time</option></select></div>
+    <div class="cards" id="total"></div><h2>Per team</h2><div id="teams"></div>
+    <h2>Where the GPU time went, per team</h2><div id="team-split"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
+  const head = ["", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }, { label: "useful GPU-h", num: 1 },
+    { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 },
+    { label: "goodput", num: 1 }];
+  const sel = document.getElementById("period");
+  const render = async () => {
+    const c = await api(`/api/cost?period=${sel.value}`);
+    const t = c.total || {};
+    document.getElementById("total").innerHTML = [["GPU-hours", t.gpu_hours], [`money (${esc(c.currency || "")})`, t.money],
+      ["lost to preemption, GPU-h", t.lost_gpu_hours], ["preemption overhead, GPU-h", t.preemption_overhead_gpu_hours],
+      ["spot savings", spotSavings(t)]]
+      .map(([k, v]) => `<div class="card"><b>${num(v, 2)}</b>${k}</div>`).join("") +
+      `<div class="card"><b data-field="goodput">${pct(t.goodput)}</b>goodput (compute / billed)</div>`;
+    document.getElementById("teams").innerHTML = table(["team", ...head.slice(1)], Object.entries(c.teams).map(([k, v]) => costRow(k, v)));
+    const split = document.getElementById("team-split");
+    split.innerHTML = teamBuckets(c);
+    withTips(split);
+    document.getElementById("cost-jobs").innerHTML = table(["job", ...head.slice(1)], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, `/jobs/${j.id}`)));
+  };
+  sel.onchange = render;
+  live(render);
+}
+
+
+PAGES.cost = costPage;
