@@ -3,6 +3,9 @@
 - ``money(amount, currency)``: an amount with its currency symbol or code, rounded one way in the
   cost note, the fleet page, the sweep note and CLI tables alike; ``CURRENCY_SYMBOLS`` maps the codes
   that get a symbol.
+- ``number(value, digits)``: a number to ``digits`` significant figures for people: thousands
+  separators, never e-notation (``1,230,000``, ``0.0000123``).
+- ``gpu_time(hours)``: GPU time in GPU-seconds below 0.01 GPU-h (a laptop demo), GPU-hours above.
 - ``markdown_table(headers, rows, right_from=...)``: the lines of a Markdown table.
 - ``compact_duration(seconds)``: ``12.3s``, ``4m05s``, ``2h07m`` for a table cell.
 - ``finite_or_none(value)``: a float, or ``None`` for NaN, infinities and ``None``.
@@ -22,11 +25,14 @@ from typing import Any, Final
 
 __all__ = [
     "CURRENCY_SYMBOLS",
+    "GPU_SECONDS_BELOW_HOURS",
     "compact_duration",
     "finite_json",
     "finite_or_none",
+    "gpu_time",
     "markdown_table",
     "money",
+    "number",
 ]
 
 CURRENCY_SYMBOLS: Final = {"USD": "$", "EUR": "€", "GBP": "£"}
@@ -51,6 +57,43 @@ def money(amount: float, currency: str) -> str:
         text = text if len(text.split(".")[1]) >= 2 else f"{x:.2f}"
     symbol = CURRENCY_SYMBOLS.get(currency.upper())
     return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
+
+
+def number(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures as people write it: ``1,230,000``, ``12.3``, ``0.0000123``.
+
+    What ``f"{value:,.{digits}g}"`` gives, minus its e-notation (``1.23e+06``, ``1.23e-05``): a
+    reader compares figures by their length, not by an exponent. Trailing zeros are dropped (``2.5``),
+    ``n/a`` stands for NaN and infinities, and a figure below 10**-12 is ``0``.
+    """
+    if not math.isfinite(value):
+        return "n/a"
+    if abs(value) < 1e-12:
+        return "0"
+    mantissa, _, exponent = f"{abs(value):.{digits - 1}e}".partition("e")  # rounded once, as :g rounds
+    sign, shift = ("-" if value < 0 else ""), int(exponent)
+    significant = mantissa.replace(".", "")
+    if shift >= digits - 1:  # a whole number: the significant digits, then zeros
+        return f"{sign}{int(significant + '0' * (shift - digits + 1)):,}"
+    if shift >= 0:
+        whole, fraction = significant[: shift + 1], significant[shift + 1 :]
+    else:
+        whole, fraction = "0", "0" * (-shift - 1) + significant
+    fraction = fraction.rstrip("0")
+    return f"{sign}{int(whole):,}" + (f".{fraction}" if fraction else "")
+
+
+GPU_SECONDS_BELOW_HOURS: Final = 0.01
+"""GPU time under this many GPU-hours (36 GPU-seconds) is written in GPU-seconds."""
+
+
+def gpu_time(hours: float) -> str:
+    """GPU time in the unit that reads best: ``12.3 GPU-s`` below 0.01 GPU-h, ``1,234.57 GPU-h`` above."""
+    if not math.isfinite(hours):
+        return "n/a"
+    if abs(hours) < GPU_SECONDS_BELOW_HOURS:
+        return f"{number(hours * 3600)} GPU-s"
+    return f"{hours:,.2f} GPU-h"
 
 
 def markdown_table(

@@ -6,21 +6,26 @@ and the placing) that the local and Slurm backends share; one unit per scheduler
 (backend, scheduler, fleet policy), ``slurm/``, ``ray/``; ``group_launch/`` runs the ranks of one
 attempt under torchrun.
 
-Floor 10 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 10 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
 workloads/, devtools/, placement/.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gpufleet.backends.base import Backend, Feature, get_backend, register, registered
-from gpufleet.backends.local import LocalBackend, LocalScheduler
-from gpufleet.backends.ray.backend import RayBackend
-from gpufleet.backends.slurm.backend import SlurmBackend
+from gpufleet.backends import base
+from gpufleet.backends.base import Backend, Feature, register
 from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.jobs.store import Store
+
+if TYPE_CHECKING:
+    from gpufleet.backends.local import LocalBackend, LocalScheduler
+    from gpufleet.backends.ray.backend import RayBackend
+    from gpufleet.backends.slurm.backend import SlurmBackend
 
 __all__ = [
     "Backend",
@@ -35,17 +40,55 @@ __all__ = [
     "sync_remote",
 ]
 
+BUILTIN = {
+    "local": "gpufleet.backends.local",
+    "ray": "gpufleet.backends.ray.backend",
+    "slurm": "gpufleet.backends.slurm.backend",
+}
+"""gpufleet's own backends and the module that registers each: imported when first named, so that a command
+reading the store (``gpufleet jobs``) loads no scheduler's client, the placement planner nor numpy."""
+
+_CLASSES = {
+    "LocalBackend": "gpufleet.backends.local",
+    "LocalScheduler": "gpufleet.backends.local",
+    "RayBackend": "gpufleet.backends.ray.backend",
+    "SlurmBackend": "gpufleet.backends.slurm.backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLASSES:
+        return getattr(importlib.import_module(_CLASSES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def registered() -> dict[str, type[Backend]]:
+    """Every backend by name, gpufleet's own loaded first (a copy)."""
+    for module in BUILTIN.values():
+        importlib.import_module(module)
+    return base.registered()
+
+
+def get_backend(name: str, home: Path) -> Backend:
+    """The backend ``name`` on ``home``; only its own module is imported (an unknown name: every one, to list them)."""
+    if name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    elif name not in base.registered():
+        registered()
+    return base.get_backend(name, home)
+
 
 def sync_remote(home: Path, store: Store) -> None:
     """Refresh the store from every scheduler that has active jobs (``Backend.sync``).
 
     Every scheduler is asked even when one of them is unreachable; the first problem is raised after.
+    A backend without active jobs is not imported.
     """
     problems: list[UsageError | ServiceUnavailable] = []
-    for backend in registered().values():
-        if store.has_active(backend.name):
+    for name in dict.fromkeys([*BUILTIN, *base.registered()]):
+        if store.has_active(name):
             try:
-                backend(home).sync()
+                get_backend(name, home).sync()
             except (UsageError, ServiceUnavailable) as err:
                 problems.append(err)
     if problems:

@@ -20,6 +20,7 @@ from rich.markup import escape
 from gpufleet.cli.options import JobArg, JsonOpt, job_store
 from gpufleet.cli.render import console, duration, emit_json, table
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.fmt import number
 from gpufleet.placement.advisor import PreemptionRate, advise_job
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _row(label: str, interval: Interval | None) -> list[object]:
 
 
 def _secs(x: float | None, count: int, what: str) -> str:
-    return "not measured" if x is None else f"{x:.3g} s (mean of {count:,} {what}{'' if count == 1 else 's'})"
+    return "not measured" if x is None else f"{number(x)} s (mean of {count:,} {what}{'' if count == 1 else 's'})"
 
 
 def _render(a: JobAdvice) -> None:
@@ -68,17 +69,18 @@ def _render(a: JobAdvice) -> None:
     console.print(f"[bold]job {a.job_id}[/] {escape(a.name)}: checkpoint interval")
     startup = _secs(m.startup_seconds, m.startups, "restart")
     if m.startup_seconds is not None and not m.startup_of_restarts:
-        startup = f"{m.startup_seconds:.3g} s (the first attempt's)"
+        startup = f"{number(m.startup_seconds)} s (the first attempt's)"
     lines = [
         f"save        {_secs(m.save_seconds, m.saves, 'save')}",
         f"restore     {_secs(m.restore_seconds, m.restores, 'restart')}",
         f"start-up    {startup}",
         f"step        {_secs(m.step_seconds, m.steps, 'step')}",
-        f"preempted   {m.preemptions} times in {m.run_hours:.3g} h of run: {m.preemptions_per_hour:.3g}/h observed",
+        f"preempted   {m.preemptions} times in {number(m.run_hours)} h of run: "
+        f"{number(m.preemptions_per_hour)}/h observed",
     ]
     rate = a.rate
     mtbf = f", MTBF {duration(3600.0 / rate.per_hour)}" if rate.per_hour > 0 else ""
-    lines.append(f"planned for {rate.per_hour:.3g}/h ({rate.source}){mtbf}; restart {a.restart_seconds:.3g} s")
+    lines.append(f"planned for {number(rate.per_hour)}/h ({rate.source}){mtbf}; restart {number(a.restart_seconds)} s")
     for line in lines:
         console.print(escape(line), highlight=False)
     rows = [

@@ -3,90 +3,44 @@
 from __future__ import annotations
 
 import errno
-import functools
 import re
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.markup import escape
 from typer import TyperException
-from typer.core import TyperGroup, TyperOption
 
-from gpufleet.cli import jobs
-from gpufleet.cli.advise import advise_command
-from gpufleet.cli.bench import bench_app
-from gpufleet.cli.ckpt import ckpt_app
-from gpufleet.cli.debug import debug_app
-from gpufleet.cli.demo import demo_command
-from gpufleet.cli.estimate import estimate_app
-from gpufleet.cli.export import export_app
-from gpufleet.cli.fleet import fleet_app
-from gpufleet.cli.goodput import goodput
-from gpufleet.cli.observe import diagnose_job_command, observe_app
-from gpufleet.cli.place import place_command
-from gpufleet.cli.profile import profile_command
-from gpufleet.cli.quality import drift_command, embedding_lab_command, quality_app, seasonal_lab_command
-from gpufleet.cli.registry import registry_app
+from gpufleet._version import __version__
+from gpufleet.cli.lazy import LazyGroup
 from gpufleet.cli.render import err_console
-from gpufleet.cli.serve import serve_command
-from gpufleet.cli.simulate import simulate_command
-from gpufleet.cli.slurm import slurm_app
-from gpufleet.cli.sweep import sweep_app
-from gpufleet.cli.trace import trace_command
-from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.features import load_features
-
-load_features()  # rl, data, sweeps and installed plugins: their events, metrics and `show` lines
+from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
     name="gpufleet",
+    cls=LazyGroup,  # the commands of gpufleet.cli.commands, each imported when it runs
     help="Run training jobs that survive preemption, and see what they cost.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Jobs: cli/jobs.py
-for command in (
-    jobs.submit,
-    jobs.jobs,
-    jobs.show,
-    jobs.logs,
-    jobs.preempt,
-    jobs.cancel,
-    jobs.hold,
-    jobs.release,
-    jobs.resize,
-    jobs.cost,
-):
-    app.command()(command)
-app.add_typer(ckpt_app, name="ckpt")
-app.command("demo")(demo_command)
-# Observing and debugging
-app.add_typer(observe_app, name="observe")
-app.command("diagnose")(diagnose_job_command)
-app.command("trace")(trace_command)
-app.command("profile")(profile_command)
-app.add_typer(debug_app, name="debug")
-# Planning and estimating
-app.command("place")(place_command)
-app.command("simulate")(simulate_command)
-app.command("goodput")(goodput)
-app.command("advise")(advise_command)
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(estimate_app, name="estimate")
-app.add_typer(bench_app, name="bench")
-app.add_typer(export_app, name="export")
-app.add_typer(slurm_app, name="slurm")
-app.add_typer(sweep_app, name="sweep")
-# Model quality
-app.command("drift")(drift_command)
-quality_app.command("lab-seasonal")(seasonal_lab_command)
-quality_app.command("lab-embeddings")(embedding_lab_command)
-app.add_typer(quality_app, name="quality")
-app.add_typer(registry_app, name="registry")
-app.command("serve")(serve_command)
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: an eager option, so it answers before any command is looked up."""
+    if value:
+        print(f"gpufleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """The options of ``gpufleet`` itself (its help is the app's, above)."""
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -109,48 +63,6 @@ def _one_line(text: str) -> str:
     """
     text = text.strip()
     return text if text.isprintable() else "".join(c if c.isprintable() else _escaped(c) for c in text)
-
-
-def _not_utf8(value: str) -> bytes | None:
-    """The bytes of a command-line value that was not UTF-8 (Python keeps them as lone surrogates), else ``None``."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        try:
-            return value.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:  # a surrogate no byte decodes to: passed from Python, not from a terminal
-            return value.encode("utf-8", "backslashreplace")
-    return None
-
-
-def _text_checked(command: Any) -> None:
-    """Make ``command`` (each command under a group) refuse a text value that is not UTF-8, before it runs.
-
-    Such a value cannot be stored (SQLite, JSON), matched or shown faithfully; paths are left alone
-    (a file name may be any bytes), as are the values of a group's own options.
-    """
-    if isinstance(command, TyperGroup):
-        for sub in command.commands.values():
-            _text_checked(sub)
-        return
-    if command.callback is None:
-        return
-    names = {p.name: p.opts[0] if isinstance(p, TyperOption) else p.metavar or p.name.upper() for p in command.params}
-    run: Callable[..., Any] = command.callback
-
-    @functools.wraps(run)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        for name, value in kwargs.items():
-            for item in value if isinstance(value, list | tuple) else (value,):
-                raw = _not_utf8(item) if isinstance(item, str) else None
-                if raw is not None:
-                    raise UsageError(
-                        f"{names.get(name, name)} {repr(raw)[1:]} is not UTF-8 text: give it in UTF-8 "
-                        "(is the terminal's locale UTF-8? e.g. LANG=C.UTF-8)"
-                    )
-        return run(*args, **kwargs)
-
-    command.callback = checked
 
 
 def _fail(message: str, code: int, *, label: str = "error:") -> NoReturn:
@@ -187,9 +99,7 @@ def _usage_line(err: TyperException) -> str:
 def main() -> None:
     """Run the CLI: any error a user can cause ends as one line on stderr and its exit code, never a traceback."""
     try:
-        command = typer.main.get_command(app)
-        _text_checked(command)
-        code = command(standalone_mode=False)
+        code = typer.main.get_command(app)(standalone_mode=False)
     except GpufleetError as err:
         _fail(str(err), err.exit_code)
     except OSError as err:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, err_console, table
 from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.fmt import number
 from gpufleet.iobench import DISK_COLUMNS, NET_COLUMNS, format_bytes, measure_disk, measure_net, parse_size
 from gpufleet.paths import gpufleet_home
 from gpufleet.yamlio import shown_path
@@ -89,7 +90,7 @@ def disk_command(
         return
     footer = (
         f"{report.fio_version}, {report.fs_type}, {report.mode}, {report.ioengine}; "
-        f"test file {format_bytes(report.size_bytes)}, {report.runtime_s:g} s a test"
+        f"test file {format_bytes(report.size_bytes)}, {number(report.runtime_s, 6)} s a test"
     )
     shown = report.path if report.path.isprintable() else shown_path(report.path)
     print_report(f"disk: {shown}", DISK_COLUMNS, report.rows(), footer)
@@ -129,7 +130,9 @@ def net_command(
         if value is not None
     )
     direction = "the server sent" if report.reverse else "this machine sent"
-    footer = f"{report.iperf3_version}, TCP, {report.streams} stream(s), {report.seconds:g} s, {direction}; {cpu}"
+    footer = (
+        f"{report.iperf3_version}, TCP, {report.streams} stream(s), {number(report.seconds, 6)} s, {direction}; {cpu}"
+    )
     if report.loopback:
         footer += "; loopback measures this machine's TCP stack and memory copies, not a network card"
     print_report(title, NET_COLUMNS, report.rows(), footer)
@@ -174,7 +177,7 @@ def stage_command(
         (
             "stage-in",
             f"{found.stage_bytes_per_s / 1e6:,.1f}",
-            f"{report.files_copied} files, {format_bytes(report.bytes_copied)} in {report.seconds:.3g} s",
+            f"{report.files_copied} files, {format_bytes(report.bytes_copied)} in {number(report.seconds)} s",
         ),
     ]
     if found.disk_write_bytes_per_s:

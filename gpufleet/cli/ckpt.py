@@ -12,10 +12,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from gpufleet.cli.options import JsonOpt, check_path_name
+from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, check_path_name, job_store
 from gpufleet.cli.render import console, emit_json, fmt, table
 from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.outfiles import check_replaceable_file
+from gpufleet.paths import checkpoints_dir, gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
 
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
@@ -28,12 +29,44 @@ def _directory(raw: str) -> Path:
     return Path(raw)
 
 
-DirArg = Annotated[Path, typer.Argument(help="A checkpoint directory.", parser=_directory)]
+DirArg = Annotated[
+    Path | None,
+    typer.Argument(help="A checkpoint directory (or give --job).", parser=_directory, show_default=False),
+]
+JobOpt = Annotated[
+    int | None,
+    typer.Option("--job", help="The checkpoints of this job (see `gpufleet jobs`), not DIR.", min=1, max=MAX_JOB_ID),
+]
+
+
+def job_checkpoints(job_id: int) -> Path:
+    """The checkpoint folder of job ``job_id``, where every attempt of it saves; refused when it holds none."""
+    job_store(job_id, sync=False)  # an unknown job is named as such
+    folder = checkpoints_dir(gpufleet_home(), job_id)
+    try:
+        saved = folder.is_dir() and any(p.name.startswith("step-") for p in folder.iterdir())
+    except PermissionError as err:
+        raise UsageError(f"cannot read the checkpoints of job {job_id} in {str(folder)!r}: {err.strerror}") from None
+    if not saved:
+        raise UsageError(f"job {job_id} has no checkpoint yet (none in {folder}): `gpufleet show {job_id}` says why")
+    return folder
+
+
+def _chosen(directory: Path | None, job: int | None) -> Path:
+    """DIR, or the folder of ``--job``: one of them, not both."""
+    if directory is not None and job is not None:
+        raise UsageError("give a checkpoint directory or --job ID, not both")
+    if directory is not None:
+        return directory
+    if job is None:
+        raise UsageError("give a checkpoint directory or --job ID (a job's id, see `gpufleet jobs`)")
+    return job_checkpoints(job)
 
 
 @ckpt_app.command("list")
-def ckpt_list(directory: DirArg, json_out: JsonOpt = False) -> None:
-    """List the step-N checkpoints in DIR, with their state and metrics, and the memory tier's copies."""
+def ckpt_list(directory: DirArg = None, job: JobOpt = None, json_out: JsonOpt = False) -> None:
+    """List the step-N checkpoints in DIR (or of --job), with their state and metrics, and the memory tier's copies."""
+    directory = _chosen(directory, job)
     infos = _ckpt_infos(directory)
     rows = [_ckpt_row(i) for i in infos]
     memory = memory_tiers(directory)
@@ -131,13 +164,22 @@ def print_memory(memory: dict[str, Any]) -> None:
 
 @ckpt_app.command("verify")
 def ckpt_verify(
-    directory: DirArg,
+    directory: DirArg = None,
     job: Annotated[
-        str | None, typer.Option("--job", help="This job's id: checkpoints another job wrote count as foreign.")
+        str | None,
+        typer.Option(
+            "--job",
+            help="This job's id: checkpoints another job wrote count as foreign. Without DIR, that job's checkpoints.",
+        ),
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Verify every checkpoint as a restore would; exit 1 if any is corrupt."""
+    if directory is None and job is not None:
+        if not job.isdecimal() or not 1 <= int(job) <= MAX_JOB_ID:
+            raise UsageError(f"--job {job!r} is not a job id: give a number from `gpufleet jobs`, or DIR as well")
+        directory = job_checkpoints(int(job))
+    directory = _chosen(directory, None)
     infos = _ckpt_infos(directory, Expectation(job=job))
     bad = [i for i in infos if i.status == "corrupt"]
     restorable = [i for i in infos if i.restorable]  # the rule restore_candidate applies, newest first
@@ -170,7 +212,9 @@ def ckpt_verify(
 @ckpt_app.command("export")
 @parameters_as_flags({"out": "--out", "step": "--step", "entry": "--entry"})
 def ckpt_export(
-    directory: DirArg,
+    directory: DirArg = None,
+    job: JobOpt = None,
+    *,
     out: Annotated[Path, typer.Option("--out", help="File to write, e.g. model.pt (replaced atomically).")],
     step: Annotated[
         int | None, typer.Option("--step", help="Step to export (default: the one a restore would use).", min=0)
@@ -179,6 +223,7 @@ def ckpt_export(
     json_out: JsonOpt = False,
 ) -> None:
     """Write one entry of a verified checkpoint as a plain state dict: torch.load(OUT, weights_only=True)."""
+    directory = _chosen(directory, job)
     _ckpt_dir(directory)
     check_replaceable_file(check_path_name(out, "--out"), "--out")  # written by a rename: never over a device
     with _torch_quiet():
@@ -249,4 +294,4 @@ def _ckpt_row(info: CheckpointInfo) -> dict[str, Any]:
     }
 
 
-__all__ = ["ckpt_app", "ckpt_export", "ckpt_list", "ckpt_verify"]
+__all__ = ["ckpt_app", "ckpt_export", "ckpt_list", "ckpt_verify", "job_checkpoints"]

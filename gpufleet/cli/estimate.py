@@ -37,6 +37,7 @@ from gpufleet.estimate.network import (
     parse_fabric,
 )
 from gpufleet.estimate.peak import DTYPES, gpu_peak, parse_dtype
+from gpufleet.fmt import number
 
 estimate_app = typer.Typer(
     help="Estimate MFU, memory per GPU, the parallel layouts that fit (PaLM, ZeRO, Korthikanti et al.) and what an "
@@ -178,14 +179,14 @@ def _size_text(n: float) -> str:
 def _rate(bytes_per_s: float) -> str:
     for unit, factor in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if bytes_per_s >= factor:
-            return f"{bytes_per_s / factor:.3g} {unit}"
-    return f"{bytes_per_s:.3g} B/s"
+            return f"{number(bytes_per_s / factor)} {unit}"
+    return f"{number(bytes_per_s)} B/s"
 
 
 def _seconds(s: float) -> str:
     if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+        return f"{number(s * 1e6)} µs"
+    return f"{number(s * 1e3)} ms" if s < 1 else f"{number(s)} s"
 
 
 def _shape(
@@ -251,14 +252,14 @@ def mfu(
         emit_json({**est.as_dict(), "gpu": row.name, "dtype": dtype, "recompute": recompute})
         return
     rows = [
-        ["model FLOPs / token", f"{est.flops_per_token:.4g}", "6N + 12*L*H*Q*T"],
-        ["hardware FLOPs / token", f"{est.hardware_flops_per_token:.4g}", f"recompute: {recompute}"],
-        ["tokens / s", f"{est.tokens_per_second:.4g}", "whole run"],
-        ["achieved", f"{est.achieved_flops / 1e12:.4g} TFLOP/s", "tokens/s * model FLOPs/token"],
+        ["model FLOPs / token", f"{number(est.flops_per_token, 4)}", "6N + 12*L*H*Q*T"],
+        ["hardware FLOPs / token", f"{number(est.hardware_flops_per_token, 4)}", f"recompute: {recompute}"],
+        ["tokens / s", f"{number(est.tokens_per_second, 4)}", "whole run"],
+        ["achieved", f"{number(est.achieved_flops / 1e12, 4)} TFLOP/s", "tokens/s * model FLOPs/token"],
         [
             "peak",
-            f"{est.peak_flops / 1e12:.4g} TFLOP/s",
-            f"{num_gpus} x {row.name} {dtype} dense {row.tflops(peak_dtype):g}",
+            f"{number(est.peak_flops / 1e12, 4)} TFLOP/s",
+            f"{num_gpus} x {row.name} {dtype} dense {number(row.tflops(peak_dtype), 6)}",
         ],
         ["MFU", f"{est.mfu:.1%}", "achieved / peak"],
         ["HFU", f"{est.hfu:.1%}", "with recomputation"],

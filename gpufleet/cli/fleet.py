@@ -11,6 +11,7 @@ from rich.markup import escape
 from gpufleet.backends.pools import drop_fleet, mark, use_fleet
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, table
+from gpufleet.fmt import number
 from gpufleet.paths import gpufleet_home
 from gpufleet.views import fleet_status
 
@@ -59,16 +60,16 @@ def show_command(json_out: JsonOpt = False) -> None:
         return
     rows = []
     for p in status["pools"]:
-        spot = "-" if p["spot_per_gpu_hour"] is None else f"{p['spot_per_gpu_hour']:g}"
+        spot = "-" if p["spot_per_gpu_hour"] is None else f"{number(p['spot_per_gpu_hour'], 6)}"
         why = "; ".join(b["why"] for b in p["blocks"])
         rows.append(
             [
                 p["offer"],
                 str(p["slots"]),
-                f"{p['on_demand_per_gpu_hour']:g}",
+                f"{number(p['on_demand_per_gpu_hour'], 6)}",
                 spot,
                 p["state"] + (f" ({why})" if why else ""),
-                f"{p['storm_per_hour']:g}" if p["storm_per_hour"] else "",
+                f"{number(p['storm_per_hour'], 6)}" if p["storm_per_hour"] else "",
                 ", ".join(map(str, p["jobs"])),
             ]
         )

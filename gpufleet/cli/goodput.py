@@ -20,6 +20,7 @@ from rich.markup import escape
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, table
 from gpufleet.errors import UsageError, parameters_as_flags
+from gpufleet.fmt import number
 from gpufleet.outfiles import check_plot_file
 from gpufleet.plotting import figure, save_figure
 
@@ -74,7 +75,7 @@ def _h(x: float) -> str:
 
 
 def _mtbf(x: float) -> str:
-    return f"{x:.3g} h" if x < 100 else f"{x:,.0f} h"
+    return f"{number(x)} h" if x < 100 else f"{x:,.0f} h"
 
 
 def _secs(x: float) -> str:
@@ -348,7 +349,7 @@ def _print(report: dict[str, Any], g: Goodput, closed: Goodput | None, pols: lis
     cause_rows = [
         [
             c.name,
-            f"{c.rate_per_day:.3g}",
+            f"{number(c.rate_per_day)}",
             f"{c.interruptions:,.1f}",
             _secs(c.mean_restart_seconds),
             f"{c.rework_hours:,.1f}",
@@ -408,13 +409,15 @@ def _plot_interval(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, 
         [here.interval_seconds / 60], [100 * here.effective_fraction], "s", color="tab:blue", label="the interval used"
     )
     if math.isfinite(lossy):
-        stall = f"{s.save_seconds:g} s stall"
+        stall = f"{number(s.save_seconds, 6)} s stall"
         ax.axvline(model.young_interval(s.save_seconds, lossy) / 60, color="grey", ls=":", label=f"Young ({stall})")
         ax.axvline(daly / 60, color="grey", ls="--", label=f"Daly ({stall})")
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (minutes of compute)")
     ax.set_ylabel("effective training time (%)")
-    ax.set_title(f"{s.gpus:,} GPUs, save stall {s.save_seconds:g} s, job MTBF {s.mtbf_seconds / 3600:.3g} h")
+    ax.set_title(
+        f"{s.gpus:,} GPUs, save stall {number(s.save_seconds, 6)} s, job MTBF {number(s.mtbf_seconds / 3600)} h"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -445,7 +448,7 @@ def _plot_fleet(path: Path, s: Scenario, knobs: PolicyKnobs, engine: Engine, tri
     ax.set_xscale("log")
     ax.set_xlabel("GPUs in the job")
     ax.set_ylabel("effective training time (%)")
-    ax.set_title(f"per-GPU MTBF {s.gpu_mtbf_hours:,.0f} h, {s.planned_per_day:.3g} planned/day, mix {s.mix.name}")
+    ax.set_title(f"per-GPU MTBF {s.gpu_mtbf_hours:,.0f} h, {number(s.planned_per_day)} planned/day, mix {s.mix.name}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)

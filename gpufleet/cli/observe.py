@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from gpufleet.errors import parameters_as_flags
+from gpufleet.errors import Conflict, parameters_as_flags
+from gpufleet.fmt import number
 from gpufleet.telemetry.rules import dashboard_json, rules_yaml
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def diagnose_command(
         with parameters_as_flags({"seed": "--seed", "gpus": "--gpus"}):
             config = SyntheticJobConfig(pattern=pattern, gpus=gpus, duration_s=minutes * 60, seed=seed)
         samples = generate_samples(config)
-        source = f"synthetic {pattern} job on {gpus} GPUs, {minutes:g} min"
+        source = f"synthetic {pattern} job on {gpus} GPUs, {number(minutes, 6)} min"
     elif scrapes:
         samples, seen = [], set[str]()
         for path in scrapes:
@@ -187,8 +188,22 @@ def diagnose_job_command(
         job = store.job(job_id)
     finally:
         store.close()
-    source, findings, notes = job_diagnosis(gpufleet_home(), job, config)
+    try:
+        source, findings, notes = job_diagnosis(gpufleet_home(), job, config)
+    except Conflict as err:  # its one refusal: a one-rank job that recorded no GPU series has nothing to judge
+        _nothing_to_diagnose(f"job {job.id} {job.name}", f"nothing to diagnose: {err}", json_out)
+        return
     print_findings(source, findings, notes, json_out)
+
+
+def _nothing_to_diagnose(source: str, message: str, json_out: bool) -> None:
+    """Not an error: the job ran, but without the GPU series a diagnosis reads (exit 0, no finding)."""
+    from gpufleet.cli.render import console, emit_json
+
+    if json_out:
+        emit_json({"source": source, "findings": [], "warnings": [message]})
+    else:
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 EXPORTER_MIN_STEP_S, EXPORTER_MAX_STEP_S = 0.01, 3600.0

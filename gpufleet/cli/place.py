@@ -1,4 +1,4 @@
-"""``gpufleet place JOBS.yaml --catalog C.yaml``: where each job should run, what it should cost, and why.
+"""``gpufleet place JOBS.yaml [--catalog C.yaml]``: where each job should run, what it should cost, and why.
 
 Parse, call :func:`gpufleet.placement.planner.plan`, render. Exit 0 when every job is placed, 1 when
 some job is infeasible (the plan is printed either way), 2 on bad input.
@@ -17,10 +17,24 @@ from gpufleet.cli.render import console, duration, emit_json, money, table
 from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
+    from gpufleet.placement.catalog import Catalog
     from gpufleet.placement.planner import Decision, Plan
+    from gpufleet.spec import JobSpec
 
-JobsArg = Annotated[Path, typer.Argument(help="Batch file: a YAML list of JobSpecs (or a mapping with key 'jobs').")]
-CatalogOpt = Annotated[Path, typer.Option("--catalog", help="Offer catalogue YAML (see examples/catalog.yaml).")]
+JobsArg = Annotated[
+    Path, typer.Argument(help="A JobSpec file, or a batch: a YAML list of JobSpecs (or a mapping with key 'jobs').")
+]
+CatalogOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--catalog",
+        help="Offer catalogue YAML (format: examples/catalog.yaml); default: the catalogue gpufleet ships, "
+        "the same offers as examples/catalog.yaml.",
+        show_default=False,
+    ),
+]
+SHIPPED_CATALOG = "default_catalog.yaml"
+"""The catalogue in ``gpufleet.placement`` that ``place`` reads when given none (a copy of examples/catalog.yaml)."""
 
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show every rejected candidate of every job.")]
 BlockOpt = Annotated[
@@ -103,19 +117,42 @@ def render_plan(p: Plan, explain: bool) -> None:
             _explain(d, cur)
 
 
+def read_jobs(path: Path) -> list[JobSpec]:
+    """The jobs of ``path``: one JobSpec (a mapping with its fields), or a batch of them."""
+    from gpufleet.placement.catalog import parse_batch
+    from gpufleet.spec import parse_spec
+    from gpufleet.yamlio import read_yaml
+
+    data = read_yaml(path, what="batch", error=UsageError)
+    if isinstance(data, dict) and set(data) != {"jobs"}:
+        return [parse_spec(data, source=str(path))]
+    return parse_batch(data, source=str(path))
+
+
+def read_catalog(path: Path | None) -> Catalog:
+    """The catalogue at ``path``, or the shipped one."""
+    from importlib import resources
+
+    from gpufleet.placement.catalog import load_catalog
+
+    if path is not None:
+        return load_catalog(path)
+    with resources.as_file(resources.files("gpufleet.placement").joinpath(SHIPPED_CATALOG)) as shipped:
+        return load_catalog(shipped)
+
+
 def place_command(
     jobs: JobsArg,
-    catalog: CatalogOpt,
+    catalog: CatalogOpt = None,
     json_out: JsonOpt = False,
     explain: ExplainOpt = False,
     block: BlockOpt = None,
 ) -> None:
     """Choose a provider, region, GPU type and market for each job at the lowest expected cost."""
-    from gpufleet.placement.catalog import load_batch, load_catalog
     from gpufleet.placement.planner import blocked_by, parse_target, plan
 
-    cat = load_catalog(catalog)
-    batch = load_batch(jobs)
+    cat = read_catalog(catalog)
+    batch = read_jobs(jobs)
     for target in block or ():
         if not any(blocked_by(o, {parse_target(target)}) for o in cat.offers):
             keys = ", ".join(o.key for o in cat.offers)
@@ -129,4 +166,13 @@ def place_command(
         raise typer.Exit(1)
 
 
-__all__ = ["BlockOpt", "CatalogOpt", "ExplainOpt", "JobsArg", "place_command", "render_plan"]
+__all__ = [
+    "BlockOpt",
+    "CatalogOpt",
+    "ExplainOpt",
+    "JobsArg",
+    "place_command",
+    "read_catalog",
+    "read_jobs",
+    "render_plan",
+]

@@ -338,6 +338,7 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Write a PNG of both 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic data.")]
 
 
+@quality_app.command("lab-seasonal")
 def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: SeedOpt = 0) -> None:
     """Lab: a weekly cycle fools a yesterday-vs-today monitor; season-matched references and a placebo band do not."""
     from gpufleet.demos.quality_labs import plot_seasonal_lab, seasonal_lab
@@ -384,6 +385,7 @@ def seasonal_lab_command(json_out: JsonOpt = False, out: OutOpt = None, seed: Se
         console.print(f"plot: {out}", highlight=False, soft_wrap=True, markup=False)
 
 
+@quality_app.command("lab-embeddings")
 def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
     """Lab: MMD on all-MiniLM-L6-v2 embeddings of a query stream: a topic shift alarms, a resample does not."""
     from gpufleet.demos.quality_labs import embedding_lab

@@ -6,17 +6,19 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.cost.gather import CostReport
-from gpufleet.cost.ledger import Cost
-from gpufleet.fmt import compact_duration, finite_json
+from gpufleet.fmt import compact_duration, finite_json, gpu_time, number
 from gpufleet.fmt import money as _money
+
+if TYPE_CHECKING:
+    from gpufleet.cost.gather import CostReport
+    from gpufleet.cost.ledger import Cost
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
@@ -30,11 +32,18 @@ def emit_json(obj: Any) -> None:
 
 
 def fmt(value: Any) -> str:
-    """A cell: floats to 4 significant digits, ``None`` as empty."""
+    """A cell as people read it: floats to 4 significant digits (never in e-notation), ``None`` as empty,
+    a list as ``a, b``, a mapping as ``k=v k=v``: never a Python repr (``[<Outcome.PREEMPTED: ...>]``)."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return str(value)
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return number(value, 4)
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(fmt(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={fmt(v)}" for k, v in value.items())
     return str(value)
 
 
@@ -66,13 +75,6 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 def money(value: float, currency: str) -> str:
     """Money in a CLI table cell: ``gpufleet.fmt.money``, as every document writes it."""
     return _money(value, currency)
-
-
-def gpu_time(hours: float) -> str:
-    """GPU time in the unit that reads best: GPU-seconds for laptop demos, GPU-hours for fleets."""
-    if hours < 0.1:
-        return f"{hours * 3600:.3g} s"
-    return f"{hours:,.2f} h"
 
 
 def duration(seconds: float | None) -> str:
@@ -110,7 +112,7 @@ def _bucket_rows(c: Cost, currency: str) -> list[list[object]]:
 
 def _gpu_seconds(seconds: float) -> str:
     """GPU-seconds to six significant figures (a laptop demo's fractions), whole from 100,000 on."""
-    return f"{seconds:,.0f}" if seconds >= 1e5 else f"{seconds:,.6g}"
+    return f"{seconds:,.0f}" if seconds >= 1e5 else number(seconds, 6)
 
 
 def print_cost_buckets(report: CostReport) -> None:

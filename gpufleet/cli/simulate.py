@@ -17,7 +17,7 @@ import typer
 from gpufleet.cli.options import check_path_name
 from gpufleet.cli.render import console, emit_json, err_console, money, table
 from gpufleet.errors import UsageError, parameters_as_flags
-from gpufleet.fmt import finite_json, markdown_table
+from gpufleet.fmt import finite_json, markdown_table, number
 
 if TYPE_CHECKING:
     from gpufleet.placement.simulate import SimResult
@@ -109,7 +109,8 @@ def _markdown(report: dict[str, Any], results: Sequence[SimResult]) -> str:
         "\n\n".join(
             [
                 "# Fleet simulation",
-                f"{inputs['jobs']} jobs over {inputs['days']:g} days (simulated for {report['horizon_hours']:g} h), "
+                f"{inputs['jobs']} jobs over {number(inputs['days'], 6)} days "
+                f"(simulated for {number(report['horizon_hours'], 6)} h), "
                 f"seed {inputs['seed']}, catalogue `{inputs['catalog']}` as of {report['as_of']}, "
                 f"{report['outages']} outages. Every policy saw the same jobs, outages and preemption seed.",
                 "## Cost and GPU-hours",
@@ -258,7 +259,7 @@ def simulate_command(
     if json_out:
         emit_json({**report, "files": files})
         return
-    console.print(table(f"{jobs} jobs over {days:g} days, seed {seed}: cost", *_money_rows(results)))
+    console.print(table(f"{jobs} jobs over {number(days, 6)} days, seed {seed}: cost", *_money_rows(results)))
     console.print(table("waits, deadlines, interruptions", *_time_rows(results)))
     console.print(table("cost per team", *_team_rows(results)))
     for path in files.values():

@@ -12,6 +12,7 @@ from rich.markup import escape
 from gpufleet.cli.options import JsonOpt
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import Conflict, UsageError
+from gpufleet.fmt import gpu_time, money, number
 from gpufleet.outfiles import check_output_file, check_plot_file
 from gpufleet.paths import gpufleet_home
 
@@ -26,7 +27,15 @@ def _value(value: Any) -> str:
     return "-" if value is None else fmt(value) if isinstance(value, float) else escape(str(value))
 
 
+def _params(params: dict[str, Any]) -> str:
+    """A trial's parameters as people read them: ``lr=0.0265 batch=32``."""
+    return " ".join(f"{escape(str(name))}={_value(value)}" for name, value in params.items())
+
+
 def _print(summary: dict[str, Any]) -> None:
+    from gpufleet.cost.rates import load_rates
+
+    currency = load_rates().currency
     rows = summary["rows"]
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
     metric = summary["metric"] or "objective"
@@ -37,17 +46,15 @@ def _print(summary: dict[str, Any]) -> None:
         body.append(
             [str(r["trial"]), str(r["job"] or "-"), r["state"]]
             + [_value(r["params"].get(p)) for p in params]
-            + [_value(shown), fmt(r["gpu_hours"]), fmt(r["money"]), escape(note[:80])]
+            + [_value(shown), gpu_time(r["gpu_hours"]), money(r["money"], currency), escape(note[:80])]
         )
     title = f"sweep {summary['sweep']} ({summary['direction']} {metric})"
-    console.print(table(title, ["trial", "job", "state", *params, metric, "GPU-h", "cost", "note"], body))
+    console.print(table(title, ["trial", "job", "state", *params, metric, "GPU time", "cost", "note"], body))
     best = summary["best"]
     console.print(
         f"{summary['finished']} finished, {summary['pruned']} pruned, {summary['failed']} failed, "
-        f"{summary['running']} running; {fmt(summary['gpu_hours'])} GPU-h, {fmt(summary['money'])} in all"
-        + (
-            f"; best: trial {best['trial']} {metric} {fmt(best['value'])} {escape(str(best['params']))}" if best else ""
-        ),
+        f"{summary['running']} running; {gpu_time(summary['gpu_hours'])}, {money(summary['money'], currency)} in all"
+        + (f"; best: trial {best['trial']} {metric} {fmt(best['value'])} {_params(best['params'])}" if best else ""),
         highlight=False,
     )
 
@@ -92,7 +99,7 @@ def run_command(
         task = bar.add_task(f"sweep {sweep.name}", total=None)
 
         def tick(driver: SweepDriver, p: Any) -> None:
-            best = "-" if p.best is None else f"{p.best:.4g}"
+            best = "-" if p.best is None else f"{number(p.best, 4)}"
             bar.update(
                 task,
                 total=driver.target(),

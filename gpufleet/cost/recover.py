@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufleet.cost.ledger import GOODPUT_BUCKETS, attempt_price
+from gpufleet.fmt import number
 from gpufleet.jobs.rank_phases import Straggler, stragglers
 from gpufleet.telemetry.ranks import phase_totals
 
@@ -75,7 +76,7 @@ class Recovery:
 
 
 def _s(seconds: float | None, what: str) -> str:
-    return "" if seconds is None else f" ({seconds:.3g} s {what})"
+    return "" if seconds is None else f" ({number(seconds)} s {what})"
 
 
 def _straggler_name(s: Straggler) -> str:
@@ -97,7 +98,7 @@ def _data_wait(e: Evidence) -> str:
     if not e.data_wait_by_rank:
         return fix
     rank = max(range(len(e.data_wait_by_rank)), key=lambda r: e.data_wait_by_rank[r])
-    return f"{fix}; rank {rank} waits most for its data ({e.data_wait_by_rank[rank]:.3g} s)"
+    return f"{fix}; rank {rank} waits most for its data ({number(e.data_wait_by_rank[rank])} s)"
 
 
 def _checkpoint(e: Evidence) -> str:

@@ -30,6 +30,7 @@ from gpufleet.estimate.interval import (
     lost_share,
     young_daly_interval,
 )
+from gpufleet.fmt import number
 
 if TYPE_CHECKING:
     from gpufleet.cost.ledger import AttemptUsage
@@ -176,7 +177,7 @@ def _current(job: Job, m: JobMeasurements, auto_seconds: float | None, notes: li
     ck = job.spec.checkpoint
     found: list[tuple[float, str]] = []
     if ck.every_seconds is not None:
-        found.append((ck.every_seconds, f"checkpoint.every_seconds {ck.every_seconds:g}"))
+        found.append((ck.every_seconds, f"checkpoint.every_seconds {number(ck.every_seconds, 6)}"))
     if ck.every_steps is not None:
         if m.step_seconds is not None:
             found.append((ck.every_steps * m.step_seconds, f"checkpoint.every_steps {ck.every_steps} x measured step"))
@@ -217,12 +218,14 @@ def advise_job(
     if rate is not None:
         if m.preemptions:
             notes.append(
-                f"planning for {rate.per_hour:g}/h ({rate.source}), not the {observed.per_hour:.3g}/h observed"
+                f"planning for {number(rate.per_hour, 6)}/h ({rate.source}), "
+                f"not the {number(observed.per_hour)}/h observed"
             )
         planned = rate
     elif m.preemptions == 0 and prior is not None:
         notes.append(
-            f"no preemption observed in {m.run_hours:.3g} h: planning for {prior.per_hour:g}/h ({prior.source})"
+            f"no preemption observed in {number(m.run_hours)} h: "
+            f"planning for {number(prior.per_hour, 6)}/h ({prior.source})"
         )
         planned = prior
     else:
@@ -230,7 +233,7 @@ def advise_job(
     save = m.save_seconds if m.save_seconds else None
     if save is None and job.spec.placement.save_seconds is not None:
         save = job.spec.placement.save_seconds
-        notes.append(f"no checkpoint save measured: placement.save_seconds ({save:g} s) stands in")
+        notes.append(f"no checkpoint save measured: placement.save_seconds ({number(save, 6)} s) stands in")
     elif save is None:
         notes.append("no checkpoint save measured: no interval to recommend")
     restore = m.restore_seconds

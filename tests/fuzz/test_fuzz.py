@@ -131,11 +131,11 @@ def _command_paths() -> set[tuple[str, ...]]:
 
     found: set[tuple[str, ...]] = set()
 
-    def walk(command: object, path: tuple[str, ...]) -> None:
-        subcommands = getattr(command, "commands", None)  # a group (Typer may bundle its own click)
-        if isinstance(subcommands, dict):
-            for name, sub in subcommands.items():
-                walk(sub, (*path, name))
+    def walk(command: Any, path: tuple[str, ...]) -> None:
+        if hasattr(command, "list_commands"):  # a group (Typer may bundle its own click); the top one loads on demand
+            ctx = command.context_class(command, info_name=path[-1] if path else "gpufleet")
+            for name in command.list_commands(ctx):
+                walk(command.get_command(ctx, name), (*path, name))
         else:
             found.add(path)
 
