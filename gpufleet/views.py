@@ -13,6 +13,7 @@ A job's view carries, under each feature's name, that feature's summary, typed b
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -20,14 +21,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from gpufleet.backends.pools import active_fleet, matches, read_failover, read_marks
 from gpufleet.cost.usage import attempt_gpus
-from gpufleet.errors import Conflict, NotFound, ParameterError
+from gpufleet.errors import Conflict, NotFound, ParameterError, UsageError
 from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
+from gpufleet.jobs.failure import LIST_TAIL_BYTES, TAIL_BYTES, job_failure, read_log_tail
 from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Job, Store, latest_step
-from gpufleet.outfiles import read_tail_fd
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 from gpufleet.runtime.checkpoint import CheckpointDir
 
@@ -37,14 +37,32 @@ if TYPE_CHECKING:
 
 
 class View(BaseModel):
-    """Base of the reported objects: frozen, each field documented where it is declared."""
+    """Base of the reported objects: frozen, each field documented where it is declared.
 
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+    The docstring under a field becomes its schema description only when :func:`document_views` runs
+    (``/api/openapi.json``): pydantic's ``use_attribute_docstrings`` would read this file's source at every
+    class, a tenth of a second of every ``gpufleet jobs`` and ``show`` that prints no schema.
+    """
+
+    model_config = ConfigDict(frozen=True)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object as the CLI prints it and the API serves it: a field never set is left out, not null
         (a fleet view without a fleet, a figure a job never reported)."""
         return self.model_dump(exclude_unset=True)
+
+
+class JobFailure(View):
+    """Why a failed job failed: how its last attempt ended and the line of that attempt's log that says why."""
+
+    attempt: int | None
+    """The failed attempt; null when the job failed before any started."""
+    exit: str
+    """How it ended: ``exit code 1``, ``killed by SIGKILL``, ``lost after 3 restarts (max_restarts)``."""
+    line: str | None
+    """The last exception of its log (``RuntimeError: boom at step 80``), else its last lines; null: empty."""
+    hint: str | None
+    """The command that prints the whole log (``gpufleet logs 2``)."""
 
 
 class JobRow(View):
@@ -57,6 +75,8 @@ class JobRow(View):
     state: JobState
     reason: str | None
     """Why a queued job waits or a job failed; null when nothing is to be said."""
+    failure: JobFailure | None
+    """Why a failed job failed, from the end of its last attempt's log; null unless it failed."""
     backend: str
     gpu_type: str
     """Where the last placement put it, else what its spec asks for."""
@@ -78,8 +98,10 @@ class JobRow(View):
     updated_at: float
 
     @classmethod
-    def read(cls, store: Store, job: Job) -> JobRow:
+    def read(cls, store: Store, job: Job, *, tail_bytes: int = LIST_TAIL_BYTES) -> JobRow:
+        """``tail_bytes``: what is read of a failed job's last log (a list reads little of each)."""
         spec = job.spec
+        failure = job_failure(store, store.path.parent, job, tail_bytes=tail_bytes)
         placed = store.last_event(job.id, EventKind.PLACED)
         offer = placed.data.get("offer") if placed is not None else None
         return cls(
@@ -89,6 +111,7 @@ class JobRow(View):
             priority=job.priority,
             state=job.state,
             reason=job.reason,
+            failure=JobFailure(**failure.to_dict()) if failure is not None else None,
             backend=job.backend,
             gpu_type=str(placed.data.get("gpu_type") or spec.resources.gpu_type) if placed else spec.resources.gpu_type,
             gpus=spec.resources.gpus,
@@ -161,7 +184,7 @@ class JobView(JobRow):
     ) -> JobView:
         """The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
         job = store.job(job_id)
-        row = JobRow.read(store, job)
+        row = JobRow.read(store, job, tail_bytes=TAIL_BYTES)
         starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
         attempts = [
             AttemptRow(
@@ -222,6 +245,54 @@ def _summaries(store: Store, job_id: int) -> dict[str, features.Summary | None]:
 _VIEW_MODELS: dict[int, type[JobView]] = {}
 
 
+def _field_docstrings() -> dict[str, dict[str, str]]:
+    """Each class of this module: the docstring written under each of its fields, by class and field name."""
+    import ast
+    import inspect
+    import sys
+
+    found: dict[str, dict[str, str]] = {}
+    for node in ast.parse(inspect.getsource(sys.modules[__name__])).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = found.setdefault(node.name, {})
+        for field, doc in zip(node.body, node.body[1:], strict=False):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                docs[field.target.id] = inspect.cleandoc(doc.value.value)
+    return found
+
+
+def document_views() -> None:
+    """Give every view model's fields the docstring written under them as their description, for a schema.
+
+    Idempotent. The models are rebuilt in the order they are defined (a model holds only models defined
+    before it; one built by :func:`job_view_model` after its base), so each takes in the rebuilt ones it holds.
+    """
+    docs = _field_docstrings()
+    models: list[type[View]] = []
+    todo: list[type[View]] = [View]
+    while todo:  # breadth first: a base before the models built on it
+        model = todo.pop(0)
+        models.append(model)
+        todo.extend(model.__subclasses__())
+    order = {name: i for i, name in enumerate(docs)}
+    models.sort(key=lambda m: order.get(m.__name__, len(order)))
+    for model in models:
+        for name, info in model.model_fields.items():
+            if info.description is None:
+                info.description = next(
+                    (docs[c.__name__][name] for c in model.__mro__ if name in docs.get(c.__name__, {})), None
+                )
+    for model in models:
+        model.model_rebuild(force=True)
+
+
 def job_view_model() -> type[JobView]:
     """:class:`JobView` with a field per registered feature summary, typed by its model (what
     ``/api/openapi.json`` documents); rebuilt when the registered features change."""
@@ -273,6 +344,8 @@ class FleetStatus(View):
 
     @classmethod
     def read(cls, home: Path) -> FleetStatus:
+        from gpufleet.backends.pools import active_fleet, matches, read_failover, read_marks  # placement, numpy
+
         fleet = active_fleet(home)
         if fleet is None:
             return cls(fleet=None)
@@ -308,6 +381,105 @@ class FleetStatus(View):
         )
 
 
+RATE_WINDOW = 20
+"""The step events a job's step rate is measured over: the latest attempt's last ones (its speed now)."""
+
+
+def _finite(value: Any) -> float | None:
+    """A logged figure as a number JSON can carry (NaN and infinities, and non-numbers, as null)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+class JobProgress(View):
+    """How far a job's latest session got and how fast it steps now, from its runtime's step events."""
+
+    total_steps: int | None
+    """The steps its session said it runs (``session_start``); null where it did not say."""
+    steps_per_s: float | None
+    """Over the latest attempt's last logged steps (at most :data:`RATE_WINDOW`); null with fewer than two."""
+    eta_s: float | None
+    """Seconds to ``total_steps`` at that rate, while the job runs; null otherwise."""
+    elapsed_s: float | None
+    """From its first attempt's start to now while it runs, else to its last attempt's end; null before any."""
+    loss: float | None
+    """The last logged loss."""
+    tokens_per_s: float | None
+    """The last logged throughput."""
+
+    @classmethod
+    def read(cls, store: Store, job: Job, step: int | None, now: float) -> JobProgress:
+        events = store.events(job.id, (EventKind.SESSION_START, EventKind.STEP))
+        start = next((e for e in reversed(events) if e.kind == EventKind.SESSION_START), None)
+        total = start.data.get("total_steps") if start is not None else None
+        total = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
+        steps = [e for e in events if e.kind == EventKind.STEP and isinstance(e.data.get("step"), int)]
+        last = steps[-1] if steps else None
+        recent = [e for e in steps if last is not None and e.attempt == last.attempt][-RATE_WINDOW:]
+        rate = None
+        if len(recent) > 1 and recent[-1].ts > recent[0].ts and recent[-1].data["step"] > recent[0].data["step"]:
+            rate = (recent[-1].data["step"] - recent[0].data["step"]) / (recent[-1].ts - recent[0].ts)
+        running = job.state == JobState.RUNNING
+        eta = max(0, total - step) / rate if running and rate and total is not None and step is not None else None
+        attempts = store.attempts(job.id)
+        end = now if running else attempts[-1].ended_at if attempts else None
+        return cls(
+            total_steps=total,
+            steps_per_s=rate,
+            eta_s=eta,
+            elapsed_s=max(0.0, end - attempts[0].started_at) if attempts and end is not None else None,
+            loss=_finite(last.data.get("loss")) if last is not None else None,
+            tokens_per_s=_finite(last.data.get("tokens_per_s")) if last is not None else None,
+        )
+
+
+class FleetJobRow(JobRow):
+    """A job as the fleet page lists it: its row, its run's parameters, the GPUs it holds, its progress."""
+
+    args: dict[str, Any]
+    """The spec's ``args``: the run's parameters."""
+    gpus_in_use: int
+    """GPUs (over all nodes) its running attempt holds; 0 unless it runs."""
+    progress: JobProgress
+
+    @classmethod
+    def read(cls, store: Store, job: Job, now: float | None = None) -> FleetJobRow:  # type: ignore[override]
+        row = JobRow.read(store, job)
+        held = 0
+        attempts = store.attempts(job.id)
+        if job.state == JobState.RUNNING and attempts:
+            starts = store.events(job.id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
+            held = attempt_gpus(job, attempts[-1], starts)
+        progress = JobProgress.read(store, job, row.step, time.time() if now is None else now)
+        return cls(**row.model_dump(exclude_unset=True), args=dict(job.spec.args), gpus_in_use=held, progress=progress)
+
+
+class Capacity(View):
+    """GPUs in use against the GPUs there are: the fleet's pools, else the local scheduler's slots."""
+
+    in_use: int
+    """GPUs the running jobs of the local backend hold."""
+    total: int | None
+    """Its pools' slots (a fleet in use), else its slots; null where ``GPUFLEET_LOCAL_SLOTS`` is invalid."""
+    source: Literal["fleet", "local"]
+    elsewhere: int
+    """GPUs running jobs hold on other backends (Slurm, Kubernetes, Ray), whose totals are theirs to tell."""
+
+    @classmethod
+    def read(cls, home: Path, fleet: FleetStatus, jobs: list[FleetJobRow]) -> Capacity:
+        from gpufleet.backends.local.process import scheduler_slots
+
+        local = sum(j.gpus_in_use for j in jobs if j.backend == "local")
+        others = sum(j.gpus_in_use for j in jobs) - local
+        if fleet.pools is not None:
+            return cls(in_use=local, total=sum(p.slots for p in fleet.pools), source="fleet", elsewhere=others)
+        try:
+            total: int | None = scheduler_slots(home)[0]
+        except UsageError:
+            total = None
+        return cls(in_use=local, total=total, source="local", elsewhere=others)
+
+
 class QueueRow(View):
     """A queued job, in the order the scheduler considers them (priority, then age)."""
 
@@ -322,15 +494,17 @@ class QueueRow(View):
 class FleetPage(View):
     """``GET /api/fleet``: counts by state and team, the queue and why each job waits, the pools, recent events."""
 
-    jobs: list[JobRow]
+    jobs: list[FleetJobRow]
     states: dict[str, int]
     """Jobs per state."""
     teams: dict[str, dict[str, int]]
     """Per team, jobs per state."""
     queue: list[QueueRow]
     recent: list[dict[str, Any]]
-    """The latest preemptions, rollbacks and failovers (at most 50, newest first), with ``job`` and ``name``."""
+    """The latest preemptions, rollbacks and failovers (at most 50, newest first): ``job`` and ``name`` the job
+    it happened to, ``by`` and ``by_name`` the job that took its GPUs (``preempted_by``, ``reclaimed_by``)."""
     fleet: FleetStatus
+    capacity: Capacity
     generated_at: float
 
 
@@ -342,7 +516,7 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
 def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_bytes: int) -> dict[str, Any]:
     """The end of an attempt's log (``logs --json``), at most ``max_bytes``; ``size`` is the whole file's.
 
-    The log is read only as a regular file reached through real folders (:func:`_log_tail`): a job's own
+    The log is read only as a regular file reached through real folders (:func:`read_log_tail`): a job's own
     code, which may write under ``jobs/<id>/``, cannot make this (or the server) show another file.
     """
     attempts = store.attempts(store.job(job_id).id)
@@ -354,7 +528,7 @@ def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_byt
     path = attempt_log(home, job_id, n)
     text, size = "", 0
     if os.path.lexists(path):
-        tail = _log_tail(path, max_bytes)
+        tail = read_log_tail(path, max_bytes)
         if tail is None:
             raise Conflict(
                 f"cannot read {path}: not a regular file in a real folder (a link, a device or a FIFO); "
@@ -362,30 +536,6 @@ def log_view(store: Store, home: Path, job_id: int, attempt: int | None, max_byt
             )
         text, size = tail[0].decode("utf-8", errors="replace"), tail[1]
     return {"id": job_id, "attempt": n, "path": str(path), "log": text, "size": size}
-
-
-def _log_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
-    """The last ``max_bytes`` of the log ``path`` (``.../jobs/<id>/logs/attempt-N.log``) and its size; None
-    unless the job's folder and ``logs`` are real folders and the log a regular file, none of them a link.
-
-    What the job's code may write (its own folder) is opened part by part with ``O_NOFOLLOW``, each
-    relative to the one above, so a link swapped in between two checks is refused too; ``jobs`` and the
-    home above it are the operator's and may be links. The log is opened without blocking (a FIFO is
-    never waited on) and read only if it is a regular file.
-    """
-    parts = path.parts[-3:]
-    fds: list[int] = []
-    try:
-        fds.append(os.open(path.parents[2], os.O_RDONLY | os.O_DIRECTORY))
-        for part in parts[:-1]:
-            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
-        fds.append(os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=fds[-1]))
-        return read_tail_fd(fds[-1], max_bytes)
-    except OSError:
-        return None
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, list[Finding], list[str]]:
@@ -490,9 +640,13 @@ def fleet_status(home: Path) -> dict[str, Any]:
 __all__ = [
     "ENV_SET",
     "AttemptRow",
+    "Capacity",
     "CheckpointRow",
+    "FleetJobRow",
     "FleetPage",
     "FleetStatus",
+    "JobFailure",
+    "JobProgress",
     "JobRow",
     "JobView",
     "JobsView",

@@ -16,6 +16,7 @@ from rich.markup import escape
 from gpufleet.cli.options import MAX_JOB_ID, JsonOpt, SpecArg, check_path_name, require_positive
 from gpufleet.cli.render import console, emit_json, err_console, fmt, table
 from gpufleet.errors import GpufleetError, NotFound, UsageError, parameters_as_flags
+from gpufleet.fmt import number
 from gpufleet.outfiles import check_plot_file
 from gpufleet.paths import events_file, gpufleet_home, job_dir, spec_file
 from gpufleet.spec import HealthPolicy, load_spec, parse_spec
@@ -105,7 +106,8 @@ def determinism(
             )
         final = report.seed_spread[-1] if report.seed_spread else 0.0
         console.print(
-            f"seed {a} vs seed {b}: loss spread max {report.max_seed_spread:.4g}, at the last step {final:.4g}",
+            f"seed {a} vs seed {b}: loss spread max {number(report.max_seed_spread, 4)}, "
+            f"at the last step {number(final, 4)}",
             highlight=False,
         )
         if plot is not None:
@@ -183,11 +185,16 @@ def _print_resume_report(report: ResumeReport) -> None:
         else ""
     )
     if report.exact:
+        rng = report.tensors_differing  # with warnings: RNG states, the only tensors that differ
+        compared = report.tensors_compared
+        tensors = f"{compared - rng} of {compared} checkpoint tensors" if rng else f"all {compared} checkpoint tensors"
+        but = " (all but the RNG states below)" if report.warnings else ""
         say(
-            f"[green]exact[/]: {escape(report.job)}{what}: all {report.steps_compared} step losses and all "
-            f"{report.tensors_compared} checkpoint tensors{gathered} are bitwise equal to the uninterrupted run's "
-            f"(ignored: {escape(ignored)})"
+            f"[green]exact[/]: {escape(report.job)}{what}: all {report.steps_compared} step losses and {tensors}"
+            f"{gathered}{but} are bitwise equal to the uninterrupted run's (ignored: {escape(ignored)})"
         )
+        for warning in report.warnings:
+            say(f"[yellow]warning:[/] {escape(warning)}")
     else:
         say(f"[red]differs[/]: {escape(report.job)}{what}:")
         if report.first_loss_step is not None:

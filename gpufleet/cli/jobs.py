@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.backends.base import MAX_RESOURCE
-from gpufleet.backends.local import ensure_scheduler
 from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_store, job_store, open_store
 from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
 from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_flags
@@ -22,6 +22,9 @@ from gpufleet.outfiles import check_output_dir
 from gpufleet.paths import checkpoints_dir, gpufleet_home
 from gpufleet.spec import JobSpec, load_spec
 from gpufleet.views import JobView, job_summary, jobs_view, log_view
+
+if TYPE_CHECKING:
+    from gpufleet.views import JobRow
 
 
 def _backend_of(job_id: int) -> Backend:
@@ -39,12 +42,17 @@ def submit(
             help="Override the spec's telemetry.gpu_source: auto, none, nvml, synthetic:<pattern>, scrape:<url>.",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check the spec and print what would run; submit nothing.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Queue a training job."""
-    spec = load_spec(spec_path)
-    if gpu_source is not None:
-        spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
+    if dry_run:
+        validate(spec_path, backend=backend, gpu_source=gpu_source, json_out=json_out)
+        return
+    spec, warnings = _checked_spec(spec_path, backend, gpu_source)
+    _warn(warnings)
     home = gpufleet_home()
     job_id = get_backend(backend, home).submit(spec)
     store = open_store()
@@ -56,18 +64,134 @@ def submit(
                 f"submitted job [bold]{job_id}[/] ({escape(spec.name)}, team {escape(spec.team)}) to {escape(backend)}"
             )
         return
+    from gpufleet.backends.local.process import ensure_scheduler
     from gpufleet.cli.watch import watch_jobs
 
     # A remote scheduler is polled; a local one that died while we wait is started again.
     tick = (lambda: sync_remote(home, store)) if backend != "local" else (lambda: ensure_scheduler(home))
     watch_jobs(store, [job_id], quiet=json_out, tick=tick)
-    job = store.job(job_id)
+    from gpufleet.jobs.failure import TAIL_BYTES
+    from gpufleet.views import JobRow
+
+    row = JobRow.read(store, store.job(job_id), tail_bytes=TAIL_BYTES)
     if json_out:
-        emit_json(job_summary(store, job))
+        emit_json(row.to_json())
     else:
-        console.print(f"job {job_id} {job.state}" + (f" ({job.reason})" if job.reason else ""), markup=False)
-    if job.state != JobState.COMPLETED:
+        console.print(_ended_line(row), markup=False, highlight=False, soft_wrap=True)
+    if row.state != JobState.COMPLETED:
         raise typer.Exit(1)
+
+
+def validate(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="JobSpec YAML file.")],
+    backend: Annotated[str, typer.Option(help="Scheduler it would run on.")] = "local",
+    gpu_source: Annotated[
+        str | None, typer.Option("--gpu-source", help="Override the spec's telemetry.gpu_source, as submit does.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check a JobSpec file without submitting it.
+
+    Exit 0 with what would run, or 2 with why it would not. The spec is validated, its entrypoint
+    checked without running it (the script exists, the module's package can be found, the program is
+    on PATH) and the backend's own checks run; nothing is written.
+    """
+    spec, warnings = _checked_spec(spec_path, backend, gpu_source)
+    checks = ["spec", "entrypoint" if not warnings else "entrypoint (warning)", *_backend_checks(spec, backend)]
+    plan = _plan(spec, backend, checks, warnings)
+    if json_out:
+        emit_json(plan)
+        return
+    _warn(warnings)
+    say = partial(console.print, highlight=False, markup=False, soft_wrap=True)
+    say(f"valid: {spec.name} (team {spec.team}) would run on the {backend} backend")
+    say(f"  command: {plan['command']}" + (f"  (in {plan['workdir']})" if plan["workdir"] else ""))
+    say(f"  resources: {plan['resources']['summary']}")
+    say(f"  checks passed: {', '.join(checks)}")
+
+
+def _checked_spec(spec_path: Path, backend: str, gpu_source: str | None) -> tuple[JobSpec, list[str]]:
+    """The spec as submit reads it, its entrypoint checked: refused for a backend on this machine, else warned."""
+    from gpufleet.errors import SpecError
+    from gpufleet.jobs.preflight import entrypoint_problem
+
+    spec = load_spec(spec_path)
+    if gpu_source is not None:
+        spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
+    problem = entrypoint_problem(spec)
+    if problem is None:
+        return spec, []
+    if backend == "local":
+        raise SpecError(f"{spec_path}: {problem}")
+    return spec, [f"{problem} (on this machine; the job runs where the {backend} backend starts it)"]
+
+
+def _warn(warnings: list[str]) -> None:
+    for line in warnings:
+        err_console.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _backend_checks(spec: JobSpec, backend: str) -> list[str]:
+    """What the backend checks before it writes a job (its features, the job's variables, the fit), named."""
+    from gpufleet.backends.base import Feature, check_submittable
+
+    chosen = get_backend(backend, gpufleet_home())
+    needs = [
+        (spec.world_size > 1, Feature.MULTI_RANK),
+        (spec.resources.nodes > 1, Feature.MULTI_NODE),
+        (spec.recovery == "continue", Feature.ELASTIC),
+    ]
+    for needed, feature in needs:
+        if needed:
+            chosen.require(feature)
+    check_submittable(spec, None)
+    chosen._admit(spec, None)
+    return [f"{backend} backend"]
+
+
+def _plan(spec: JobSpec, backend: str, checks: list[str], warnings: list[str]) -> dict[str, Any]:
+    """What ``validate --json`` prints: the job as it would run."""
+    import shlex
+
+    from gpufleet.jobs.protocol import entry_argv
+
+    res = spec.resources
+    nodes = f" x {res.nodes} nodes" if res.nodes > 1 else ""
+    return {
+        "valid": True,
+        "name": spec.name,
+        "team": spec.team,
+        "backend": backend,
+        "entrypoint": spec.entrypoint,
+        "command": shlex.join(entry_argv(spec)),
+        "workdir": spec.workdir,
+        "resources": {
+            "gpus": res.gpus,
+            "gpu_type": res.gpu_type,
+            "nodes": res.nodes,
+            "cpus": res.cpus,
+            "world_size": spec.world_size,
+            "summary": f"{res.gpus}x {res.gpu_type}{nodes}, {_count(res.cpus, 'CPU')}, "
+            f"{_count(spec.world_size, 'rank')}",
+        },
+        "checks": checks,
+        "warnings": warnings,
+    }
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _ended_line(row: JobRow) -> str:
+    """``job 2 failed (exit code 1): RuntimeError: boom at step 80 — see `gpufleet logs 2```."""
+    text = f"job {row.id} {row.state}" + (f" ({row.reason})" if row.reason else "")
+    failure = row.failure
+    if failure is not None and failure.line:
+        text += f": {failure.line}"
+    if failure is not None and failure.hint:
+        text += f" — see `{failure.hint}`"
+    return text
 
 
 def jobs(
@@ -82,8 +206,11 @@ def jobs(
     if json_out:
         emit_json(view)
         return
+    if not rows:
+        console.print(_no_jobs(store is None or not store.jobs(), team, state), highlight=False, markup=False)
+        return
     # Why a job waits (its quota, the capacity, a reclaim) or failed is worth a column when any has a reason.
-    why = [r["reason"] if r["state"] in (JobState.QUEUED, JobState.FAILED) and r["reason"] else "" for r in rows]
+    why = [_why(r) for r in rows]
     console.print(
         table(
             None,
@@ -107,6 +234,27 @@ def jobs(
     )
 
 
+WHY_WIDTH = 80
+"""Characters of the ``why`` column of ``gpufleet jobs``; ``gpufleet show ID`` prints the whole reason."""
+
+
+def _why(row: dict[str, Any]) -> str:
+    """Why a queued job waits, or why a failed one failed (with its log's exception line)."""
+    if row["state"] not in (JobState.QUEUED, JobState.FAILED):
+        return ""
+    failure = row.get("failure")
+    text = f"{failure['exit']}: {failure['line']}" if failure and failure["line"] else row["reason"] or ""
+    return text if len(text) <= WHY_WIDTH else text[: WHY_WIDTH - 3] + "..."
+
+
+def _no_jobs(empty: bool, team: str | None, state: str | None) -> str:
+    """What an empty list says: how to submit a first job, or that the filters matched none."""
+    if empty:
+        return "no jobs yet: submit one with `gpufleet submit SPEC` (see examples/)"
+    asked = " and ".join(f"--{flag} {value}" for flag, value in (("team", team), ("state", state)) if value)
+    return f"no job matches {asked} (`gpufleet jobs` lists them all)"
+
+
 def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """One job: its attempts, notable events and checkpoints."""
     store = job_store(job_id)
@@ -127,6 +275,9 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         f"[bold]job {job.id}[/] {escape(job.name)}  team={escape(job.team)}  priority={job.priority}  "
         f"state=[bold]{job.state}[/]" + (f"  ({escape(job.reason)})" if job.reason else "")
     )
+    failure = view.get("failure")
+    if failure is not None:
+        console.print(escape(_failed_because(failure)), highlight=False, soft_wrap=True)
     console.print(
         escape(
             ("no step reported yet" if summary["step"] is None else f"step {summary['step']}")
@@ -183,6 +334,15 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
         from gpufleet.cli.ckpt import print_memory
 
         print_memory(memory)
+
+
+def _failed_because(failure: dict[str, Any]) -> str:
+    """``failed because: RuntimeError: boom at step 80 (attempt 2, exit code 1, see `gpufleet logs 2`)``."""
+    line, exit_ = failure["line"], failure["exit"]
+    where = [f"attempt {failure['attempt']}"] if failure["attempt"] is not None else []
+    where += [exit_] if line else []
+    where += [f"see `{failure['hint']}`"] if failure["hint"] else []
+    return f"failed because: {line or exit_}" + (f" ({', '.join(where)})" if where else "")
 
 
 LOG_MAX_BYTES = 16 << 20
@@ -409,4 +569,17 @@ def cost(
         )
 
 
-__all__ = ["cancel", "cost", "hold", "job_summary", "jobs", "logs", "preempt", "release", "resize", "show", "submit"]
+__all__ = [
+    "cancel",
+    "cost",
+    "hold",
+    "job_summary",
+    "jobs",
+    "logs",
+    "preempt",
+    "release",
+    "resize",
+    "show",
+    "submit",
+    "validate",
+]

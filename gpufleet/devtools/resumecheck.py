@@ -108,6 +108,9 @@ class ResumeReport:
     failure: RunFailure | None = None
     hints: list[str] = field(default_factory=list)
     """Likely causes of a difference, from where it shows first."""
+    warnings: list[str] = field(default_factory=list)
+    """RNG states that differ while every loss and every other tensor is bitwise equal (:func:`rng_warnings`):
+    the verdict stays ``exact``, and each line names the generator and why it does not matter yet."""
 
     @property
     def exact(self) -> bool:
@@ -243,8 +246,10 @@ def _check_in(
     loss_step, loss_pair = first_loss_difference(ref_losses, run_losses)
     found = compare_final_states(_without(base_state, IGNORED), _without(run_state, IGNORED))
     first = found.first
+    entries = [*found.tensors, *found.others]
+    warnings = rng_warnings(entries) if loss_step is None else []
     return report(
-        verdict="exact" if loss_step is None and found.exact else "differs",
+        verdict="exact" if loss_step is None and (found.exact or warnings) else "differs",
         final_step=final,
         preempt_at=preempt,
         steps_compared=len(set(ref_losses) | set(run_losses)),
@@ -257,7 +262,8 @@ def _check_in(
         tensors_compared=found.tensors_compared,
         tensors_differing=len(found.tensors),
         other_entries=found.others,
-        hints=hints(loss_step, preempt, rollback_at, [*found.tensors, *found.others]),
+        hints=[] if warnings else hints(loss_step, preempt, rollback_at, entries),
+        warnings=warnings,
     )
 
 
@@ -277,27 +283,48 @@ def hints(loss_step: int | None, at: int, rollback_at: int | None, entries: list
             f"step {loss_step} differs after the injected rollback: state the session does not restore (a prefetched "
             "batch, an iterator, a counter in a local variable) carried over from the discarded steps"
         )
-    rng = [e for e in entries if RNG_ENTRY.match(e)]
-    if loss_step is None and rng and len(rng) == len(entries):
-        drawn = [e for e in rng if TORCH_RNG.search(e)]
-        unseeded = [e for e in rng if e not in drawn]
-        if drawn:
-            out.append(
-                f"every loss and weight matches but the torch RNG ends elsewhere ({', '.join(drawn)}): the resumed "
-                "run drew from it a different number of times. A DataLoader without a generator of its own draws a "
-                "seed at every iter(), one more at a resume mid-epoch; dropout or random augmentation would diverge "
-                "from there: give it DataLoader(..., generator=torch.Generator())"
-            )
-        if unseeded:
-            out.append(
-                f"saved RNG states differ ({', '.join(unseeded)}): the script does not seed that generator, so each "
-                "process starts it differently; seed it (random.seed, numpy.random.seed) to make runs comparable"
-            )
-    elif loss_step is None and entries:
+    others = [e for e in entries if not RNG_ENTRY.match(e)]
+    if loss_step is None and others:
         out.append(
-            f"every loss matches but {entries[0]} ends differently: is it computed from something the checkpoint "
+            f"every loss matches but {others[0]} ends differently: is it computed from something the checkpoint "
             "does not hold? Keep it in s.values or in an object passed as extra"
         )
+    return out
+
+
+RNG_NAMES = {
+    "python": "Python's random module",
+    "numpy": "numpy's global RNG",
+    "torch": "torch's global RNG",
+    "cuda": "torch's CUDA RNG",
+}
+"""The generator each saved RNG entry (``trainer.rng.<name>...``) holds, as a person calls it."""
+
+
+def rng_warnings(entries: list[str]) -> list[str]:
+    """One line per generator when RNG states are all that differ (``[]`` otherwise): every loss, weight and
+    optimizer tensor being bitwise equal, the loop did not draw from it, or drew without effect so far.
+
+    An unseeded generator the loop never uses starts elsewhere in each process (numpy's, Python's); a
+    torch generator that ends elsewhere was drawn from a different number of times (a DataLoader
+    without a generator of its own draws a seed at every ``iter()``, one more at a resume mid-epoch).
+    """
+    if not entries or not all(RNG_ENTRY.match(e) for e in entries):
+        return []
+    by_name: dict[str, list[str]] = {}
+    for entry in entries:
+        by_name.setdefault(RNG_ENTRY.sub("", entry).split(".")[0], []).append(entry)
+    out = []
+    for name, found in by_name.items():
+        which = f"{RNG_NAMES.get(name, f'the {name} RNG')} differs ({', '.join(found)}) but no weight or loss does"
+        if TORCH_RNG.search(found[0]):
+            out.append(
+                f"{which}: the resumed run drew from it a different number of times, without effect on this run; "
+                "dropout or random augmentation would diverge from there. A DataLoader without a generator of its "
+                "own draws a seed at every iter(): give it DataLoader(..., generator=torch.Generator())"
+            )
+        else:
+            out.append(f"{which}: the loop does not use it; seed it if it should")
     return out
 
 
@@ -646,5 +673,6 @@ __all__ = [
     "final_checkpoint",
     "first_loss_difference",
     "hints",
+    "rng_warnings",
     "step_losses",
 ]

@@ -165,7 +165,11 @@ def rejoin() -> bool:
 
         found = None if stop() else next_generation(Path(os.environ[ENV_RDZV_FILE]), generation, timeout, stop=stop)
     if found is None and stop():
-        print("gpufleet: told to stop while the group re-formed; the attempt is requeued", file=sys.stderr)
+        print(
+            "gpufleet: told to stop while the group re-formed: nothing to save (the last step every rank committed "
+            f"is saved), exiting {REQUEUE_EXIT_CODE} (requeue)",
+            file=sys.stderr,
+        )
         return False
     if found is None:
         print(f"gpufleet: the group did not re-form within {timeout:g} s; the attempt is requeued", file=sys.stderr)

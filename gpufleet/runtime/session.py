@@ -41,7 +41,13 @@ from gpufleet.runtime.components.agreement import PendingStep, RankAgreement
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.components.checkpointer import CheckpointManager, LoopPosition, SaveVerdict
 from gpufleet.runtime.components.ckpt_io import RESERVED_NAMES, Stateful, staged, state_registry
-from gpufleet.runtime.components.guard import PREEMPT_SIGNALS, GuardVerdict, Preempted, PreemptionGuard
+from gpufleet.runtime.components.guard import (
+    PREEMPT_SIGNALS,
+    GuardVerdict,
+    Preempted,
+    PreemptionGuard,
+    preemption_line,
+)
 from gpufleet.runtime.components.phases import CHECKPOINT, COLLECTIVE, PhaseClock, uses_cuda
 from gpufleet.runtime.components.reporter import Reporter, gpu_sampler_from_env
 from gpufleet.runtime.components.settings import settings_from_env
@@ -282,11 +288,29 @@ class TrainSession:
             self._save("final", bad)
 
     def _preempt(self) -> None:
+        """Save (unless this step is saved), say so in the attempt's log, and exit to be requeued."""
         self.events.emit(EventKind.PREEMPT_SIGNAL, signal=self._guard.signal_name, step=self.step)
-        self._finish_write()  # the write in flight is committed before the process exits
-        if self._ckpt.last_saved_step != self.step:
-            self._save("preempt", self.nonfinite_state())
-        raise Preempted(self.step)
+        step, started = self.step, time.perf_counter()
+        folder = self._ckpt.ckpts.root / f"step-{step:08d}"
+        saved = f"checkpoint step {step} was already saved ({folder})"
+        try:
+            self._finish_write()  # the write in flight is committed before the process exits
+            if self._ckpt.last_saved_step != step:
+                self._save("preempt", self.nonfinite_state())
+                saved = f"saved checkpoint step {step} ({folder}) in {time.perf_counter() - started:.2f} s"
+        except Preempted:  # the disk is full: the last good checkpoint is kept
+            last = self._ckpt.last_saved_step
+            kept = f"the last saved is step {last}" if last is not None else "none was saved in this attempt"
+            self._voice.print(
+                preemption_line(self._guard.signal_name, step, f"checkpoint not saved (no space), {kept}")
+            )
+            raise
+        except Exception as err:
+            failed = f"the checkpoint could not be saved ({type(err).__name__}: {err})"
+            self._voice.print(f"{self._guard.signal_name} at step {step}: {failed}")
+            raise
+        self._voice.print(preemption_line(self._guard.signal_name, step, saved))
+        raise Preempted(step)
 
     def request_preemption(self, signum: int = signal.SIGTERM) -> None:
         """Ask for a save-and-requeue at the next step boundary (what SIGTERM does)."""

@@ -20,7 +20,13 @@ import yaml
 from typer.testing import CliRunner
 
 from gpufleet.cli.debug import debug_app
-from gpufleet.devtools.resumecheck import compare_final_states, first_loss_difference, hints, step_losses
+from gpufleet.devtools.resumecheck import (
+    compare_final_states,
+    first_loss_difference,
+    hints,
+    rng_warnings,
+    step_losses,
+)
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.workloads.tinylm import TINY
 
@@ -262,10 +268,52 @@ def test_every_rank_rng_state_and_plain_entry_is_compared() -> None:
     )
 
 
-def test_rng_states_alone_differing_hint_at_seeding_or_at_extra_draws_on_any_rank() -> None:
-    (unseeded,) = hints(None, 4, None, ["rank-00001.rng.python", "trainer.rng.numpy.key"])
-    assert "seed it" in unseeded and "rank-00001.rng.python, trainer.rng.numpy.key" in unseeded
-    drawn, unseeded = hints(None, 4, None, ["rank-00000.rng.torch", "trainer.rng.cuda.0", "rank-00000.rng.python"])
-    assert "(rank-00000.rng.torch, trainer.rng.cuda.0)" in drawn and "generator=torch.Generator()" in drawn
-    assert "(rank-00000.rng.python)" in unseeded
-    assert not any("seed it" in h for h in hints(None, 4, None, ["rank-00001.rng.python", "model.w"]))
+def test_rng_states_alone_differing_are_warnings_naming_each_generator_on_any_rank() -> None:
+    python, numpy = rng_warnings(["rank-00001.rng.python", "trainer.rng.numpy.key", "trainer.rng.numpy.pos"])
+    assert python.startswith("Python's random module differs (rank-00001.rng.python) but no weight or loss does")
+    assert numpy == (
+        "numpy's global RNG differs (trainer.rng.numpy.key, trainer.rng.numpy.pos) but no weight or loss does: "
+        "the loop does not use it; seed it if it should"
+    )
+    (torch_rng,) = rng_warnings(["rank-00000.rng.torch"])
+    assert "drew from it a different number of times" in torch_rng and "generator=torch.Generator()" in torch_rng
+    assert rng_warnings(["rank-00001.rng.python", "model.w"]) == [] and rng_warnings([]) == []
+    (other,) = hints(None, 4, None, ["rank-00001.rng.python", "model.w"])
+    assert "every loss matches but model.w ends differently" in other
+
+
+README_LOOP = """import numpy as np  # imported as scripts do: never seeded, never drawn from
+import torch
+
+from gpufleet.runtime import TrainSession
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+with TrainSession.from_env(model=model, optimizer=optimizer, total_steps=6) as s:
+    for _ in s.steps():
+        x = torch.randn(16, 8)  # a random batch from torch's global RNG, which the checkpoint holds
+        loss = (model(x) - x.sin().sum(1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        s.report(loss)
+"""
+
+
+def test_an_unused_unseeded_numpy_rng_is_a_warning_not_a_difference(tmp_path: Path) -> None:
+    """The README's loop with torch batches and numpy imported: exact, exit 0, numpy's RNG named in a warning."""
+    (tmp_path / "train.py").write_text(README_LOOP)
+    spec = write_spec(tmp_path, "readme-loop", entrypoint="python train.py", workdir=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli", "debug", "resume-check", str(spec), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "exact" and report["exact"] is True and report["first_loss_step"] is None
+    assert report["hints"] == [] and all(".rng." in e for e in [report["first_tensor"], *report["other_entries"]])
+    assert any(w.startswith("numpy's global RNG differs (trainer.rng.numpy.key") for w in report["warnings"])

@@ -1917,9 +1917,12 @@ def catalog_path(g: Gen, *, hostile: bool) -> str:
 
 
 def surface_spec_submit(g: Gen) -> Draft:
-    argv = ["submit", spec_path(g)]
+    command = g.pick(("submit", "submit", "submit", "validate"))
+    argv = [command, spec_path(g)]
     service = False
-    if g.chance(0.3):
+    if command == "submit" and g.chance(0.15):
+        argv.append("--dry-run")
+    if command == "submit" and g.chance(0.3):
         argv += [
             "--gpu-source",
             g.arg_string(

@@ -138,6 +138,17 @@ class PreemptionGuard:
         return GuardVerdict.SAVE_AND_EXIT if self.requested else GuardVerdict.CONTINUE
 
 
+def preemption_line(signal_name: str, step: int, saved: str) -> str:
+    """The line a preempted attempt's log ends with, after its last step's:
+    ``SIGTERM at step 80: saved checkpoint step 80 (.../step-00000080) in 0.12 s, exiting 75 (requeue)``.
+
+    ``saved`` says what became of the state (saved, already saved, not saved and why); without this
+    line the log of a preempted attempt reads like one that stopped for no reason.
+    """
+    asked = "preemption requested" if signal_name == "request" else signal_name
+    return f"{asked} at step {step}: {saved}, exiting {REQUEUE_EXIT_CODE} (requeue)"
+
+
 _told_to_stop: list[int | None] = [None]
 
 
@@ -150,4 +161,4 @@ def told_to_stop() -> int | None:
     return _told_to_stop[0]
 
 
-__all__ = ["PREEMPT_SIGNALS", "GuardVerdict", "Preempted", "PreemptionGuard", "told_to_stop"]
+__all__ = ["PREEMPT_SIGNALS", "GuardVerdict", "Preempted", "PreemptionGuard", "preemption_line", "told_to_stop"]
