@@ -16,6 +16,8 @@ submit the retraining job the monitor file names for the model, once per key.
 The pages (``/``, ``/jobs/{id}``, ``/cost``, ``/quality``) are static HTML and one script that reads
 the API, so what a person sees is what a program gets. Every route reads the store afresh, so the
 server needs no restart when jobs come and go, and a route never holds the store between requests.
+The page of a job that is not there (or of an id that is no job id) is a 404 page saying so, with the
+way back to the fleet; the API still answers such a request with its JSON 404.
 
 Every request first passes :class:`gpufleet.serve.guard.Guard` (its Host, its token before its body,
 its body's size, the response's security headers, no host path in a body); the server's connections
@@ -49,12 +51,13 @@ from gpufleet.serve.auth import action_refusal
 from gpufleet.serve.cache import ViewCache
 from gpufleet.serve.guard import MAX_BODY_BYTES, Guard, accepted_hosts
 from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from gpufleet.serve.timeline import Bucket
 
 with required("fastapi", "serve", "gpufleet serve"):
     from fastapi import Body, FastAPI, HTTPException, Query, Request
     from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
     from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger("gpufleet.serve")
@@ -84,6 +87,7 @@ MAX_QUERY_CHARS = 128
 """The longest query value (a team, a period): longer is refused (422) before anything is looked up."""
 Team = Annotated[str | None, Query(max_length=MAX_QUERY_CHARS, description="Only this team's jobs.")]
 Seconds = Annotated[float, Query(gt=0, allow_inf_nan=False)]
+SweepName = Annotated[str, PathParam(max_length=63, description="A sweep's name (see GET /api/sweeps).")]
 
 PERIODS = {"24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0, "all": None}
 DEMO_NAME = re.compile(r"^[0-9]{8}-[0-9]{6}$")
@@ -134,10 +138,12 @@ def _job_store(home: Path, job_id: int) -> Store:
 
 def fleet_view(home: Path) -> dict[str, Any]:
     """The fleet page's data: counts by state and team, the queue and why each job waits, the pools, recent events."""
-    from gpufleet.views import fleet_status, job_summary
+    from gpufleet.views import Capacity, FleetJobRow, FleetStatus
 
     store = _store(home)
-    jobs = [] if store is None else [job_summary(store, j) for j in store.jobs()]
+    now = time.time()
+    rows = [] if store is None else [FleetJobRow.read(store, j, now) for j in store.jobs()]
+    jobs = [r.to_json() for r in rows]
     by_state = Counter(j["state"] for j in jobs)
     by_team: dict[str, Counter[str]] = {}
     for j in jobs:
@@ -147,26 +153,41 @@ def fleet_view(home: Path) -> dict[str, Any]:
         for j in sorted(jobs, key=lambda j: (-j["priority"], j["submitted_at"]))
         if j["state"] == JobState.QUEUED
     ]
-    recent: list[dict[str, Any]] = []
-    if store is not None:
-        names = {j["id"]: j["name"] for j in jobs}
-        for j in jobs:
-            for e in store.events(j["id"], RECENT_KINDS):
-                recent.append({"job": j["id"], "name": names[j["id"]], "ts": e.ts, "kind": e.kind, **e.data})
-        recent.sort(key=lambda e: e["ts"], reverse=True)
+    recent = [] if store is None else recent_events(store, {j["id"]: j["name"] for j in jobs})
+    fleet = FleetStatus.read(home)
     return {
         "jobs": jobs,
         "states": dict(by_state),
         "teams": {t: dict(c) for t, c in sorted(by_team.items())},
         "queue": queue,
         "recent": recent[:50],
-        "fleet": fleet_status(home),
-        "generated_at": time.time(),
+        "fleet": fleet.to_json(),
+        "capacity": Capacity.read(home, fleet, rows).to_json(),
+        "generated_at": now,
     }
 
 
+def recent_events(store: Store, names: dict[int, str]) -> list[dict[str, Any]]:
+    """The jobs' preemptions, rollbacks and failovers, newest first. An event's own ``job`` field names the
+    job that took the GPUs (``preempted_by``, ``reclaimed_by``): it is served as ``by`` (and ``by_name``),
+    never over ``job``, the job the event happened to."""
+    recent = []
+    for job_id, name in names.items():
+        for e in store.events(job_id, RECENT_KINDS):
+            data = dict(e.data)
+            by = data.pop("job", None)
+            taker = {"by": by, "by_name": names.get(by)} if isinstance(by, int) else {}
+            recent.append({**data, **taker, "job": job_id, "name": name, "ts": e.ts, "kind": e.kind})
+    recent.sort(key=lambda e: e["ts"], reverse=True)
+    return recent
+
+
 def series_view(store: Store, job_id: int) -> dict[str, Any]:
-    """A job's curves from its step events: loss, tokens/s, MFU, and the unhealthy steps and rollbacks."""
+    """A job's curves from its step events: loss, tokens/s, MFU, the unhealthy steps, rollbacks and
+    checkpoints, and its progress (:class:`gpufleet.views.JobProgress`: the total, the rate now, the ETA)."""
+    from gpufleet.jobs.store import latest_step
+    from gpufleet.views import JobProgress
+
     steps = store.events(job_id, (EventKind.STEP,))
     if len(steps) > SERIES_POINTS:
         stride = len(steps) / SERIES_POINTS
@@ -191,10 +212,24 @@ def series_view(store: Store, job_id: int) -> dict[str, Any]:
         for e in store.events(job_id, (EventKind.ROLLBACK,))
     ]
     checkpoints = [
-        {"step": e.data.get("step"), "attempt": e.attempt, "ts": e.ts, "reason": e.data.get("reason")}
+        {
+            "step": e.data.get("step"),
+            "attempt": e.attempt,
+            "ts": e.ts,
+            "reason": e.data.get("reason"),
+            "seconds": e.data.get("seconds"),
+        }
         for e in store.events(job_id, (EventKind.CHECKPOINT,))
     ]
-    return {"id": job_id, "points": points, "unhealthy": unhealthy, "rollbacks": rollbacks, "checkpoints": checkpoints}
+    progress = JobProgress.read(store, store.job(job_id), latest_step(store, job_id), time.time())
+    return {
+        "id": job_id,
+        "points": points,
+        "unhealthy": unhealthy,
+        "rollbacks": rollbacks,
+        "checkpoints": checkpoints,
+        "progress": progress.to_json(),
+    }
 
 
 def quality_homes(home: Path) -> list[tuple[str, Path]]:
@@ -265,13 +300,33 @@ def _page(title: str, page: str, cfg: ServeConfig, **data: Any) -> HTMLResponse:
     return HTMLResponse(body, headers={"Cache-Control": "no-store"})
 
 
+PAGE_MAIN = re.compile(r'<main id="main">.*?</main>', re.DOTALL)
+SHOWN_ID_CHARS = 40
+"""A page that names a malformed job id shows at most its first 40 characters."""
+
+
+def _no_job_page(job_id: str, cfg: ServeConfig) -> HTMLResponse:
+    """``/jobs/<id>`` for a job that is not there: a page (404) that says so and leads back to the fleet,
+    not the API's JSON; written by the server, so it reads the same without its script."""
+    import html
+
+    shown = job_id if len(job_id) <= SHOWN_ID_CHARS else job_id[:SHOWN_ID_CHARS] + "…"
+    main = (
+        f'<main id="main"><h1 id="no-job">no job {html.escape(shown)}</h1>'
+        '<p><a href="/">Back to the fleet</a>: it lists the jobs of this home.</p></main>'
+    )
+    page = bytes(_page(f"gpufleet: no job {shown}", "missing", cfg).body).decode()
+    return HTMLResponse(PAGE_MAIN.sub(lambda _: main, page, count=1), 404, headers={"Cache-Control": "no-store"})
+
+
 def create_app(cfg: ServeConfig) -> FastAPI:
     """The app; every state-changing route is reached only through :class:`Guard`'s token check."""
     from gpufleet.features import load_features
-    from gpufleet.views import FleetPage, JobsView, job_view_model
+    from gpufleet.views import FleetPage, JobsView, document_views, job_view_model
 
     for name, why in load_features().items():  # the others load: a job of that feature shows its raw events
         log.warning("feature %s not loaded: %s", name, why)
+    document_views()  # the fields' docstrings, in /api/openapi.json
     home = cfg.home
     cache = ViewCache(cfg.cache_s)
     stop = threading.Event()
@@ -328,9 +383,15 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return _page("gpufleet: fleet", "fleet", cfg)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
-    def job_page(job_id: JobId) -> HTMLResponse:
-        _job_store(home, job_id)
-        return _page(f"gpufleet: job {job_id}", "job", cfg, job=job_id)
+    def job_page(job_id: str) -> HTMLResponse:
+        number = int(job_id) if job_id.isascii() and job_id.isdigit() else 0
+        if not 1 <= number <= MAX_ID:
+            return _no_job_page(job_id, cfg)
+        try:
+            _job_store(home, number)
+        except NotFound:
+            return _no_job_page(str(number), cfg)
+        return _page(f"gpufleet: job {number}", "job", cfg, job=number)
 
     @app.get("/cost", response_class=HTMLResponse, include_in_schema=False)
     def cost_page() -> HTMLResponse:
@@ -339,6 +400,18 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     @app.get("/quality", response_class=HTMLResponse, include_in_schema=False)
     def quality_page() -> HTMLResponse:
         return _page("gpufleet: quality", "quality", cfg)
+
+    @app.get("/sweeps", response_class=HTMLResponse, include_in_schema=False)
+    def sweeps_page() -> HTMLResponse:
+        return _page("gpufleet: sweeps", "sweeps", cfg)
+
+    @app.get("/api/docs", response_class=HTMLResponse, include_in_schema=False)
+    def api_docs_page() -> HTMLResponse:
+        return _page("gpufleet: API", "apidocs", cfg)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs_redirect() -> RedirectResponse:
+        return RedirectResponse("/api/docs")
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str) -> Response:
@@ -382,14 +455,16 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
         return job_view(_job_store(home, job_id), home, job_id)
 
-    @app.get("/api/jobs/{job_id}/series", tags=["jobs"], summary="Loss, tokens/s and MFU per logged step")
+    @app.get(
+        "/api/jobs/{job_id}/series", tags=["jobs"], summary="Loss, tokens/s and MFU per logged step; progress and ETA"
+    )
     def api_series(job_id: JobId) -> dict[str, Any]:
         return series_view(_job_store(home, job_id), job_id)
 
     @app.get(
         "/api/jobs/{job_id}/goodput",
         tags=["jobs"],
-        summary="Where the GPU time went: goodput buckets, each rank's phases, stragglers, hangs",
+        summary="Where the GPU time went: goodput buckets, preemption overhead, each rank's phases, stragglers, hangs",
     )
     def api_goodput(job_id: JobId) -> dict[str, Any]:
         from gpufleet.serve.goodput import job_time_view
@@ -464,6 +539,44 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             return {**cost_report(store, team=team, since=since).to_dict(), "period": period}
 
         return cache.get(("cost", team, period), build) if known_team(team) else build()
+
+    @app.get(
+        "/api/cost/timeline",
+        tags=["cost"],
+        summary="GPU-hours and money per team per hour or day (bucket=auto: by the hour up to two days)",
+    )
+    def api_cost_timeline(
+        team: Team = None,
+        period: Annotated[str, Query(max_length=MAX_QUERY_CHARS)] = "all",
+        bucket: Bucket = "auto",
+    ) -> dict[str, Any]:
+        from gpufleet.cost.rates import load_rates
+        from gpufleet.cost.usage import store_usages
+        from gpufleet.serve.timeline import cost_timeline
+
+        if period not in PERIODS:
+            raise HTTPException(422, f"period={period!r}: use one of {', '.join(PERIODS)}")
+        seconds = PERIODS[period]
+
+        def build() -> dict[str, Any]:
+            store = _store(home)
+            usages = [] if store is None else store_usages(store, team=team)
+            since = None if seconds is None else time.time() - seconds
+            return {**cost_timeline(usages, load_rates(), bucket, since), "period": period}
+
+        return cache.get(("timeline", team, period, bucket), build) if known_team(team) else build()
+
+    @app.get("/api/sweeps", tags=["sweeps"], summary="Every sweep of this home: trials, best, GPU-hours, money")
+    def api_sweeps() -> dict[str, Any]:
+        from gpufleet.serve.sweep_view import sweeps_view
+
+        return cache.get(("sweeps",), lambda: sweeps_view(home))
+
+    @app.get("/api/sweeps/{name}", tags=["sweeps"], summary="gpufleet sweep show NAME --json")
+    def api_sweep(name: SweepName) -> dict[str, Any]:
+        from gpufleet.serve.sweep_view import sweep_view
+
+        return sweep_view(home, name)
 
     @app.get("/metrics", tags=["metrics"], summary="Goodput GPU-seconds and money per job and bucket (Prometheus)")
     def metrics() -> Response:

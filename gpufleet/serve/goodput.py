@@ -157,8 +157,25 @@ def bucket_split(usages: Sequence[AttemptUsage], rates: RateCard) -> dict[str, A
     }
 
 
+def preemption_overhead(usages: Sequence[AttemptUsage], rates: RateCard, *, priced: bool) -> dict[str, Any]:
+    """The GPU time and money ``usages`` spent only because they were preempted or killed: redone work and
+    the restarts (:func:`gpufleet.cost.ledger.attempt_cost`, the ledger's own overhead), its share of the
+    whole, and how many attempts were preempted and killed. ``money`` is None unless ``priced``."""
+    from gpufleet.cost.ledger import Cost, attempt_cost
+
+    cost = sum((attempt_cost(u, rates) for u in usages), Cost())
+    return {
+        "preemptions": cost.preemptions,
+        "killed": cost.killed,
+        "gpu_seconds": cost.preemption_overhead_gpu_hours * 3600.0,
+        "money": cost.preemption_money if priced else None,
+        "share": cost.preemption_share,
+    }
+
+
 def job_time_view(store: Store, job_id: int) -> dict[str, Any]:
-    """``GET /api/jobs/{id}/goodput``: the job's buckets, its ranks' phases, its stragglers and hangs."""
+    """``GET /api/jobs/{id}/goodput``: the job's buckets, what preemptions cost it, its ranks' phases, its
+    stragglers and hangs."""
     from gpufleet.cost.rates import load_rates
     from gpufleet.cost.usage import job_usages
 
@@ -167,9 +184,11 @@ def job_time_view(store: Store, job_id: int) -> dict[str, Any]:
     per_attempt: dict[int | None, float | None] = {u.attempt: attempt_rate(u, rates) for u in usages}
     steps = store.events(job_id, (EventKind.STEP,))
     notable = store.events(job_id, (EventKind.STRAGGLER, EventKind.RANK_STALLED))
+    split = bucket_split(usages, rates)
     return {
         "id": job_id,
-        **bucket_split(usages, rates),
+        **split,
+        "preemption": preemption_overhead(usages, rates, priced=split["money"] is not None),
         "phases": list(PHASES),
         "ranks": rank_phases(steps),
         "stragglers": stragglers(notable, per_attempt),
@@ -247,6 +266,7 @@ __all__ = [
     "job_time_view",
     "metrics_text",
     "phase_lists",
+    "preemption_overhead",
     "rank_phases",
     "stragglers",
 ]

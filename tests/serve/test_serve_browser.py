@@ -3,8 +3,9 @@
 A person's path: the fleet page's step counter advances without a reload; the job page refuses a
 preemption without the token, accepts it with the token, and its timeline then shows the preempted
 attempt, hovered; the cost page lists the job; the quality page, after ``gpufleet quality demo
---worse``, shows the rollback. Each page is saved as a screenshot (the README's images come from
-``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_serve_browser.py``).
+--worse``, shows the rollback. The quality page is saved as a screenshot (the docs' images come
+from ``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_serve_browser.py``; the job page's from
+``tests/serve/test_browser_job.py``, the fleet, cost and sweeps pages' from ``tests/serve/test_browser_fleet.py``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ def test_fleet_live_job_timeline_preempt_with_the_token_and_cost(
         )
         assert page.evaluate("window.__notReloaded") is True  # the same document: updated in place
         assert page.locator('.card[data-state="running"] b').inner_text() == "1"
-        screenshot(page, "serve-fleet", tmp_path)
 
         page.click(f'#fleet-jobs tr[data-job="{job}"] a')
         page.wait_for_url(f"{url}/jobs/{job}")
@@ -90,13 +90,11 @@ def test_fleet_live_job_timeline_preempt_with_the_token_and_cost(
         assert "attempt 1: preempted" in tip.inner_text() and "checkpoints: step" in tip.inner_text()
         assert page.locator('#events tr[data-kind="sigterm"]').count() >= 1
         page.locator("#loss-chart path").first.wait_for(timeout=WAIT_MS)
-        screenshot(page, "serve-job", tmp_path)
 
         page.goto(url + "/cost")
         page.locator("#cost-jobs a", has_text=f"#{job} resnet-like").wait_for(timeout=WAIT_MS)
         page.select_option("#period", "24h")
         page.locator("#cost-jobs a", has_text=f"#{done} warmup").wait_for(timeout=WAIT_MS)
-        screenshot(page, "serve-cost", tmp_path)
 
 
 @pytest.mark.timeout(600)

@@ -20,14 +20,23 @@ function esc(v) {
 function num(v, digits = 1) {
   if (v === null || v === undefined || Number.isNaN(v)) return "";
   if (typeof v !== "number") return esc(v);
-  if (v !== 0 && Math.abs(v) < 0.1) return v.toPrecision(2);
+  if (v !== 0 && Math.abs(v) < 0.1) return v.toLocaleString("en-US", { maximumSignificantDigits: 2, maximumFractionDigits: 12 });
   return Math.abs(v) >= 1000 ? v.toLocaleString("en-US", { maximumFractionDigits: 0 }) : v.toFixed(digits);
 }
 function when(ts) { return ts ? new Date(ts * 1000).toLocaleString() : ""; }
+// A duration with its units: "0.02 ms", "25 ms", "1.4 s", "3 min 05 s", "2 h 07 min", "3 d 4 h".
 function dur(s) {
-  if (s === null || s === undefined) return "";
+  if (typeof s !== "number" || !Number.isFinite(s)) return "";
   s = Math.max(0, s);
-  return s < 60 ? `${s.toFixed(1)}s` : s < 3600 ? `${Math.floor(s / 60)}m${Math.round(s % 60)}s` : `${(s / 3600).toFixed(1)}h`;
+  const two = (n) => String(n).padStart(2, "0");
+  if (s === 0) return "0 s";
+  if (s < 0.001) return `${(s * 1000).toLocaleString("en-US", { maximumSignificantDigits: 2, maximumFractionDigits: 12 })} ms`;
+  if (s < 1) return `${(s * 1000).toLocaleString("en-US", { maximumSignificantDigits: 2 })} ms`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min ${two(Math.floor(s % 60))} s`;
+  const h = Math.floor(m / 60);
+  return h < 24 ? `${h} h ${two(m % 60)} min` : `${Math.floor(h / 24)} d ${h % 24} h`;
 }
 function state(s) { return `<span class="state ${esc(s)}">${esc(s)}</span>`; }
 function table(head, rows, attrs = "") {
@@ -82,7 +91,22 @@ const BUCKET_COLOR = {
 const PHASE_COLOR = { data_wait: "#e0a030", compute: "#2f8a4a", collective: "#2f6fd0", optimizer: "#7a5cc0", checkpoint: "#4aa3a3", straggler_wait: "#c0392b" };
 const MAX_RANK_BARS = 64;
 function pct(v) { return typeof v === "number" ? `${(100 * v).toFixed(1)}%` : "-"; }
-function money(v, currency) { return typeof v === "number" ? `${num(v, 2)} ${esc(currency || "")}`.trim() : "unpriced"; }
+// Money as gpufleet.fmt.money writes it: whole cents from one unit up ("$1,234.57"), three significant
+// figures below ("$0.0000663"), the currency's sign where it has one, else its code after the amount.
+const CURRENCY_SIGN = { USD: "$", EUR: "\u20ac", GBP: "\u00a3" };
+function money(v, currency) {
+  if (typeof v !== "number") return "unpriced";
+  if (!Number.isFinite(v)) return "n/a";
+  const x = Math.abs(v);
+  let text = x.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  if (x > 0 && x < 1) {
+    text = x.toFixed(Math.min(8, 2 - Math.floor(Math.log10(x)))).replace(/0+$/, "");
+    if (text.split(".")[1].length < 2) text = x.toFixed(2);
+  }
+  const sign = v < 0 ? "-" : "", code = String(currency || "");
+  const symbol = CURRENCY_SIGN[code.toUpperCase()];
+  return esc(symbol ? `${sign}${symbol}${text}` : `${sign}${text} ${code}`.trim());
+}
 
 // Horizontal stacked bars, one a row, scaled to the largest row: rows = [{label, attrs, right, parts: [{key, value, color, tip}]}].
 function stackedBars(id, rows, attrs = "") {
@@ -108,3 +132,8 @@ function withTips(box) {
   for (const s of box.querySelectorAll(".swatch[data-c]")) s.style.background = s.dataset.c;
 }
 
+// A run's (or a trial's) parameter as people write it: integers whole, others to 3 significant digits, never in e-notation.
+function paramValue(v) {
+  if (typeof v !== "number") return typeof v === "object" ? JSON.stringify(v) : String(v);
+  return Number.isInteger(v) ? String(v) : v.toLocaleString("en-US", { maximumSignificantDigits: 3, useGrouping: false });
+}

@@ -25,12 +25,44 @@ function teamBuckets(c) {
     names.map((b) => `<span class="swatch" data-c="${BUCKET_COLOR[b] || "#999"}"></span>${esc(b)}`).join(" ") + "</p>";
 }
 
+const TEAM_COLORS = ["#2f6fd0", "#2f8a4a", "#c07a00", "#7a5cc0", "#c0392b", "#4aa3a3", "#d4658a", "#6b8fb5", "#8e2420", "#8a8f98"];
+
+// Each team's money (or GPU-hours) per hour or day, as /api/cost/timeline splits the ledger's attempts.
+async function costTimeline(box, period) {
+  const bucket = document.getElementById("tl-bucket").value;
+  const measure = document.getElementById("tl-measure").value;
+  const t = await api(`/api/cost/timeline?period=${period}&bucket=${bucket}`);
+  const teams = Object.entries(t.teams);
+  box.dataset.teams = String(teams.length);
+  if (!teams.length) {
+    box.innerHTML = '<p class="muted">no GPU time in this period</p>';
+    return;
+  }
+  if (typeof xyChart !== "function") {
+    box.innerHTML = '<p class="muted">charts are not available</p>';
+    return;
+  }
+  const label = measure === "money" ? `${t.currency} per ${t.bucket}` : `GPU-hours per ${t.bucket}`;
+  xyChart(box, {
+    series: teams.map(([team, points], i) => ({
+      name: team, color: TEAM_COLORS[i % TEAM_COLORS.length], kind: points.length > 1 ? "line" : "dots",
+      points: points.map((p) => [p.start, measure === "money" ? p.money : p.gpu_hours]),
+    })),
+    x: { label: `${t.bucket} (UTC buckets)`, time: true }, y: { label, log: false }, marks: [], height: 220,
+  });
+}
+
 function costPage() {
   main.innerHTML = `<h1>Cost</h1><div class="actions">period <select id="period">
       <option value="24h">last 24 hours</option><option value="7d">last 7 days</option><option value="30d">last 30 days</option>
       <option value="all" selected>all time</option></select></div>
     <div class="cards" id="total"></div><h2>Per team</h2><div id="teams"></div>
-    <h2>Where the GPU time went, per team</h2><div id="team-split"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
+    <h2>Where the GPU time went, per team</h2><div id="team-split"></div>
+    <h2>Cost over time, per team</h2><div class="actions"><select id="tl-measure" aria-label="measure">
+      <option value="money" selected>money</option><option value="gpu_hours">GPU-hours</option></select>
+      <select id="tl-bucket" aria-label="bucket"><option value="auto" selected>by hour or day</option>
+      <option value="hour">per hour</option><option value="day">per day</option></select></div>
+    <div id="cost-timeline" class="chart"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
   const head = ["", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }, { label: "useful GPU-h", num: 1 },
     { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 },
     { label: "goodput", num: 1 }];
@@ -48,8 +80,10 @@ function costPage() {
     split.innerHTML = teamBuckets(c);
     withTips(split);
     document.getElementById("cost-jobs").innerHTML = table(["job", ...head.slice(1)], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, `/jobs/${j.id}`)));
+    await costTimeline(document.getElementById("cost-timeline"), sel.value);
   };
   sel.onchange = render;
+  for (const id of ["tl-measure", "tl-bucket"]) document.getElementById(id).addEventListener("change", () => costTimeline(document.getElementById("cost-timeline"), sel.value));
   live(render);
 }
 
