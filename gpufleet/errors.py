@@ -181,7 +181,7 @@ class ServiceUnavailable(GpufleetError):
     """A service a command needs (Slurm, Ray, an MLflow server, a trace collector) does not answer.
 
     Not bad input: the same command works once the service is up, so it exits 3 (the contract in
-    the README) and the message says how to start it or where it was looked for. The API answers 503.
+    docs/getting-started.md) and the message says how to start it or where it was looked for. The API answers 503.
     """
 
     exit_code = 3

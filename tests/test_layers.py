@@ -1,4 +1,4 @@
-"""The layer order the README's "Layout" states, kept by walking every import of the package.
+"""The layer order docs/architecture.md's "Layout" states, kept by walking every import of the package.
 
 The Layout block numbers each top-level part of ``gpufleet`` with a floor (``3  gpufleet/jobs/``); a part
 may import only parts on lower floors. Every import counts, including those inside functions (they
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpufleet"
-README = ROOT / "README.md"
+LAYOUT = ROOT / "docs" / "architecture.md"
 FLOOR_LINE = re.compile(r"^\s*(\d+)\s+gpufleet/([A-Za-z_][\w]*)(?:\.py|/)")
 
 
@@ -38,18 +38,18 @@ class Import:
 
 
 def stated_floors(text: str) -> dict[str, int]:
-    """``{part: floor}`` from the README's Layout code block (``N  gpufleet/part/  what lives there``)."""
+    """``{part: floor}`` from the Layout block of docs/architecture.md (``N  gpufleet/part/  what lives there``)."""
     _, _, after = text.partition("\n## Layout\n")
-    assert after, "README.md has no '## Layout' section to read the layer order from"
+    assert after, "docs/architecture.md has no '## Layout' section to read the layer order from"
     block = after.split("```", 2)[1]
     floors: dict[str, int] = {}
     for line in block.splitlines():
         match = FLOOR_LINE.match(line)
         if match:
             part = match.group(2)
-            assert part not in floors, f"README Layout lists gpufleet/{part} twice"
+            assert part not in floors, f"the Layout (docs/architecture.md) lists gpufleet/{part} twice"
             floors[part] = int(match.group(1))
-    assert floors, "README Layout states no floors ('N  gpufleet/part/  ...')"
+    assert floors, "the Layout (docs/architecture.md) states no floors ('N  gpufleet/part/  ...')"
     return floors
 
 
@@ -118,15 +118,17 @@ def parts_on_disk() -> set[str]:
 
 
 def test_every_part_has_a_floor() -> None:
-    floors = stated_floors(README.read_text(encoding="utf-8"))
+    floors = stated_floors(LAYOUT.read_text(encoding="utf-8"))
     missing = sorted(parts_on_disk() - set(floors))
     stale = sorted(set(floors) - parts_on_disk())
-    assert not missing, f"README Layout gives no floor to: {', '.join(missing)} (add a line 'N  gpufleet/<part>  ...')"
-    assert not stale, f"README Layout names parts that do not exist: {', '.join(stale)}"
+    assert not missing, (
+        f"the Layout gives no floor to: {', '.join(missing)} (add 'N  gpufleet/<part>  ...' to its block)"
+    )
+    assert not stale, f"the Layout (docs/architecture.md) names parts that do not exist: {', '.join(stale)}"
 
 
 def test_imports_go_down_the_floors() -> None:
-    floors = stated_floors(README.read_text(encoding="utf-8"))
+    floors = stated_floors(LAYOUT.read_text(encoding="utf-8"))
     bad = []
     for imp in all_imports():
         src, dst = part_of(imp.source), part_of(imp.target)
@@ -137,12 +139,12 @@ def test_imports_go_down_the_floors() -> None:
                 f"{imp.where()}: {src} (floor {floors[src]}) may import only lower floors, "
                 f"{dst} is on floor {floors[dst]}"
             )
-    assert not bad, "imports against the README Layout's order:\n" + "\n".join(bad)
+    assert not bad, "imports against the Layout's order (docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_each_folder_says_its_floor() -> None:
     """Each folder's ``__init__`` docstring states the floor the Layout gives it, so a reader of the code sees it."""
-    floors = stated_floors(README.read_text(encoding="utf-8"))
+    floors = stated_floors(LAYOUT.read_text(encoding="utf-8"))
     wrong = []
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         part = init.parent.name
@@ -150,9 +152,9 @@ def test_each_folder_says_its_floor() -> None:
         said = re.search(r"Floor (\d+) of the layers", doc)
         if said is None or part not in floors or int(said.group(1)) != floors[part]:
             wrong.append(
-                f"gpufleet/{part}/__init__.py: says {said.group(0) if said else 'no floor'}, README: {floors.get(part)}"
+                f"gpufleet/{part}/__init__.py: says {said.group(0) if said else 'no floor'}, Layout: {floors.get(part)}"
             )
-    assert not wrong, "folder docstrings disagree with the README Layout:\n" + "\n".join(wrong)
+    assert not wrong, "folder docstrings disagree with the Layout (docs/architecture.md):\n" + "\n".join(wrong)
 
 
 def test_no_cycle_between_parts() -> None:

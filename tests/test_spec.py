@@ -46,7 +46,10 @@ def test_command_entrypoint_is_split_not_shelled(tmp_path: Path) -> None:
     ("text", "field"),
     [
         ("name: a\nentrypoint: m:f\nresources: {gpus: -1}\n", "resources.gpus"),
-        ("name: a\nentrypoint: m:f\nresourses: {gpus: 1}\n", "resourses: unknown field"),
+        (
+            "name: a\nentrypoint: m:f\nresourses: {gpus: 1}\n",
+            "resourses: unknown field (check its spelling against the fields in docs/reference/jobspec.md)",
+        ),
         ("name: a\n", "entrypoint: required field is missing"),
         ("name: ../etc\nentrypoint: m:f\n", "name"),
         ("name: a\nentrypoint: m:f\ncheckpoint: {every_steps: null}\n", "checkpoint"),

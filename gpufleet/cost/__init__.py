@@ -1,4 +1,4 @@
-"""Floor 7 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+"""Floor 7 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/.
 """
 

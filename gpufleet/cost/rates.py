@@ -86,7 +86,7 @@ def load_rates(path: str | Path | None = None) -> RateCard:
         data,
         source=source,
         what="a rate card",
-        reference="the rate card format in the README",
+        reference="the rate card format in docs/cost.md",
         error=UsageError,
     )
 

@@ -4,7 +4,7 @@ A JobSpec's ``data`` block lists sources (a local path, ``s3://bucket/prefix``, 
 the folder each lands in under ``$GPUFLEET_DATA_DIR``. :mod:`gpufleet.data.stage` copies them, in
 parallel and checked, once per attempt; :mod:`gpufleet.data.stage_in` is what every rank runs first.
 
-Floor 8 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 8 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, tables.py, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/.
 """
 

@@ -3,7 +3,7 @@
 ``debug``: is the loop deterministic, where did the loss spike; ``resumecheck``: does a resumed
 run end where an uninterrupted one does; ``profile``: where a step's time goes.
 
-Floor 9 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 9 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
 workloads/.
 """

@@ -10,7 +10,7 @@ Pure functions over frozen values; every formula is cited where it is computed:
 - :mod:`~gpufleet.estimate.network`: link bandwidths and latencies, and what an all-reduce costs on a placement
   (NCCL's ring and tree in the alpha-beta model, nccl-tests' bus bandwidth).
 
-Floor 4 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 4 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/.
 """
 

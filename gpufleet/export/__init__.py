@@ -7,7 +7,7 @@ and recovers preempted attempts); ``kueue`` writes Kueue manifests for a Kuberne
 requeue me", a grace period long enough to save) so a preempted attempt resumes where it saved.
 Pure functions: they return mappings; the CLI writes the YAML.
 
-Floor 11 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 11 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
 workloads/, devtools/, placement/, backends/.
 """

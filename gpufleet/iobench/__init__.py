@@ -6,7 +6,7 @@ loader by small random reads, and a transfer between nodes by the network: :func
 values, and clean up what they start (the test file, the loopback server) whatever happens. Each
 module's docstring says what exactly is measured and where the numbers stop meaning anything.
 
-Floor 4 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 4 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/.
 """
 

@@ -4,7 +4,7 @@
 ``events`` is the JSONL log a training process writes and the names of its events; ``protocol``
 is the contract between a backend and the process it starts (environment variables, exit codes).
 
-Floor 3 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 3 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/.
 """
 

@@ -7,7 +7,7 @@ cost that fits its deadline, capacity and quota, and says why every other candid
 moves its jobs elsewhere. The planner's names load numpy, so they are imported on first use
 (PEP 562): reading a catalogue stays cheap for the CLI.
 
-Floor 9 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 9 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
 workloads/.
 """

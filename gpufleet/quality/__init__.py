@@ -4,7 +4,7 @@
 references and a placebo null band); ``embeddings`` puts a sentence encoder in front of MMD.
 Heavy imports (pandas, sentence-transformers) stay inside the functions that need them.
 
-Floor 11 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 11 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/, data/, rl/,
 workloads/, devtools/, placement/, backends/.
 """

@@ -1,5 +1,5 @@
 """Reinforcement learning on the fleet: actor-learner DQN with a checkpointed replay buffer.
 
-Floor 8 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 8 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, tables.py, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/.
 """

@@ -3,7 +3,7 @@
 Names are imported on first use, so that tools which only need the protocol (the CLI, a
 backend) do not pay for importing torch.
 
-Floor 6 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 6 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, tables.py, jobs/, estimate/, iobench/, telemetry/.
 """
 

@@ -12,7 +12,7 @@ The same spec runs unchanged on every backend::
     checkpoint: {every_steps: 50, keep: 3, grace_seconds: 30}
     max_restarts: 5
 
-Floor 2 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 2 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...).
 """
 
@@ -92,6 +92,7 @@ class KeepBest(_Frozen):
     metric: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     """A metric passed to ``report(**metrics)`` or ``log(kind, **data)``, e.g. ``val_loss``."""
     mode: Literal["min", "max"] = "min"
+    """Whether the best value is the lowest (``min``) or the highest (``max``)."""
 
 
 class MemoryTier(_Frozen):
@@ -121,7 +122,9 @@ class CheckpointPolicy(_Frozen):
     """When to save, how many to keep, and how long a preempted job has to save."""
 
     every_steps: int | None = Field(default=50, ge=1, le=MAX_STEPS)
+    """Save every this many steps."""
     every_seconds: float | None = Field(default=None, gt=0, le=WEEK_S)
+    """Save every this many seconds (with ``every_steps``, whichever is due first)."""
     every: Literal["auto"] | None = None
     """``auto``: save at Daly's interval for this run's measured save time and its preemption rate,
     re-estimated as saves are measured (``gpufleet.runtime.interval``). ``every_steps`` then defaults
@@ -173,12 +176,14 @@ class HealthPolicy(_Frozen):
     """Robust z-score (median / MAD over ``window`` healthy losses) above which a loss is a spike;
     ``null`` disables spike detection (NaN and inf are always unhealthy)."""
     window: int = Field(default=50, ge=5, le=100_000)
+    """Healthy losses the z-score is computed over."""
     min_history: int = Field(default=20, ge=3, le=100_000)
     """Healthy losses needed before spikes are judged."""
     action: Literal["rollback", "mark"] = "rollback"
     """``rollback``: restore the last healthy checkpoint and skip the offending data window;
     ``mark``: record the event and flag later checkpoints unhealthy until a healthy one follows."""
     max_rollbacks: int = Field(default=5, ge=0, le=1000)
+    """Rollbacks a run may make; the next unhealthy step raises a ``HealthError`` instead."""
     skip_extra_batches: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Batches skipped beyond the offending one (PaLM skipped 200-500 around a spike)."""
 
@@ -226,8 +231,11 @@ class OfferChoice(_Frozen):
     """
 
     gpu_type: str | None = None
+    """The GPU type; unset, ``resources.gpu_type``."""
     provider: str | None = None
+    """The provider; unset, any."""
     region: str | None = None
+    """The region; unset, any."""
 
 
 class Placement(_Frozen):
@@ -359,6 +367,7 @@ class DataPolicy(_Frozen):
     """Where a job's data comes from, and how it is staged in."""
 
     sources: list[DataSource] = Field(min_length=1, max_length=64)
+    """What to stage in, each to its own folder."""
     workers: int = Field(default=8, ge=1, le=64)
     """Files copied at once."""
     verify: Literal["stat", "full"] = "stat"
@@ -408,25 +417,33 @@ class JobSpec(_Frozen):
     """One training job, as a user writes it."""
 
     name: str
+    """The job's name: lowercase letters, digits, ``.``, ``_``, ``-`` (it is used in paths)."""
     team: str = "default"
+    """Who pays: cost is reported per team, and quotas are per team."""
     entrypoint: str | list[str]
     """``package.module:function`` (called with ``args``), or a command as a list or a string
     (split like a shell would, but never run by one)."""
     args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for a ``module:function`` entrypoint (values JSON can hold)."""
     workdir: str | None = None
     """Working directory for a command entrypoint; relative paths are relative to the spec file."""
     resources: Resources = Field(default_factory=Resources)
     priority: int = Field(default=0, ge=-1000, le=1000)
+    """A higher priority preempts a lower one."""
     provider: str = "local"
+    """Pricing key, with ``resources.gpu_type`` and ``spot``."""
     spot: bool = False
+    """Priced as a spot (preemptible) instance."""
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     health: HealthPolicy = Field(default_factory=HealthPolicy)
     max_restarts: int = Field(default=10, ge=0, le=1000)
+    """Requeues before the job is failed."""
     resume: Literal["auto", "never", "must"] = "auto"
     """``auto``: restore the newest healthy checkpoint when there is one; ``must``: fail when there
     is none; ``never``: start from scratch, and refuse a checkpoint directory holding another run's
     checkpoints (a requeued attempt of the same job still resumes)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for every attempt (``GPUFLEET_*`` is reserved)."""
     telemetry: Telemetry = Field(default_factory=Telemetry)
     placement: Placement = Field(default_factory=Placement)
     distributed: Distributed | None = None
@@ -617,7 +634,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         data,
         source=source,
         what="a JobSpec",
-        reference="the JobSpec reference in the README",
+        reference="the fields in docs/reference/jobspec.md",
         error=SpecError,
     )
 

@@ -4,7 +4,7 @@
 ``synthetic`` generates DCGM-shaped series for a job with a chosen bottleneck; ``diagnose`` turns a
 job's series into findings with their evidence and sources.
 
-Floor 5 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 5 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/.
 """
 

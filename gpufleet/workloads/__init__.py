@@ -1,6 +1,6 @@
 """The shipped workloads (``toy``, ``tinylm``, ``tabular``) and the seed range they share.
 
-Floor 8 of the layers (README, "Layout"; ``tests/test_layers.py``): imports only the leaves (errors, paths,
+Floor 8 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/.
 """
 

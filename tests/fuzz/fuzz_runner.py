@@ -7,7 +7,7 @@ For any input, a command that reads a file or a number must
 (b) never print a Python traceback;
 (c) on exit 2, print exactly one non-empty line on stderr (the error);
 (d) on exit 2, leave ``$GPUFLEET_HOME`` exactly as it was: same paths, sizes, sha256 and mtimes,
-    no ``state.db``, ``state.db-wal`` or ``state.db-shm`` appearing (and, as the README promises
+    no ``state.db``, ``state.db-wal`` or ``state.db-shm`` appearing (and, as docs/getting-started.md promises
     "nothing written", the working directory too);
 (e) finish within a wall-clock timeout, a CPU limit (``RLIMIT_CPU``) and an address-space limit
     (``RLIMIT_AS``): a hang, a spin or a memory blow-up is a violation, as is a file over

@@ -1,4 +1,4 @@
-"""A DDP training script with a ``DistributedSampler``, ported to ``TrainSession`` the way the README says.
+"""A DDP training script with a ``DistributedSampler``, ported to ``TrainSession`` the way docs/porting.md says.
 
 Written the way the DDP tutorial's ``multigpu_torchrun.py`` is: its own ``init_process_group`` from
 torchrun's environment, a ``Trainer`` class, a ``DataLoader`` over a ``DistributedSampler`` with
@@ -76,7 +76,7 @@ class Trainer:
 
 
 class ResumableTrainer(Trainer):
-    """``--loader resumable``: the same loop over ``ResumableLoader`` (the README's recipe for a sampler)."""
+    """``--loader resumable``: the same loop over ``ResumableLoader`` (docs/porting.md's recipe for a sampler)."""
 
     def train(self, max_epochs: int) -> None:
         loader = ResumableLoader(

@@ -1,4 +1,4 @@
-"""An FSDP2 training script, ported to ``TrainSession`` the way the README says.
+"""An FSDP2 training script, ported to ``TrainSession`` the way docs/distributed.md says.
 
 Written the way PyTorch's ``distributed/FSDP2/example.py`` is: its own ``init_process_group``, a
 small transformer built on the meta device, ``fully_shard`` on every layer and then on the root,

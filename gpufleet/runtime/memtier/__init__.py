@@ -1,6 +1,6 @@
 """The memory tier of checkpoints: copies of every rank's state in RAM that outlive the rank.
 
-Floor 6 of the layers (README, "Layout"; ``tests/test_layers.py``), like the rest of ``runtime``.
+Floor 6 of the layers (the Layout in docs/architecture.md), like the rest of ``runtime``.
 
 ::
 
