@@ -33,7 +33,6 @@ import logging
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -43,14 +42,15 @@ from typing import Annotated, Any
 
 from gpufleet.errors import GpufleetError, NotFound, UsageError
 from gpufleet.extras import required
-from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Store
 from gpufleet.paths import has_store, state_db
 from gpufleet.serve.auth import action_refusal
 from gpufleet.serve.cache import ViewCache
+from gpufleet.serve.fleet_view import fleet_view
 from gpufleet.serve.guard import MAX_BODY_BYTES, Guard, accepted_hosts
 from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from gpufleet.serve.series import series_view
 from gpufleet.serve.timeline import Bucket
 
 with required("fastapi", "serve", "gpufleet serve"):
@@ -64,21 +64,6 @@ log = logging.getLogger("gpufleet.serve")
 
 LOG_TAIL_BYTES = 256 << 10
 """A log page shows at most the last 256 KiB of an attempt's log."""
-
-SERIES_POINTS = 2_000
-"""Points of a job's curves at most: longer runs are thinned evenly (the last point is always kept)."""
-
-RECENT_KINDS = (
-    EventKind.PREEMPTED_BY,
-    EventKind.SIGTERM,
-    EventKind.ROLLBACK,
-    EventKind.FAILOVER,
-    EventKind.SPOT_PREEMPTED,
-    EventKind.FLEET_DOWN,
-    EventKind.RECLAIMED_BY,
-    EventKind.REQUEUED,
-)
-"""What the fleet page lists as recent: preemptions, rollbacks, failovers."""
 
 MAX_ID = 2**63 - 1
 """The largest job id or attempt number (SQLite's INTEGER): a larger one is refused (422), never a 500."""
@@ -134,102 +119,6 @@ def _job_store(home: Path, job_id: int) -> Store:
     except NotFound:
         raise NotFound(f"no job {job_id} in this home (GET /api/jobs lists them)") from None
     return store
-
-
-def fleet_view(home: Path) -> dict[str, Any]:
-    """The fleet page's data: counts by state and team, the queue and why each job waits, the pools, recent events."""
-    from gpufleet.views import Capacity, FleetJobRow, FleetStatus
-
-    store = _store(home)
-    now = time.time()
-    rows = [] if store is None else [FleetJobRow.read(store, j, now) for j in store.jobs()]
-    jobs = [r.to_json() for r in rows]
-    by_state = Counter(j["state"] for j in jobs)
-    by_team: dict[str, Counter[str]] = {}
-    for j in jobs:
-        by_team.setdefault(j["team"], Counter())[j["state"]] += 1
-    queue = [
-        {"id": j["id"], "name": j["name"], "team": j["team"], "priority": j["priority"], "reason": j["reason"]}
-        for j in sorted(jobs, key=lambda j: (-j["priority"], j["submitted_at"]))
-        if j["state"] == JobState.QUEUED
-    ]
-    recent = [] if store is None else recent_events(store, {j["id"]: j["name"] for j in jobs})
-    fleet = FleetStatus.read(home)
-    return {
-        "jobs": jobs,
-        "states": dict(by_state),
-        "teams": {t: dict(c) for t, c in sorted(by_team.items())},
-        "queue": queue,
-        "recent": recent[:50],
-        "fleet": fleet.to_json(),
-        "capacity": Capacity.read(home, fleet, rows).to_json(),
-        "generated_at": now,
-    }
-
-
-def recent_events(store: Store, names: dict[int, str]) -> list[dict[str, Any]]:
-    """The jobs' preemptions, rollbacks and failovers, newest first. An event's own ``job`` field names the
-    job that took the GPUs (``preempted_by``, ``reclaimed_by``): it is served as ``by`` (and ``by_name``),
-    never over ``job``, the job the event happened to."""
-    recent = []
-    for job_id, name in names.items():
-        for e in store.events(job_id, RECENT_KINDS):
-            data = dict(e.data)
-            by = data.pop("job", None)
-            taker = {"by": by, "by_name": names.get(by)} if isinstance(by, int) else {}
-            recent.append({**data, **taker, "job": job_id, "name": name, "ts": e.ts, "kind": e.kind})
-    recent.sort(key=lambda e: e["ts"], reverse=True)
-    return recent
-
-
-def series_view(store: Store, job_id: int) -> dict[str, Any]:
-    """A job's curves from its step events: loss, tokens/s, MFU, the unhealthy steps, rollbacks and
-    checkpoints, and its progress (:class:`gpufleet.views.JobProgress`: the total, the rate now, the ETA)."""
-    from gpufleet.jobs.store import latest_step
-    from gpufleet.views import JobProgress
-
-    steps = store.events(job_id, (EventKind.STEP,))
-    if len(steps) > SERIES_POINTS:
-        stride = len(steps) / SERIES_POINTS
-        steps = [steps[int(i * stride)] for i in range(SERIES_POINTS - 1)] + [steps[-1]]
-    points = [
-        {
-            "step": e.data.get("step"),
-            "attempt": e.attempt,
-            "ts": e.ts,
-            "loss": e.data.get("loss"),
-            "tokens_per_s": e.data.get("tokens_per_s"),
-            "mfu": e.data.get("mfu"),
-        }
-        for e in steps
-    ]
-    unhealthy = [
-        {"step": e.data.get("step"), "attempt": e.attempt, "why": e.data.get("why") or e.data.get("reason")}
-        for e in store.events(job_id, (EventKind.UNHEALTHY,))
-    ]
-    rollbacks = [
-        {"from_step": e.data.get("from_step"), "to_step": e.data.get("to_step"), "attempt": e.attempt}
-        for e in store.events(job_id, (EventKind.ROLLBACK,))
-    ]
-    checkpoints = [
-        {
-            "step": e.data.get("step"),
-            "attempt": e.attempt,
-            "ts": e.ts,
-            "reason": e.data.get("reason"),
-            "seconds": e.data.get("seconds"),
-        }
-        for e in store.events(job_id, (EventKind.CHECKPOINT,))
-    ]
-    progress = JobProgress.read(store, store.job(job_id), latest_step(store, job_id), time.time())
-    return {
-        "id": job_id,
-        "points": points,
-        "unhealthy": unhealthy,
-        "rollbacks": rollbacks,
-        "checkpoints": checkpoints,
-        "progress": progress.to_json(),
-    }
 
 
 def quality_homes(home: Path) -> list[tuple[str, Path]]:

@@ -5,8 +5,8 @@ its GPU; the Teams table's headers sit over their cells; the jobs list filters b
 searches, sorts by a clicked header, and keeps all of it across a poll and a reload; a running job
 shows its progress and ETA. The sweeps page lists the trials and marks the best; the cost page draws
 a line per team; the API reference renders with the network cut off. The docs' images come from
-``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_browser_fleet.py`` (serve-fleet, serve-sweeps,
-serve-cost).
+``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_browser_fleet.py`` (serve-fleet, serve-sweeps;
+serve-cost comes from real jobs, in ``test_browser_job.py``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_the_sweeps_page_lists_the_trials_and_marks_the_best(home: Path, browser
 
 
 @pytest.mark.timeout(300)
-def test_the_cost_page_draws_a_line_of_money_per_team(home: Path, browser_page: Any, tmp_path: Path) -> None:
+def test_the_cost_page_draws_a_line_of_money_per_team(home: Path, browser_page: Any) -> None:
     seed_fleet(home, now=time.time())
     page = browser_page
     with served(create_app(ServeConfig(home=home, token=None, refresh_s=1.0, sync_remote=False))) as url:
@@ -168,4 +168,3 @@ def test_the_cost_page_draws_a_line_of_money_per_team(home: Path, browser_page: 
             "() => document.querySelector('#cost-timeline svg').textContent.includes('GPU-hours per hour')",
             timeout=WAIT_MS,
         )
-        screenshot(page, "serve-cost", tmp_path)

@@ -5,9 +5,10 @@ waits queued, resumes and completes; a third job dies of an injected out-of-memo
 must show, for each: the failure at the top with its log a click away; progress with an ETA while it
 runs; a cost card equal to ``/api/jobs/{id}/goodput``; the spec; only the actions its state accepts;
 events without nulls or float tails; charts with ticks, tick labels and a hover readout; and the
-attempt timeline with its legend and the queued gap before the resumed attempt. An unknown job is a
-page that says so (404), not the API's JSON. ``GPUFLEET_SCREENSHOTS=docs/img`` saves
-``docs/img/serve-job.png`` from here: the preempted job, completed.
+attempt timeline with its legend and the queued gap before the resumed attempt. The cost page then
+shows the two teams' ledgers (the urgent job is another team's) with money and GPU time in their units.
+An unknown job is a page that says so (404), not the API's JSON. ``GPUFLEET_SCREENSHOTS=docs/img``
+saves ``docs/img/serve-job.png`` (the preempted job, completed) and ``docs/img/serve-cost.png`` from here.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ WAIT_MS = 120_000
 STEPS = 240
 
 
-def spec(name: str, *, steps: int, priority: int = 0, max_restarts: int = 10) -> Any:
+def spec(name: str, *, steps: int, priority: int = 0, max_restarts: int = 10, team: str = "nlp") -> Any:
     return parse_spec(
         {
             "name": name,
-            "team": "nlp",
+            "team": team,
             "entrypoint": "gpufleet.workloads.tinylm:train",
             "args": {**TINY, "steps": steps, "step_seconds": 0.02},
             "resources": {"gpus": 1, "gpu_type": "H100", "cpus": 1},
@@ -76,7 +77,7 @@ def test_the_job_page_shows_failure_progress_cost_spec_actions_events_charts_and
         assert f"of {STEPS}" in page.locator("#progress-text").inner_text()
         assert page.locator("#preempt").is_enabled() and page.locator("#release").is_disabled()
 
-        urgent = backend.submit(spec("urgent", steps=60, priority=10))  # preempts the running job
+        urgent = backend.submit(spec("urgent", steps=60, priority=10, team="vision"))  # preempts the running job
         failing = backend.submit(spec("oom", steps=STEPS, max_restarts=0), env={"GPUFLEET_FAULT": "oom@5"})
         follow(backend, lambda: all(backend.store.job(j).state in ("completed", "failed") for j in (long, urgent)))
         follow(backend, lambda: backend.store.job(failing).state == "failed")
@@ -110,6 +111,10 @@ def test_the_job_page_shows_failure_progress_cost_spec_actions_events_charts_and
         page.evaluate("window.scrollTo(0, 0)")  # the sticky header back at the top of the picture
         screenshot(page, "serve-job", tmp_path)
 
+        page.goto(f"{url}/cost")
+        check_cost_page(page, http("GET", f"{url}/api/cost")[1])
+        screenshot(page, "serve-cost", tmp_path)
+
 
 def check_cost_card(page: Any, time: dict[str, Any]) -> None:
     """The cost card shows the API's figures, formatted as the CLI formats money."""
@@ -128,6 +133,22 @@ def check_cost_card(page: Any, time: dict[str, Any]) -> None:
     assert money(lost["money"], time["currency"]) in shown and "1 preemption:" in shown, shown
     assert page.locator('#cost-card [data-field="goodput"] b').inner_text() == f"{100 * time['goodput']:.1f}%"
     assert "GPU-s" in page.locator('#cost-card [data-field="gpu-time"] b').inner_text()  # under 0.01 GPU-h
+
+
+def check_cost_page(page: Any, cost: dict[str, Any]) -> None:
+    """The two teams' real ledgers: money as the CLI writes it, GPU time with its unit, goodput above zero,
+    and a series per team in the cost over time."""
+    page.locator("#cost-timeline svg").wait_for(timeout=WAIT_MS)
+    names = page.eval_on_selector_all("#cost-timeline [data-series]", "s => s.map(e => e.dataset.series)")
+    assert names == ["nlp", "vision"], names
+    total = cost["total"]
+    shown = page.locator('#total b[data-field="money"]').inner_text()
+    assert shown == money(total["money"], cost["currency"]) and shown.startswith("$"), shown
+    assert total["goodput"] > 0 and page.locator('#total b[data-field="goodput"]').inner_text() != "0.0%"
+    cells = page.locator('#cost-jobs td[data-col="gpu-time"], #teams td[data-col="gpu-time"]').all_inner_texts()
+    assert len(cells) == 5 and all(re.fullmatch(r"[\d.,]+ GPU-(s|h)", c) for c in cells), cells
+    figures = page.locator("#total, #teams, #cost-jobs").all_inner_texts()
+    assert not [t for t in figures if re.search(r"\de[-+]\d", t)], figures  # no e-notation
 
 
 def check_spec_actions_and_events(page: Any) -> None:

@@ -118,7 +118,9 @@ def test_a_period_keeps_the_jobs_that_ran_in_it(fleet: Path) -> None:
 
 def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, home: Path) -> None:
     backend = local_daemon
-    job = backend.submit(toy("slow", "vision", steps=100_000, pace=0.01))
+    # Priority 5, as the job held below: the scheduler never preempts a job for one of equal priority, so
+    # that one stays queued until it is held, however late the hold request arrives.
+    job = backend.submit(toy("slow", "vision", steps=100_000, pace=0.01).copy_with(priority=5))
     follow(backend, lambda: (latest_step(backend.store, job) or 0) >= 2)
     with served(create_app(ServeConfig(home=home, token=TOKEN, sync_remote=False))) as url:
         preempt = f"{url}/api/jobs/{job}/preempt"
@@ -134,8 +136,7 @@ def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, 
         follow(backend, lambda: len(backend.store.attempts(job)) == 2)
         assert backend.store.attempts(job)[0].outcome == "preempted"
         follow(backend, lambda: backend.store.job(job).state == "running")
-        # Refused while it runs; asked before a job of higher priority exists, which the scheduler may preempt it for.
-        assert http("POST", f"{url}/api/jobs/{job}/hold", headers=bearer)[0] == 409
+        assert http("POST", f"{url}/api/jobs/{job}/hold", headers=bearer)[0] == 409  # refused while it runs
         held = backend.submit(toy("held", "vision", steps=100_000, pace=0.01).copy_with(priority=5))
         after = backend.submit(toy("after", "vision", steps=100_000, pace=0.01))
         assert http("POST", f"{url}/api/jobs/{held}/hold")[0] == 401

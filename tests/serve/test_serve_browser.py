@@ -5,7 +5,8 @@ preemption without the token, accepts it with the token, and its timeline then s
 attempt, hovered; the cost page lists the job; the quality page, after ``gpufleet quality demo
 --worse``, shows the rollback. The quality page is saved as a screenshot (the docs' images come
 from ``GPUFLEET_SCREENSHOTS=docs/img pytest tests/serve/test_serve_browser.py``; the job page's from
-``tests/serve/test_browser_job.py``, the fleet, cost and sweeps pages' from ``tests/serve/test_browser_fleet.py``).
+``tests/serve/test_browser_job.py``, with the cost page's, the fleet and sweeps pages' from
+``tests/serve/test_browser_fleet.py``).
 """
 
 from __future__ import annotations

@@ -107,6 +107,17 @@ function money(v, currency) {
   const symbol = CURRENCY_SIGN[code.toUpperCase()];
   return esc(symbol ? `${sign}${symbol}${text}` : `${sign}${text} ${code}`.trim());
 }
+// GPU time as gpufleet.fmt.gpu_time writes it: GPU-seconds to three significant figures below a hundredth
+// of a GPU-hour (36 GPU-s), where GPU-hours would read as 0.00, else GPU-hours in hundredths ("1,234.57 GPU-h").
+function gpuTime(seconds) {
+  if (typeof seconds !== "number") return "-";
+  if (!Number.isFinite(seconds)) return "n/a";
+  if (Math.abs(seconds) < 36) {
+    const shown = Math.abs(seconds) < 1e-12 ? "0" : seconds.toLocaleString("en-US", { maximumSignificantDigits: 3 });
+    return `${shown} GPU-s`;
+  }
+  return `${(seconds / 3600).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })} GPU-h`;
+}
 
 // Horizontal stacked bars, one a row, scaled to the largest row: rows = [{label, attrs, right, parts: [{key, value, color, tip}]}].
 function stackedBars(id, rows, attrs = "") {

@@ -6,9 +6,20 @@
 function spotSavings(c) {
   return typeof c.on_demand_money === "number" && typeof c.money === "number" ? c.on_demand_money - c.money : null;
 }
-function costRow(name, c, link) {
-  const values = [c.gpu_hours, c.money, c.useful_gpu_hours, c.lost_gpu_hours, c.preemption_overhead_gpu_hours, spotSavings(c)];
-  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${values.map((v) => `<td class="num">${num(v, 2)}</td>`).join("")}` +
+const COST_COLUMNS = [{ key: "gpu-time", label: "GPU time" }, { key: "money", label: "money" },
+  { key: "useful", label: "useful GPU time" }, { key: "lost", label: "lost GPU time" },
+  { key: "overhead", label: "preemption overhead" }, { key: "spot-savings", label: "spot savings" }];
+// GPU-hours as the ledger gives them, written as gpufleet.fmt.gpu_time writes them (escaped HTML).
+function gpuHours(h) { return typeof h === "number" ? esc(gpuTime(h * 3600)) : "-"; }
+function moneyOrDash(v, currency) { return typeof v === "number" ? money(v, currency) : "-"; }
+// One ledger row's figures in COST_COLUMNS' order, each with its unit (escaped HTML).
+function costFigures(c, currency) {
+  return [gpuHours(c.gpu_hours), moneyOrDash(c.money, currency), gpuHours(c.useful_gpu_hours), gpuHours(c.lost_gpu_hours),
+    gpuHours(c.preemption_overhead_gpu_hours), moneyOrDash(spotSavings(c), currency)];
+}
+function costRow(name, c, currency, link) {
+  const cells = costFigures(c, currency).map((v, i) => `<td class="num" data-col="${COST_COLUMNS[i].key}">${v}</td>`);
+  return `<tr><td>${link ? `<a href="${link}">${esc(name)}</a>` : esc(name)}</td>${cells.join("")}` +
     `<td class="num goodput">${pct(c.goodput)}</td></tr>`;
 }
 // Each team's GPU-hours by goodput bucket; money on hover at the team's average rate.
@@ -18,7 +29,7 @@ function teamBuckets(c) {
   const rows = teams.map(([team, v]) => ({
     label: team, attrs: `data-team="${esc(team)}"`, right: `goodput ${pct(v.goodput)}`,
     parts: Object.entries(v.buckets).map(([b, s]) => ({ key: b, value: s / 3600, color: BUCKET_COLOR[b] || "#999",
-      tip: `${team} ${b}: ${num(s / 3600, 3)} GPU-h (${pct(s / v.gpu_seconds)}), ${money(typeof v.money === "number" ? v.money * s / v.gpu_seconds : null, c.currency)}` })),
+      tip: `${team} ${b}: ${gpuTime(s)} (${pct(s / v.gpu_seconds)}), ${money(typeof v.money === "number" ? v.money * s / v.gpu_seconds : null, c.currency)}` })),
   }));
   const names = Object.keys(teams[0][1].buckets);
   return stackedBars("team-buckets", rows) + '<p class="muted">' +
@@ -43,10 +54,14 @@ async function costTimeline(box, period) {
     return;
   }
   const label = measure === "money" ? `${t.currency} per ${t.bucket}` : `GPU-hours per ${t.bucket}`;
+  // Each bucket a level from its start to its end: a bucket is a span of time, and one alone still reads as one.
   xyChart(box, {
     series: teams.map(([team, points], i) => ({
-      name: team, color: TEAM_COLORS[i % TEAM_COLORS.length], kind: points.length > 1 ? "line" : "dots",
-      points: points.map((p) => [p.start, measure === "money" ? p.money : p.gpu_hours]),
+      name: team, color: TEAM_COLORS[i % TEAM_COLORS.length], kind: "line",
+      points: points.flatMap((p) => {
+        const v = measure === "money" ? p.money : p.gpu_hours;
+        return [[p.start, v], [p.start + t.bucket_s, v]];
+      }),
     })),
     x: { label: `${t.bucket} (UTC buckets)`, time: true }, y: { label, log: false }, marks: [], height: 220,
   });
@@ -63,23 +78,19 @@ function costPage() {
       <select id="tl-bucket" aria-label="bucket"><option value="auto" selected>by hour or day</option>
       <option value="hour">per hour</option><option value="day">per day</option></select></div>
     <div id="cost-timeline" class="chart"></div><h2>Per job</h2><div id="cost-jobs"></div>`;
-  const head = ["", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }, { label: "useful GPU-h", num: 1 },
-    { label: "lost GPU-h", num: 1 }, { label: "preemption overhead GPU-h", num: 1 }, { label: "spot savings", num: 1 },
-    { label: "goodput", num: 1 }];
+  const head = [...COST_COLUMNS.map((c) => ({ label: c.label, num: 1 })), { label: "goodput", num: 1 }];
   const sel = document.getElementById("period");
   const render = async () => {
     const c = await api(`/api/cost?period=${sel.value}`);
     const t = c.total || {};
-    document.getElementById("total").innerHTML = [["GPU-hours", t.gpu_hours], [`money (${esc(c.currency || "")})`, t.money],
-      ["lost to preemption, GPU-h", t.lost_gpu_hours], ["preemption overhead, GPU-h", t.preemption_overhead_gpu_hours],
-      ["spot savings", spotSavings(t)]]
-      .map(([k, v]) => `<div class="card"><b>${num(v, 2)}</b>${k}</div>`).join("") +
+    document.getElementById("total").innerHTML = costFigures(t, c.currency)
+      .map((v, i) => `<div class="card"><b data-field="${COST_COLUMNS[i].key}">${v}</b>${COST_COLUMNS[i].label}</div>`).join("") +
       `<div class="card"><b data-field="goodput">${pct(t.goodput)}</b>goodput (compute / billed)</div>`;
-    document.getElementById("teams").innerHTML = table(["team", ...head.slice(1)], Object.entries(c.teams).map(([k, v]) => costRow(k, v)));
+    document.getElementById("teams").innerHTML = table(["team", ...head], Object.entries(c.teams).map(([k, v]) => costRow(k, v, c.currency)));
     const split = document.getElementById("team-split");
     split.innerHTML = teamBuckets(c);
     withTips(split);
-    document.getElementById("cost-jobs").innerHTML = table(["job", ...head.slice(1)], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, `/jobs/${j.id}`)));
+    document.getElementById("cost-jobs").innerHTML = table(["job", ...head], c.jobs.map((j) => costRow(`#${j.id} ${j.name}`, j, c.currency, `/jobs/${j.id}`)));
     await costTimeline(document.getElementById("cost-timeline"), sel.value);
   };
   sel.onchange = render;

@@ -157,12 +157,6 @@ function progressLine(job, p) {
   return `${bar}<span id="progress-text">step ${step}${done}</span><span class="muted">${esc(bits.join(" · "))}</span>`;
 }
 
-// GPU time as people read it: GPU-hours, or GPU-seconds below a hundredth of a GPU-hour.
-function gpuTime(seconds) {
-  if (typeof seconds !== "number") return "-";
-  return seconds < 36 ? `${num(seconds, 1)} GPU-s` : `${num(seconds / 3600, 2)} GPU-h`;
-}
-
 function costCards(t) {
   if (!t || t.error) return `<p class="muted">${esc(t ? t.error : "")}</p>`;
   const p = t.preemption || { preemptions: 0, killed: 0, gpu_seconds: 0, money: null, share: 0 };

@@ -10,14 +10,14 @@ function trialValue(v) {
 }
 function sweepsTable(sweeps, chosen) {
   return table(["sweep", "objective", { label: "trials", num: 1 }, { label: "finished", num: 1 }, { label: "pruned", num: 1 },
-    { label: "failed", num: 1 }, { label: "running", num: 1 }, "best", { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }],
+    { label: "failed", num: 1 }, { label: "running", num: 1 }, "best", { label: "GPU time", num: 1 }, { label: "money", num: 1 }],
   sweeps.map((s) => s.problem
     ? `<tr data-sweep="${esc(s.sweep)}"><td>${esc(s.sweep)}</td><td colspan="9" class="err">${esc(s.problem)}</td></tr>`
     : `<tr data-sweep="${esc(s.sweep)}"${s.sweep === chosen ? ' class="chosen"' : ""}><td><a href="/sweeps?sweep=${encodeURIComponent(s.sweep)}">${esc(s.sweep)}</a></td>
       <td>${esc(s.direction)} ${esc(s.metric || "")}</td><td class="num">${s.trials}</td><td class="num">${s.finished}</td>
       <td class="num">${s.pruned}</td><td class="num">${s.failed}</td><td class="num">${s.running}</td>
       <td>${s.best ? `trial ${s.best.trial}: ${trialValue(s.best.value)}` : ""}</td>
-      <td class="num">${num(s.gpu_hours, 3)}</td><td class="num">${money(s.money, s.currency)}</td></tr>`), 'id="sweeps"');
+      <td class="num">${typeof s.gpu_hours === "number" ? gpuTime(s.gpu_hours * 3600) : "-"}</td><td class="num">${money(s.money, s.currency)}</td></tr>`), 'id="sweeps"');
 }
 
 // The objective per trial: finished trials, pruned ones at their last reported value, and the best so far.
@@ -42,7 +42,7 @@ function sweepChart(box, s) {
 function trialsTable(s) {
   const bestTrial = s.best ? s.best.trial : null;
   const head = ["trial", "state", ...s.params, { label: s.metric || "objective", num: 1 }, "pruned", "job",
-    { label: "GPU-hours", num: 1 }, { label: "money", num: 1 }];
+    { label: "GPU time", num: 1 }, { label: "money", num: 1 }];
   const rows = [...s.rows].sort((a, b) => a.trial - b.trial).map((r) => {
     const isBest = r.trial === bestTrial;
     const pruned = r.state === "pruned" ? `at step ${r.pruned_at ?? r.last_step ?? "?"} (${trialValue(r.last_value)})` : "";
@@ -51,7 +51,7 @@ function trialsTable(s) {
       ${s.params.map((p) => `<td>${p in r.params ? esc(paramValue(r.params[p])) : ""}</td>`).join("")}
       <td class="num">${trialValue(r.value)}</td><td class="muted">${esc(pruned || r.reason || "")}</td>
       <td>${r.job ? `<a href="/jobs/${r.job}">#${r.job}</a>` : ""}</td>
-      <td class="num">${num(r.gpu_hours, 3)}</td><td class="num">${money(r.money, s.currency)}</td></tr>`;
+      <td class="num">${typeof r.gpu_hours === "number" ? gpuTime(r.gpu_hours * 3600) : "-"}</td><td class="num">${money(r.money, s.currency)}</td></tr>`;
   });
   return table(head, rows, 'id="trials"');
 }
