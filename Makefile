@@ -66,7 +66,7 @@ services-down:
 	scripts/dev-slurm down
 
 unit: dev services
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" --durations=30
 
 test: lint typecheck docs unit
 
