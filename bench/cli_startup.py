@@ -72,6 +72,10 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=10, help="fresh processes timed per command")
     p.add_argument("--target", type=float, default=TARGET_S, help="seconds each command may take")
     args = p.parse_args()
+    if args.runs < 1:
+        p.error(f"--runs {args.runs}: give at least 1 (a median needs a run)")
+    if not args.target > 0:
+        p.error(f"--target {args.target}: give a number of seconds above 0")
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-cli-") as folder:
         env = {**os.environ, "GPUFLEET_HOME": str(one_job_home(Path(folder))), "COLUMNS": "100"}
         # Bytecode cached as an installed package has it (PYTHONDONTWRITEBYTECODE would compile every module

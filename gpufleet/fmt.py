@@ -8,6 +8,8 @@
 - ``gpu_time(hours)``: GPU time in GPU-seconds below 0.01 GPU-h (a laptop demo), GPU-hours above.
 - ``markdown_table(headers, rows, right_from=...)``: the lines of a Markdown table.
 - ``compact_duration(seconds)``: ``12.3s``, ``4m05s``, ``2h07m`` for a table cell.
+- ``short_duration(seconds)``: ``0.07 ms``, ``58 ms``, ``1.4 s``, ``4m05s``: a measured duration that may be
+  far below a second (a restore, a save).
 - ``finite_or_none(value)``: a float, or ``None`` for NaN, infinities and ``None``.
 - ``finite_json(value)``: the same through dicts, lists and tuples, for strict JSON.
 
@@ -33,6 +35,7 @@ __all__ = [
     "markdown_table",
     "money",
     "number",
+    "short_duration",
 ]
 
 CURRENCY_SYMBOLS: Final = {"USD": "$", "EUR": "€", "GBP": "£"}
@@ -122,6 +125,21 @@ def compact_duration(seconds: float) -> str:
         return f"{minutes}m{sec:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def short_duration(seconds: float) -> str:
+    """A measured duration to two significant figures in the unit that keeps it readable.
+
+    ``0.07 ms`` and ``58 ms`` below a second (a restore of a small model takes microseconds: in seconds
+    it would read ``0.00007``), ``1.4 s`` and ``30 s`` below a minute, :func:`compact_duration` above.
+    """
+    if not math.isfinite(seconds):
+        return "n/a"
+    if abs(seconds) < 0.995:  # 0.996 s would round to "1,000 ms"
+        return f"{number(seconds * 1000, 2)} ms"
+    if abs(seconds) < 60:
+        return f"{number(seconds, 2)} s"
+    return compact_duration(seconds)
 
 
 def finite_or_none(value: float | None) -> float | None:

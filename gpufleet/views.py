@@ -251,21 +251,10 @@ def _field_docstrings() -> dict[str, dict[str, str]]:
     import inspect
     import sys
 
-    found: dict[str, dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(sys.modules[__name__])).body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        docs = found.setdefault(node.name, {})
-        for field, doc in zip(node.body, node.body[1:], strict=False):
-            if (
-                isinstance(field, ast.AnnAssign)
-                and isinstance(field.target, ast.Name)
-                and isinstance(doc, ast.Expr)
-                and isinstance(doc.value, ast.Constant)
-                and isinstance(doc.value.value, str)
-            ):
-                docs[field.target.id] = inspect.cleandoc(doc.value.value)
-    return found
+    from gpufleet.spec import attribute_docstrings
+
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    return {node.name: attribute_docstrings(node.body) for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def document_views() -> None:

@@ -14,14 +14,16 @@ a model or an export walks its billion values), and how long an integer may be w
 
 from __future__ import annotations
 
+import difflib
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import AliasEvent
@@ -287,19 +289,56 @@ def _loc_part(part: Any) -> str:
     return text
 
 
-def describe_validation(err: ValidationError, source: str, reference: str) -> str:
-    """The first validation error as ``source: field.path: message (and N more)``, on one line."""
-    first = err.errors()[0]
+def describe_validation(err: ValidationError, source: str, reference: str, model: type[BaseModel] | None = None) -> str:
+    """The first validation error as ``source: field.path: message (and N more)``, on one line.
+
+    A misspelt field comes first, with the name it is closest to: ``entrypiont: unknown field (did you
+    mean 'entrypoint'? ...)`` says what to fix where ``entrypoint: required field is missing`` would not.
+    The names it may be close to are the fields ``model`` has at that place and those reported missing.
+    """
+    errors = err.errors()
+    guesses = [(e, _near_field(e, errors, model)) for e in errors if e["type"] == "extra_forbidden"]
+    first, guess = next(((e, g) for e, g in guesses if g is not None), (errors[0], None))
     where = ".".join(_loc_part(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
+    if guess is not None:
+        msg = f"unknown field (did you mean {guess!r}? see {reference})"
+    elif first["type"] == "extra_forbidden":
         msg = f"unknown field (check its spelling against {reference})"
     elif first["type"] == "missing":
         msg = "required field is missing"
     elif first["type"] == "finite_number":
         msg = "must be a finite number, not inf or nan"
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {_one_line(msg)}{more}"
+
+
+def _near_field(error: ErrorDetails, errors: list[ErrorDetails], model: type[BaseModel] | None) -> str | None:
+    """The field name an unknown field's name is closest to (difflib), among those allowed at its place."""
+    if not error["loc"] or not isinstance(error["loc"][-1], str):
+        return None
+    parent = error["loc"][:-1]
+    names = {str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"] and e["loc"][:-1] == parent}
+    names.update(_fields_at(model, parent) if model is not None else ())
+    close = difflib.get_close_matches(error["loc"][-1], sorted(names), n=1)
+    return close[0] if close else None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
+    """The field names of the models found at ``loc`` under ``model`` (through lists, optionals and unions)."""
+    models = [model]
+    for part in loc:
+        inner = [m for m in models if isinstance(part, str) and part in m.model_fields]
+        if inner:  # a list index or a union member's tag is not a field: stay on the models found so far
+            models = [found for m in inner for found in _models_in(m.model_fields[str(part)].annotation)]
+    fields = [(name, info.alias) for m in models for name, info in m.model_fields.items()]
+    return {name for pair in fields for name in pair if name}
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 def validate(model: type[M], data: Any, *, source: str, what: str, reference: str, error: type[GpufleetError]) -> M:
@@ -309,7 +348,7 @@ def validate(model: type[M], data: Any, *, source: str, what: str, reference: st
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise error(describe_validation(err, source, reference)) from None
+        raise error(describe_validation(err, source, reference, model)) from None
 
 
 def read_yaml(path: Path, *, what: str, error: type[GpufleetError]) -> Any:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gpufleet import fmt
-from gpufleet.fmt import compact_duration, finite_json, finite_or_none, markdown_table, money
+from gpufleet.fmt import compact_duration, finite_json, finite_or_none, markdown_table, money, short_duration
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,24 @@ def test_finite_json_makes_strict_json() -> None:
 
 def test_all_lists_the_public_names() -> None:
     names = ["CURRENCY_SYMBOLS", "compact_duration", "finite_json", "finite_or_none", "markdown_table"]
-    names += ["GPU_SECONDS_BELOW_HOURS", "gpu_time", "number"]
+    names += ["GPU_SECONDS_BELOW_HOURS", "gpu_time", "number", "short_duration"]
     assert sorted(fmt.__all__) == sorted([*names, "money"])
     for name in fmt.__all__:
         assert hasattr(fmt, name)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (6.976e-05, "0.07 ms"),
+        (0.05806, "58 ms"),
+        (0.9951, "1 s"),
+        (1.43, "1.4 s"),
+        (30.0, "30 s"),
+        (245.0, "4m05s"),
+        (0.0, "0 ms"),
+        (math.nan, "n/a"),
+    ],
+)
+def test_short_duration_keeps_a_measured_time_readable(seconds: float, expected: str) -> None:
+    assert short_duration(seconds) == expected

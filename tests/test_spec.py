@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpufleet.errors import SpecError
 from gpufleet.spec import load_spec, parse_spec
@@ -48,7 +49,7 @@ def test_command_entrypoint_is_split_not_shelled(tmp_path: Path) -> None:
         ("name: a\nentrypoint: m:f\nresources: {gpus: -1}\n", "resources.gpus"),
         (
             "name: a\nentrypoint: m:f\nresourses: {gpus: 1}\n",
-            "resourses: unknown field (check its spelling against the fields in docs/reference/jobspec.md)",
+            "resourses: unknown field (did you mean 'resources'? see the fields in docs/reference/jobspec.md)",
         ),
         ("name: a\n", "entrypoint: required field is missing"),
         ("name: ../etc\nentrypoint: m:f\n", "name"),
@@ -64,6 +65,63 @@ def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None
     message = str(err.value)
     assert field in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # The misspelt name comes first: it is why the required field is missing.
+        ("name: a\nentrypiont: python train.py\n", "job.yaml: entrypiont: unknown field (did you mean 'entrypoint'?"),
+        (
+            "name: a\nentrypoint: m:f\ncheckpoint: {every_step: 100}\n",
+            "checkpoint.every_step: unknown field (did you mean 'every_steps'?",
+        ),
+        (
+            "name: a\nentrypoint: m:f\ndistributed: {stratgy: ddp}\n",
+            "distributed.stratgy: unknown field (did you mean 'strategy'?",
+        ),
+        (
+            "name: a\nentrypoint: m:f\ndata: {sources: [{sorce: a}]}\n",
+            "data.sources.0.sorce: unknown field (did you mean 'source'?",
+        ),
+        ("name: a\nentrypoint: m:f\ncolour: blue\n", "colour: unknown field (check its spelling against"),
+    ],
+)
+def test_a_misspelt_field_is_named_with_the_field_it_is_closest_to(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(write(tmp_path, text))
+    assert expected in str(err.value) and "docs/reference/jobspec.md" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("example", "key", "reader"),
+    [
+        ("batch.yaml", "jobs", "gpufleet place FILE"),
+        ("catalog.yaml", "offers", "gpufleet place --catalog FILE"),
+        ("local-fleet.yaml", "offers", "gpufleet fleet use FILE"),
+        ("slurm-fleet.yaml", "offers", "gpufleet fleet use FILE"),
+        ("sweep.yaml", "space", "gpufleet sweep run FILE"),
+        ("fleet.yaml", "switches", "gpufleet slurm topology FILE"),
+        ("monitor.yaml", "models", "gpufleet quality monitor run FILE"),
+    ],
+)
+def test_another_gpufleet_file_is_named_for_what_it_is(example: str, key: str, reader: str) -> None:
+    path = Path(__file__).parents[1] / "examples" / example
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not a JobSpec: its `{key}` makes it ") and reader in message
+    assert "\n" not in message
+
+
+def test_every_example_job_spec_loads() -> None:
+    """No example that is a JobSpec is refused as another kind of file."""
+    from gpufleet.spec import OTHER_FILES
+
+    others = {key for key, _ in OTHER_FILES}
+    for path in sorted((Path(__file__).parents[1] / "examples").glob("*.yaml")):
+        if others.isdisjoint(yaml.safe_load(path.read_text())):
+            assert load_spec(path).name
 
 
 def test_malformed_yaml_gives_line(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from gpufleet.errors import UsageError, parameters_as_flags
 from gpufleet.outfiles import check_replaceable_file
 from gpufleet.paths import checkpoints_dir, gpufleet_home
 from gpufleet.runtime.checkpoint import CheckpointDir, CheckpointInfo, Expectation
+from gpufleet.units import format_bytes
 
 ckpt_app = typer.Typer(help="Inspect and verify checkpoint directories.", no_args_is_help=True)
 
@@ -85,7 +86,7 @@ def ckpt_list(directory: DirArg = None, job: JobOpt = None, json_out: JsonOpt = 
                     r["healthy"],
                     r["loss"],
                     " ".join(f"{k}={fmt(v)}" for k, v in (r["metrics"] or {}).items()),
-                    r["bytes"],
+                    None if r["bytes"] is None else format_bytes(r["bytes"]),
                     r["reason"],
                     r["problem"],
                 ]

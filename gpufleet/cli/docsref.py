@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import itertools
 import json
 import re
 import sys
@@ -37,6 +36,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from gpufleet.fmt import markdown_table
+from gpufleet.spec import attribute_docstrings
 
 REGENERATE = "python -m gpufleet.cli.docsref --write"
 PAGES = ("jobspec.md", "cli.md", "http-api.md")
@@ -176,16 +176,7 @@ def attribute_docs(model: type[BaseModel]) -> dict[str, str]:
     docs: dict[str, str] = {}
     for cls in reversed([c for c in model.__mro__ if issubclass(c, BaseModel) and c is not BaseModel]):
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-        body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in itertools.pairwise(body):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
+        docs.update(attribute_docstrings(tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []))
     return docs
 
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from gpufleet.backends import Backend, get_backend, sync_remote
 from gpufleet.backends.base import MAX_RESOURCE
 from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_store, job_store, open_store
-from gpufleet.cli.render import console, duration, emit_json, err_console, fmt, print_cost, table
+from gpufleet.cli.render import console, duration, emit_json, err_console, event_detail, print_cost, table
 from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_flags
 from gpufleet.jobs.states import JobState
 from gpufleet.outfiles import check_output_dir
@@ -113,14 +113,15 @@ def validate(
 def _checked_spec(spec_path: Path, backend: str, gpu_source: str | None) -> tuple[JobSpec, list[str]]:
     """The spec as submit reads it, its entrypoint checked: refused for a backend on this machine, else warned."""
     from gpufleet.errors import SpecError
-    from gpufleet.jobs.preflight import entrypoint_problem
+    from gpufleet.jobs.preflight import entrypoint_problem, entrypoint_warning
 
     spec = load_spec(spec_path)
     if gpu_source is not None:
         spec = spec.copy_with(telemetry={**spec.telemetry.model_dump(), "gpu_source": gpu_source})
     problem = entrypoint_problem(spec)
     if problem is None:
-        return spec, []
+        warning = entrypoint_warning(spec)
+        return spec, [warning] if warning else []
     if backend == "local":
         raise SpecError(f"{spec_path}: {problem}")
     return spec, [f"{problem} (on this machine; the job runs where the {backend} backend starts it)"]
@@ -317,11 +318,7 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
                     f"+{e['ts'] - t0:.1f}s",
                     e["attempt"],
                     e["kind"],
-                    " ".join(
-                        f"{k}={fmt(v)}"
-                        for k, v in e.items()
-                        if k not in ("ts", "attempt", "kind", "path", "sources") and v is not None
-                    ),
+                    event_detail(e, t0),
                 ]
                 for e in events
             ],

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.fmt import compact_duration, finite_json, gpu_time, number
+from gpufleet.fmt import compact_duration, finite_json, gpu_time, number, short_duration
 from gpufleet.fmt import money as _money
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
-        return str(value)
+        return "yes" if value else "no"
     if isinstance(value, float):
         return number(value, 4)
     if isinstance(value, list | tuple | set | frozenset):
@@ -45,6 +45,42 @@ def fmt(value: Any) -> str:
     if isinstance(value, dict):
         return " ".join(f"{k}={fmt(v)}" for k, v in value.items())
     return str(value)
+
+
+EVENT_FIELDS_LEFT_OUT = frozenset({"ts", "attempt", "kind", "path", "sources"})
+"""Fields of an event its detail leaves out: its own columns, and what is too long for a cell."""
+
+
+def event_detail(event: dict[str, Any], t0: float) -> str:
+    """An event's fields as ``key=value`` for people: ``restore step=959 seconds=55 ms cause=start``.
+
+    A duration (``seconds``, ``grace``, ``*_s``, ``*_seconds``) in the unit that keeps it readable
+    (``0.07 ms``, ``1.4 s``), a moment (``deadline``, ``*_at``) as the table's ``+12.3s`` since ``t0``,
+    a rate (``*_per_s``) as a number, a list or mapping without spaces (``replaced=1,2``); an empty field
+    is left out.
+    """
+    parts = []
+    for key, value in event.items():
+        if key in EVENT_FIELDS_LEFT_OUT or value is None:
+            continue
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if key == "deadline" or key.endswith("_at"):
+                parts.append(f"{key}=+{value - t0:.1f}s")
+                continue
+            if key in ("seconds", "grace") or (key.endswith(("_s", "_seconds")) and not key.endswith("_per_s")):
+                parts.append(f"{key}={short_duration(value)}")
+                continue
+        parts.append(f"{key}={_packed(value)}")
+    return " ".join(parts)
+
+
+def _packed(value: Any) -> str:
+    """A value inside ``key=value key=value`` without spaces of its own: ``1,2``, ``0:4242,1:4343``."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{fmt(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ",".join(fmt(v) for v in value)
+    return fmt(value)
 
 
 def styled(markup: str) -> Text:
@@ -167,6 +203,7 @@ __all__ = [
     "duration",
     "emit_json",
     "err_console",
+    "event_detail",
     "fmt",
     "gpu_time",
     "money",

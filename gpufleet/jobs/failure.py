@@ -48,6 +48,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning|Fault)\b")
 AGENT_ERROR = "ChildFailedError"
 """torchrun's own exception when a rank failed: it names the rank, while the rank's traceback names why."""
+LOG_LINE = re.compile(
+    r"^(?:[IWEF]\d{4} \d|gpufleet: |\[?\d{4}-\d\d-\d\d[ T]\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s])"
+)
+"""A line another writer logged after the traceback (torchrun's agent, gpufleet, a logger with a time or a
+level), not the next line of the exception's message."""
 DEATH = re.compile(r"^(?:Killed|Segmentation fault|Aborted|Bus error|Illegal instruction|gpufleet: )")
 """Lines that say how a process ended when no traceback does: the shell's, the kernel's, gpufleet's own."""
 
@@ -126,7 +131,8 @@ def _exception(lines: list[str], ranks: list[str]) -> str | None:
 
 def _exception_after(lines: list[str], ranks: list[str], start: int) -> str | None:
     """The exception line that ends a traceback's frames (indented lines), with its message's next lines
-    (those the same rank wrote: in a group's log another rank's or the agent's lines come in between)."""
+    (those the same rank wrote, up to a line another writer logged: in a group's log another rank's or
+    the agent's lines come in between, and after it the agent's or gpufleet's own)."""
     i = start
     while i < len(lines) and (not lines[i] or lines[i][0].isspace()):
         i += 1
@@ -135,6 +141,8 @@ def _exception_after(lines: list[str], ranks: list[str], start: int) -> str | No
     message = [lines[i]]
     for line, rank in zip(lines[i + 1 : i + MESSAGE_LINES], ranks[i + 1 : i + MESSAGE_LINES], strict=False):
         if rank != ranks[i] or not line.strip() or line.startswith(("Traceback", "During handling", "The above")):
+            break
+        if LOG_LINE.match(line):
             break
         message.append(line.strip())
     return " | ".join(message)

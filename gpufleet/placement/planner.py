@@ -244,7 +244,10 @@ def check_jobs(jobs: Sequence[JobSpec], catalog: Catalog) -> None:
         seen.add(job.name)
         for gpu_type in job_gpu_types(job):
             if gpu_type not in catalog.gpu_types:
-                raise UsageError(f"job {job.name!r}: unknown gpu_type {gpu_type!r}; the catalogue has {known}")
+                raise UsageError(
+                    f"job {job.name!r}: unknown gpu_type {gpu_type!r}; the catalogue has {known}: ask for one of "
+                    "them (resources.gpu_type, placement.any_of or .ordered), or give --catalog a catalogue with it"
+                )
         if job.resources.gpus < 1:
             raise UsageError(f"job {job.name!r}: resources.gpus is 0, nothing to place: ask for at least 1 GPU")
         if job.placement.deadline_hours is not None and job.placement.gpu_hours is None:

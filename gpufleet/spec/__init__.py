@@ -18,7 +18,10 @@ yamlio, fmt, units, ...).
 
 from __future__ import annotations
 
+import ast
 import datetime
+import inspect
+import itertools
 import math
 import re
 import shlex
@@ -643,6 +646,7 @@ def load_spec(path: str | Path) -> JobSpec:
     """Read and validate a JobSpec YAML file (untrusted input: ``yaml.safe_load`` only)."""
     path = Path(path)
     data = read_yaml(path, what="spec", error=SpecError)
+    _refuse_other_file(data, path)
     spec = parse_spec(data, source=str(path))
     if spec.workdir is not None and not Path(spec.workdir).is_absolute():
         spec = spec.copy_with(workdir=str((path.parent / spec.workdir).resolve()))
@@ -657,6 +661,47 @@ def load_spec(path: str | Path) -> JobSpec:
     return spec
 
 
+def attribute_docstrings(body: list[ast.stmt]) -> dict[str, str]:
+    """Each field of a class body and the string written right under it (PEP 257's attribute docstrings).
+
+    How a model here documents its fields (``workdir: str | None = None`` then its docstring): the JobSpec
+    reference and the views' JSON schema read them from the source rather than repeat them in ``Field``.
+    """
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+OTHER_FILES = (
+    ("jobs", "a batch of jobs, for `gpufleet place FILE`"),
+    ("offers", "a catalogue of offers, for `gpufleet place --catalog FILE` or `gpufleet fleet use FILE`"),
+    ("space", "a sweep, for `gpufleet sweep run FILE`"),
+    ("switches", "a network topology, for `gpufleet slurm topology FILE`"),
+    ("models", "a quality monitor, for `gpufleet quality monitor run FILE`"),
+)
+"""The other YAML files gpufleet reads, by a top-level key no JobSpec has: what each is, and what reads it."""
+
+
+def _refuse_other_file(data: Any, path: Path) -> None:
+    """Say which file ``path`` is when it is one of :data:`OTHER_FILES`, not a JobSpec missing its fields."""
+    if not isinstance(data, dict) or "entrypoint" in data:
+        return
+    for key, what in OTHER_FILES:
+        if key in data:
+            raise SpecError(
+                f"{path}: not a JobSpec: its `{key}` makes it {what}; a JobSpec has a name and an entrypoint "
+                "(docs/reference/jobspec.md)"
+            )
+
+
 def _relative_source(source: str) -> bool:
     return "://" not in source and not source.startswith("/")
 
@@ -667,6 +712,7 @@ __all__ = [
     "GPU_SOURCE_HINT",
     "MAX_STEPS",
     "NAME_MAX",
+    "OTHER_FILES",
     "WEEK_S",
     "CheckpointPolicy",
     "DataPolicy",
@@ -680,6 +726,7 @@ __all__ = [
     "Placement",
     "Resources",
     "Telemetry",
+    "attribute_docstrings",
     "load_spec",
     "parse_spec",
 ]

@@ -14,6 +14,7 @@ import torch
 from conftest import run_cli
 
 from gpufleet.runtime.checkpoint import CheckpointDir, model_fingerprint
+from gpufleet.units import format_bytes
 
 
 def model_state(width: int, step: int) -> dict[str, object]:
@@ -76,6 +77,7 @@ def test_list_shows_metrics(ckdir: Path, capsys: pytest.CaptureFixture[str], mon
     assert code == 0 and rows[0]["metrics"] == {"val_loss": 0.1} and rows[0]["job"] == "9"
     code, out, _ = run_cli(capsys, monkeypatch, "ckpt", "list", str(ckdir))
     assert code == 0 and "val_loss=0.05" in out
+    assert format_bytes(rows[0]["bytes"]) in out and " yes " in out  # a size and a flag as people read them
 
 
 def test_export_writes_a_plain_state_dict_of_the_restore_choice(ckdir: Path, tmp_path: Path) -> None:

@@ -194,4 +194,41 @@ def test_a_table_cell_is_never_a_python_repr() -> None:
 
     assert fmt([Outcome.PREEMPTED, Outcome.LOST]) == "preempted, lost"
     assert fmt({"lr": 0.026512345, "batch": 32}) == "lr=0.02651 batch=32"
-    assert fmt(6.63e-05) == "0.0000663" and fmt(None) == "" and fmt(True) == "True"
+    assert fmt(6.63e-05) == "0.0000663" and fmt(None) == "" and fmt(True) == "yes" and fmt(False) == "no"
+
+
+def test_show_writes_event_durations_and_moments_for_people(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufleet.jobs.store import Store
+    from gpufleet.paths import state_db
+
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path))
+    job_id = one_job_home(tmp_path)
+    store = Store(state_db(tmp_path))
+    t0 = store.job(job_id).submitted_at
+    store.add_event(job_id, "restore", attempt=1, ts=t0 + 1, step=None, seconds=6.976e-05, cause="start")
+    store.add_event(job_id, "sigterm", attempt=1, ts=t0 + 2, reason="preempted", grace=30)
+    store.add_event(job_id, "preemption_notice", attempt=1, ts=t0 + 3, source="aws", deadline=t0 + 123.4, lead_s=120.4)
+    store.add_event(job_id, "restore", attempt=2, ts=t0 + 4, step=959, seconds=1.43, cause="start", tier="disk")
+    store.add_event(job_id, "data_staged", attempt=2, ts=t0 + 5, seconds=0.05806, copy_bytes_per_s=2.5e9)
+    store.add_event(job_id, "group_reformed", attempt=2, ts=t0 + 6, replaced=[1, 2], pids={"0": 4242, "1": 4343})
+    store.close()
+
+    code, out, err = run_cli(capsys, monkeypatch, "show", str(job_id))
+    assert code == 0, err
+    assert " seconds=0.07 ms cause=start " in out  # not 6.976e-05, no step=None
+    assert "reason=preempted grace=30 s" in out
+    assert "source=aws deadline=+123.4s lead_s=2m00s" in out  # a moment since submission, not a Unix time
+    assert "step=959 seconds=1.4 s cause=start tier=disk" in out
+    assert "seconds=58 ms copy_bytes_per_s=2,500,000,000" in out  # a rate is not a duration
+    assert "replaced=1,2 pids=0:4242,1:4343" in out
+    assert "None" not in out and "e-0" not in out
+
+
+@pytest.mark.parametrize(("args", "named"), [(["--runs", "0"], "--runs 0"), (["--target", "nan"], "--target nan")])
+def test_the_startup_bench_refuses_what_it_cannot_measure(args: list[str], named: str) -> None:
+    bench = Path(__file__).parents[2] / "bench" / "cli_startup.py"
+    proc = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith(f"cli_startup.py: error: {named}: ")
+    assert "Traceback" not in proc.stderr

@@ -3,6 +3,9 @@ entrypoint checks submit now runs (a misspelled script is refused before it is q
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.jobs.preflight import entrypoint_problem
+from gpufleet.jobs.preflight import entrypoint_problem, entrypoint_warning
 from gpufleet.spec import load_spec
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli"]
@@ -79,7 +82,7 @@ def test_on_a_cluster_backend_a_missing_script_is_only_a_warning(home: Path, tmp
     ],
 )
 def test_entrypoint_checks(tmp_path: Path, entrypoint: str, problem: str | None) -> None:
-    found = entrypoint_problem(load_spec(spec(tmp_path, f'"{entrypoint}"')), cwd=tmp_path)
+    found = entrypoint_problem(load_spec(spec(tmp_path, f'"{entrypoint}"')))
     assert (found is None) if problem is None else (found is not None and problem in found), found
 
 
@@ -90,3 +93,51 @@ def test_a_module_is_found_without_importing_it(tmp_path: Path) -> None:
     path = spec(tmp_path, "mypkg.train:main", workdir=str(tmp_path))
     assert entrypoint_problem(load_spec(path)) is None
     assert "mypkg" not in sys.modules
+
+
+def test_a_module_in_the_current_folder_alone_is_a_warning_to_set_workdir(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a workdir a ``module:function`` runs in the scheduler's folder, not necessarily this one."""
+    (tmp_path / "mymod.py").write_text("def main():\n    pass\n")
+    path = spec(tmp_path, "mymod:main")
+    monkeypatch.chdir(tmp_path)
+    loaded = load_spec(path)
+    assert entrypoint_problem(loaded) is None  # it starts when this shell starts the scheduler
+    warning = entrypoint_warning(loaded)
+    assert warning is not None and f"module 'mymod' is in {tmp_path}" in warning and "set workdir" in warning
+    proc = subprocess.run(
+        [*GPUFLEET, "validate", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "GPUFLEET_HOME": str(home), "COLUMNS": "200"},
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "checks passed: spec, entrypoint (warning), local backend" in proc.stdout
+    assert proc.stderr.startswith("warning: entrypoint: module 'mymod' is in ")
+    assert entrypoint_warning(load_spec(spec(tmp_path, "mymod:main", workdir="."))) is None
+    assert entrypoint_warning(load_spec(spec(tmp_path, "gpufleet.workloads.toy:train"))) is None
+
+
+class _EditableFinder(importlib.abc.MetaPathFinder):
+    """What ``pip install -e`` with setuptools puts on ``sys.meta_path``: a finder outside every folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "editablepkg":
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.folder / "editablepkg" / "__init__.py")
+
+
+def test_a_package_installed_in_editable_mode_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "src"
+    (source / "editablepkg").mkdir(parents=True)
+    (source / "editablepkg" / "__init__.py").write_text("raise SystemExit('imported at submission')\n")
+    path = spec(tmp_path / "job", "editablepkg.train:main")
+    assert entrypoint_problem(load_spec(path)) is not None  # not on any folder of the path
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, _EditableFinder(source)])
+    assert entrypoint_problem(load_spec(path)) is None
+    assert "editablepkg" not in sys.modules

@@ -154,7 +154,7 @@ def test_check_names_a_stale_page_and_write_fixes_it(tmp_path: Path) -> None:
 
 def test_unknown_spec_field_points_at_the_reference() -> None:
     with pytest.raises(SpecError) as err:
-        parse_spec({"name": "a", "entrypoint": "m:f", "resourses": {"gpus": 1}})
+        parse_spec({"name": "a", "entrypoint": "m:f", "colour": "blue"})
     message = str(err.value)
     assert message.endswith("unknown field (check its spelling against the fields in docs/reference/jobspec.md)")
     named = re.search(r"docs/reference/\S+\.md", message)

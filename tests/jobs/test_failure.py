@@ -56,6 +56,23 @@ train.py FAILED
             'step 3\nTraceback (most recent call last):\n  File "t.py", line 9, in f\nKeyboardInterrupt\n',
             "KeyboardInterrupt",
         ),
+        (
+            # torchrun without rank prefixes: the agent's log lines follow the rank's traceback.
+            'Traceback (most recent call last):\n  File "t.py", line 1\ntorch.OutOfMemoryError: CUDA out of memory\n'
+            "E1105 12:00:00.123000 77 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1)\n"
+            "I1105 12:00:00.124000 77 torch/distributed/elastic/agent/server/api.py:1] done\n",
+            "torch.OutOfMemoryError: CUDA out of memory",
+        ),
+        (
+            'Traceback (most recent call last):\n  File "t.py", line 1\nRuntimeError: boom\n'
+            "gpufleet: the group did not re-form within 120 s; the attempt is requeued\n",
+            "RuntimeError: boom",
+        ),
+        (
+            'Traceback (most recent call last):\n  File "t.py", line 1\nValueError: bad\n'
+            "2026-12-06 01:02:03,456 INFO shutting down\nERROR:root:cleanup failed\n",
+            "ValueError: bad",
+        ),
         ("step 1\nstep 2\nKilled\n", "Killed"),
         (
             "step 1\ngpufleet: step 42 is unhealthy after 3 rollbacks (health.max_rollbacks)\nbye\n",

@@ -157,8 +157,9 @@ def test_batch_list_or_jobs_mapping(tmp_path: Path) -> None:
 def test_job_with_unknown_gpu_type_names_job_and_type() -> None:
     cat = load_catalog(EXAMPLE)
     job = parse_spec({**JOB, "name": "lost", "resources": {"gpu_type": "A100", "gpus": 1}})
-    with pytest.raises(UsageError, match=r"job 'lost': unknown gpu_type 'A100'"):
+    with pytest.raises(UsageError, match=r"job 'lost': unknown gpu_type 'A100'") as err:
         check_jobs([job], cat)
+    assert "ask for one of them (resources.gpu_type" in str(err.value) and "--catalog" in str(err.value)
     choice = parse_spec({**JOB, "name": "picky", "placement": {"any_of": [{"gpu_type": "TPUv5"}]}})
     with pytest.raises(UsageError, match=r"job 'picky': unknown gpu_type 'TPUv5'"):
         check_jobs([choice], cat)
