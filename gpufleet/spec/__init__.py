@@ -429,7 +429,9 @@ class JobSpec(_Frozen):
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for a ``module:function`` entrypoint (values JSON can hold)."""
     workdir: str | None = None
-    """Working directory for a command entrypoint; relative paths are relative to the spec file."""
+    """The folder an attempt runs in; a relative path is relative to the spec file (``.``: the spec's folder).
+    Without it, a command entrypoint runs in the spec file's folder, and a ``module:function`` one in the
+    folder the local scheduler was started from: set it when that module is a file of yours."""
     resources: Resources = Field(default_factory=Resources)
     priority: int = Field(default=0, ge=-1000, le=1000)
     """A higher priority preempts a lower one."""

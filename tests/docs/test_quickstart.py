@@ -156,7 +156,7 @@ def test_quickstart_runs_as_written(reader: Reader) -> None:
         proc = reader.run(argv)
         assert proc.returncode == 0, (shlex.join(argv), proc.returncode, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
-        outputs[verb] = proc.stdout
+        outputs[verb] = outputs.get(verb, "") + proc.stdout  # `logs` runs twice: the latest attempt, then the first
 
     assert "submitted job 1 (first-job" in outputs["submit"], outputs["submit"]
     job = reader.job("1")
@@ -165,6 +165,7 @@ def test_quickstart_runs_as_written(reader: Reader) -> None:
     assert job["attempts"][0]["exit_code"] == 75
     assert "state=completed" in outputs["show"] and "preempted at attempt 1" in outputs["show"]
     assert "gpufleet: resumed from" in outputs["logs"], outputs["logs"]
+    assert re.search(r"^gpufleet: SIGTERM at step \d+: saved checkpoint step \d+ .* exiting 75", outputs["logs"], re.M)
     assert re.search(r"^ total .*\$\d", outputs["cost"], re.M), outputs["cost"]
 
 
