@@ -160,3 +160,19 @@ def write_rank_result(*, result: dict[str, Any], table: str, verdict: str, ok: b
     """Rank 0 under ``run_ranks``: hand the figures back to the process that started the ranks."""
     payload = {"result": result, "table": table, "verdict": verdict, "ok": ok}
     Path(os.environ[RANK_RESULT_ENV]).write_text(json.dumps(payload, allow_nan=False, default=str), encoding="utf-8")
+
+
+def set_environ(values: dict[str, str]) -> dict[str, str | None]:
+    """Set ``values`` in this process's environment; returns the old values (``None``: unset) to restore."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    return saved
+
+
+def restore_environ(saved: dict[str, str | None]) -> None:
+    """Put back what :func:`set_environ` replaced: each name its old value, or unset again."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

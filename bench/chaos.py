@@ -156,8 +156,7 @@ class Harness:
             "GPUFLEET_SCHEDULER_IDLE_S": "5",
             "GPUFLEET_SHM_DIR": str(self.shm),
         }
-        self._saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
+        self._saved = common.set_environ(env)
         from gpufleet.backends.local import LocalBackend
 
         self.backend = LocalBackend(self.home)
@@ -169,11 +168,7 @@ class Harness:
         finally:
             if self.backend is not None:
                 self.backend.store.close()
-            for name, value in self._saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            common.restore_environ(self._saved)
             shutil.rmtree(self.home, ignore_errors=True)
             shutil.rmtree(self.shm, ignore_errors=True)
 

@@ -27,7 +27,6 @@ is then cancelled and the scheduler shut down; the script checks that no process
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import sys
@@ -205,8 +204,7 @@ def leftovers(home: Path, job_id: int, attempts: int) -> list[int]:
 def run_job(*, preemptions: int, steps: int, grace: float, rng: random.Random) -> Run:
     run = Run()
     home = Path(tempfile.mkdtemp(prefix="gpufleet-bench-dist-preempt-"))
-    saved = {name: os.environ.get(name) for name in ("GPUFLEET_HOME", "GPUFLEET_LOCAL_SLOTS")}
-    os.environ["GPUFLEET_HOME"], os.environ["GPUFLEET_LOCAL_SLOTS"] = str(home), str(RANKS)
+    saved = common.set_environ({"GPUFLEET_HOME": str(home), "GPUFLEET_LOCAL_SLOTS": str(RANKS)})
     backend = LocalBackend(home, spawn=False)
     scheduler = LocalScheduler(home, slots=RANKS, poll_s=0.05)
     store = backend.store
@@ -243,11 +241,7 @@ def run_job(*, preemptions: int, steps: int, grace: float, rng: random.Random) -
             run.leftover_processes = leftovers(home, run.job_id, len(store.attempts(run.job_id)))
         scheduler.store.close()
         store.close()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        common.restore_environ(saved)
         shutil.rmtree(home, ignore_errors=True)
     return run
 

@@ -432,8 +432,7 @@ def run_hang() -> tuple[dict[str, Any], str, str, bool]:
     from gpufleet.spec import parse_spec
 
     home = Path(tempfile.mkdtemp(prefix="gpufleet-bench-phases-hang-"))
-    saved = {name: os.environ.get(name) for name in ("GPUFLEET_HOME", "GPUFLEET_LOCAL_SLOTS")}
-    os.environ["GPUFLEET_HOME"], os.environ["GPUFLEET_LOCAL_SLOTS"] = str(home), "2"
+    saved = common.set_environ({"GPUFLEET_HOME": str(home), "GPUFLEET_LOCAL_SLOTS": "2"})
     backend = LocalBackend(home, spawn=False)
     scheduler = LocalScheduler(home, slots=2, poll_s=0.05)
     stopped: int | None = None
@@ -488,11 +487,7 @@ def run_hang() -> tuple[dict[str, Any], str, str, bool]:
         if stopped is not None and common_stopped(stopped):
             os.kill(stopped, signal.SIGCONT)
         scheduler.shutdown(grace_s=30)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        common.restore_environ(saved)
         shutil.rmtree(home, ignore_errors=True)
 
 
