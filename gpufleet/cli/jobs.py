@@ -52,9 +52,9 @@ def submit(
         validate(spec_path, backend=backend, gpu_source=gpu_source, json_out=json_out)
         return
     spec, warnings = _checked_spec(spec_path, backend, gpu_source)
-    _warn(warnings)
     home = gpufleet_home()
     job_id = get_backend(backend, home).submit(spec)
+    _warn(warnings)  # once submitted: a refusal is one line, its error alone
     store = open_store()
     if not wait:
         if json_out:
