@@ -48,7 +48,7 @@ def entrypoint_problem(spec: JobSpec) -> str | None:
     if PYTHON_RE.match(argv[0]):
         return _python_problem(argv[1:], folder, paths)
     if argv[0].endswith(".py") or os.sep in argv[0]:
-        return _script_problem(argv[0], folder)
+        return _script_problem(argv[0], folder) or _exec_problem(argv[0], folder)
     path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
     if shutil.which(argv[0], path=path) is None:
         return f"entrypoint: program {argv[0]!r} is not on PATH: install it, or give its path"
@@ -114,6 +114,15 @@ def _script_problem(script: str, folder: Path) -> str | None:
     near = _near(Path(script).name, path.parent)
     guess = f" (did you mean {str(Path(script).with_name(near))!r}?)" if near else ""
     return f"entrypoint: script {script!r} not found in {path.parent}{guess}"
+
+
+def _exec_problem(script: str, folder: Path) -> str | None:
+    """A script that exists but cannot be executed as the command: a bare name is looked up on PATH."""
+    if os.sep not in script:
+        return f"entrypoint: {script!r} is run as a program, looked up on PATH: write 'python {script}'"
+    if not os.access(folder / script, os.X_OK):
+        return f"entrypoint: {script!r} is not executable: write 'python {script}', or chmod +x it"
+    return None
 
 
 def _near(name: str, folder: Path) -> str | None:

@@ -75,7 +75,8 @@ def test_on_a_cluster_backend_a_missing_script_is_only_a_warning(home: Path, tmp
         ("python -m trainer.main", "module 'trainer' not found"),
         ("gpufleet.workloads.toy:train", None),
         ("nosuchpkg.mod:train", "module 'nosuchpkg' not found"),
-        ("train.py", None),
+        ("train.py", "run as a program, looked up on PATH: write 'python train.py'"),
+        ("./train.py", "not executable: write 'python ./train.py', or chmod +x it"),
         ("./nope.sh", "script './nope.sh' not found"),
         ("sh -c true", None),
         ("no-such-program-here --x", "program 'no-such-program-here' is not on PATH"),
@@ -84,6 +85,12 @@ def test_on_a_cluster_backend_a_missing_script_is_only_a_warning(home: Path, tmp
 def test_entrypoint_checks(tmp_path: Path, entrypoint: str, problem: str | None) -> None:
     found = entrypoint_problem(load_spec(spec(tmp_path, f'"{entrypoint}"')))
     assert (found is None) if problem is None else (found is not None and problem in found), found
+
+
+def test_an_executable_script_runs_as_a_program(tmp_path: Path) -> None:
+    path = spec(tmp_path, '"./train.py"')
+    (tmp_path / "train.py").chmod(0o755)
+    assert entrypoint_problem(load_spec(path)) is None
 
 
 def test_a_module_is_found_without_importing_it(tmp_path: Path) -> None:
