@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from gpufleet.cost.usage import attempt_gpus
 from gpufleet.errors import Conflict, NotFound, ParameterError, UsageError
 from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
@@ -29,7 +28,6 @@ from gpufleet.jobs.failure import LIST_TAIL_BYTES, TAIL_BYTES, job_failure, read
 from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import Job, Store, latest_step
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
-from gpufleet.runtime.checkpoint import CheckpointDir
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -183,6 +181,9 @@ class JobView(JobRow):
         cls, store: Store, home: Path, job_id: int, *, reveal_env: bool = False
     ) -> JobView:
         """The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
+        from gpufleet.cost.usage import attempt_gpus
+        from gpufleet.runtime.checkpoint import CheckpointDir  # its manifest models: only what show reads
+
         job = store.job(job_id)
         row = JobRow.read(store, job, tail_bytes=TAIL_BYTES)
         starts = store.events(job_id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
@@ -433,6 +434,8 @@ class FleetJobRow(JobRow):
 
     @classmethod
     def read(cls, store: Store, job: Job, now: float | None = None) -> FleetJobRow:  # type: ignore[override]
+        from gpufleet.cost.usage import attempt_gpus
+
         row = JobRow.read(store, job)
         held = 0
         attempts = store.attempts(job.id)

@@ -244,7 +244,7 @@ def test_the_bounds_leave_legitimate_documents_alone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_both_parsers_keep_the_bounds(monkeypatch: pytest.MonkeyPatch, loader: str, case: str) -> None:
     """libyaml's parser when PyYAML has it, PyYAML's own otherwise: the same bounds, the same messages."""
-    import gpufleet.yamlio as yamlio
+    import gpufleet.yamlload as yamlio
 
     if not hasattr(yamlio, loader):
         pytest.skip("PyYAML without libyaml")

@@ -39,12 +39,14 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 from gpufleet.errors import (
     CheckpointError,
@@ -369,6 +371,8 @@ class CheckpointDir:
         files: dict[str, FileEntry] = {}
         writer: HashingWriter | None = None
         try:
+            from concurrent.futures import ThreadPoolExecutor  # a save's, not a reader's (`gpufleet show`)
+
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool, torch_crc32_off():
                 for name, obj in state.items():
                     writer = HashingWriter(tmp / f"{name}.pt", pool)

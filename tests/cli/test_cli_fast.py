@@ -24,8 +24,17 @@ from gpufleet.fmt import gpu_time, number
 
 HEAVY = ("torch", "numpy", "pydantic", "fastapi", "starlette", "mlflow", "scipy", "gpufleet.spec")
 """What ``gpufleet --help`` must not import: each is a tenth of a second or more of start-up."""
-FOR_JOBS = ("torch", "numpy", "scipy", "mlflow", "gpufleet.placement.planner", "gpufleet.backends.ray.backend")
-"""What listing the jobs of a store does not need: no job runs, nothing is placed."""
+FOR_JOBS = (
+    "torch",
+    "numpy",
+    "scipy",
+    "mlflow",
+    "yaml",
+    "concurrent.futures",
+    "gpufleet.placement.planner",
+    "gpufleet.backends.ray.backend",
+)
+"""What listing the jobs of a store does not need: no job runs, nothing is placed, no YAML file is read."""
 
 
 def imported_by(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
@@ -72,6 +81,8 @@ def test_listing_jobs_and_showing_one_import_no_scheduler_planner_or_torch(tmp_p
         proc, modules = imported_by(tmp_path, *args)
         assert proc.returncode == 0 and "toy" in proc.stdout, proc.stderr
         assert not [m for m in FOR_JOBS if m in modules], (args, sorted(m for m in FOR_JOBS if m in modules))
+    proc, modules = imported_by(tmp_path, "jobs")
+    assert not {"gpufleet.runtime.checkpoint", "gpufleet.cost.usage"} & modules  # what show alone reads
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])
