@@ -26,7 +26,7 @@ from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.failure import LIST_TAIL_BYTES, TAIL_BYTES, job_failure, read_log_tail
 from gpufleet.jobs.states import JobState
-from gpufleet.jobs.store import Job, Store, latest_step
+from gpufleet.jobs.store import Job, Store, attempt_gpus, latest_step
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 
 if TYPE_CHECKING:
@@ -181,7 +181,6 @@ class JobView(JobRow):
         cls, store: Store, home: Path, job_id: int, *, reveal_env: bool = False
     ) -> JobView:
         """The spec's ``env`` values are ``"set"`` unless ``reveal_env`` (:func:`spec_view`)."""
-        from gpufleet.cost.usage import attempt_gpus
         from gpufleet.runtime.checkpoint import CheckpointDir  # its manifest models: only what show reads
 
         job = store.job(job_id)
@@ -434,8 +433,6 @@ class FleetJobRow(JobRow):
 
     @classmethod
     def read(cls, store: Store, job: Job, now: float | None = None) -> FleetJobRow:  # type: ignore[override]
-        from gpufleet.cost.usage import attempt_gpus
-
         row = JobRow.read(store, job)
         held = 0
         attempts = store.attempts(job.id)

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True)
+# No emoji codes: a job name or a log line holding ``:fire:`` is printed as written (and Rich's table of
+# codes is not loaded on every start).
+console = Console(width=_WIDTH, emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def emit_json(obj: Any) -> None:

@@ -15,10 +15,8 @@ from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
 from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.rank_phases import STRAGGLER_WAIT, phase_table
 from gpufleet.jobs.states import Outcome
-from gpufleet.jobs.store import Attempt, Event, Job, Store
-
-MAX_GPUS = 1024 * 1024
-"""The most GPUs an attempt can hold (1024 nodes of 1024, the bounds of a spec): a larger figure is not one."""
+from gpufleet.jobs.store import Attempt, Event, Job, Store, attempt_gpus
+from gpufleet.jobs.store import gpu_count as _count
 
 
 def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:
@@ -41,38 +39,6 @@ def _seconds(data: dict[str, Any], key: str) -> float:
 def _step(data: dict[str, Any], key: str) -> int:
     """A step count from an event's data (0 when it has none that is a finite number)."""
     return int(_num(data, key))
-
-
-def _count(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPUS
-    return value if ok else None
-
-
-def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
-    """The GPUs (over all nodes) ``attempt`` held, as its backend recorded them when it started it.
-
-    Every backend puts ``gpus`` and ``world_size`` in its ``attempt_start`` event, taken from the
-    spec it starts the attempt from: an event, not a new column of ``attempts``, so no database is
-    migrated and records written before keep their meaning. Only the backend's own event counts:
-    the runtime's event log (where a Slurm batch script also writes one) is written by user code,
-    and a line claiming fewer GPUs must not lower a bill.
-
-    Without that figure (a record from before attempts carried it, or a local scheduler that died
-    between starting the attempt and recording it), the GPUs in force when the attempt started:
-    the ``old_gpus`` of the first ``resized`` event after its start, else the job's spec (which,
-    for a job never resized, is what every attempt ran on).
-    """
-    for e in events:
-        if e.kind == EventKind.ATTEMPT_START and e.attempt == attempt.n and e.source == "backend":
-            recorded = _count(e.data.get("gpus"))
-            if recorded is not None:
-                return recorded
-    for e in events:
-        if e.kind == EventKind.RESIZED and e.ts >= attempt.started_at:
-            before = _count(e.data.get("old_gpus"))
-            if before is not None:
-                return before
-    return job.spec.total_gpus
 
 
 def _price(data: dict[str, Any], key: str) -> float | None:

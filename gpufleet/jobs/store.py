@@ -711,6 +711,43 @@ def _placeholder_spec(name: str, team: str) -> JobSpec:
         return parse_spec({**fields, "name": "broken", "team": "default"})
 
 
+MAX_GPUS = 1024 * 1024
+"""The most GPUs an attempt can hold (1024 nodes of 1024, the bounds of a spec): a larger figure is not one."""
+
+
+def gpu_count(value: Any) -> int | None:
+    """A count of GPUs (or bytes) from an event's data: an int in ``[0, MAX_GPUS]``, else ``None``."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPUS
+    return value if ok else None
+
+
+def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
+    """The GPUs (over all nodes) ``attempt`` held, as its backend recorded them when it started it.
+
+    Every backend puts ``gpus`` and ``world_size`` in its ``attempt_start`` event, taken from the
+    spec it starts the attempt from: an event, not a new column of ``attempts``, so no database is
+    migrated and records written before keep their meaning. Only the backend's own event counts:
+    the runtime's event log (where a Slurm batch script also writes one) is written by user code,
+    and a line claiming fewer GPUs must not lower a bill.
+
+    Without that figure (a record from before attempts carried it, or a local scheduler that died
+    between starting the attempt and recording it), the GPUs in force when the attempt started:
+    the ``old_gpus`` of the first ``resized`` event after its start, else the job's spec (which,
+    for a job never resized, is what every attempt ran on).
+    """
+    for e in events:
+        if e.kind == EventKind.ATTEMPT_START and e.attempt == attempt.n and e.source == "backend":
+            recorded = gpu_count(e.data.get("gpus"))
+            if recorded is not None:
+                return recorded
+    for e in events:
+        if e.kind == EventKind.RESIZED and e.ts >= attempt.started_at:
+            before = gpu_count(e.data.get("old_gpus"))
+            if before is not None:
+                return before
+    return job.spec.total_gpus
+
+
 def latest_step(store: Store, job_id: int) -> int | None:
     """The job's most recent step count, as reported by its runtime (``None`` before any)."""
     for ev in reversed(
@@ -723,6 +760,7 @@ def latest_step(store: Store, job_id: int) -> int | None:
 
 
 __all__ = [
+    "MAX_GPUS",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "TERMINAL",
@@ -734,5 +772,7 @@ __all__ = [
     "Store",
     "SyncEvent",
     "SyncPlan",
+    "attempt_gpus",
+    "gpu_count",
     "latest_step",
 ]
