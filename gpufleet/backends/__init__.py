@@ -21,6 +21,7 @@ from gpufleet.backends import base
 from gpufleet.backends.base import Backend, Feature, register
 from gpufleet.errors import ServiceUnavailable, UsageError
 from gpufleet.jobs.store import Store
+from gpufleet.paths import scheduler_pid
 
 if TYPE_CHECKING:
     from gpufleet.backends.local import LocalBackend, LocalScheduler
@@ -86,6 +87,11 @@ def sync_remote(home: Path, store: Store) -> None:
     """
     problems: list[UsageError | ServiceUnavailable] = []
     for name in dict.fromkeys([*BUILTIN, *base.registered()]):
+        if name == "local" and not scheduler_pid(home).exists():
+            # The local scheduler writes the store itself; its sync only restarts one that died, which leaves
+            # its pid file behind. Without one there is nothing to do, and the backend (numpy, the planner) is
+            # not imported: `gpufleet jobs` with jobs running stays quick.
+            continue
         if store.has_active(name):
             try:
                 get_backend(name, home).sync()

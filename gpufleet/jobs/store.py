@@ -626,10 +626,19 @@ class Store:
         return [e for e in map(_event, rows) if e is not None]
 
     def last_event(self, job_id: int, kind: str) -> Event | None:
+        return next(self.newest_events(job_id, (kind,)), None)
+
+    def newest_events(self, job_id: int, kinds: Sequence[str]) -> Iterator[Event]:
+        """The job's events of ``kinds``, newest first, read one row at a time (a reader stops when it has enough).
+
+        The index on ``(job_id, ts)`` walks the job's events backwards, so the latest step of a job with a
+        million step events costs one row, not a million parsed.
+        """
         rows = self._db.execute(
-            "SELECT * FROM events WHERE job_id=? AND kind=? ORDER BY ts DESC, id DESC", (job_id, kind)
+            f"SELECT * FROM events WHERE job_id=? AND kind IN ({','.join('?' * len(kinds))}) ORDER BY ts DESC, id DESC",
+            (job_id, *kinds),
         )
-        return next((e for e in map(_event, rows) if e is not None), None)
+        return (e for e in map(_event, rows) if e is not None)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, job_id: int, kind: str, grace: float | None = None) -> None:
@@ -750,8 +759,8 @@ def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
 
 def latest_step(store: Store, job_id: int) -> int | None:
     """The job's most recent step count, as reported by its runtime (``None`` before any)."""
-    for ev in reversed(
-        store.events(job_id, kinds=(EventKind.TRAIN_START, EventKind.STEP, EventKind.CHECKPOINT, EventKind.ROLLBACK))
+    for ev in store.newest_events(
+        job_id, (EventKind.TRAIN_START, EventKind.STEP, EventKind.CHECKPOINT, EventKind.ROLLBACK)
     ):
         value = ev.data.get("to_step" if ev.kind == EventKind.ROLLBACK else "step")
         if isinstance(value, int):

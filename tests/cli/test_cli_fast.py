@@ -51,17 +51,25 @@ def imported_by(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
     return proc, set(json.loads(line.removeprefix("MODULES ")))
 
 
-def one_job_home(home: Path) -> int:
-    """A home whose store holds one completed job, written straight into the store."""
+def one_job_home(home: Path, state: str = "completed") -> int:
+    """A home whose store holds one job (completed), written straight into the store."""
     from gpufleet.jobs.store import Store
     from gpufleet.paths import state_db
     from gpufleet.spec import load_spec
 
     store = Store(state_db(home))
     job_id = store.add_job(load_spec(Path(__file__).parents[2] / "examples" / "toy.yaml"), "local")
-    store.set_job_state(job_id, "completed")
+    store.set_job_state(job_id, state)
     store.close()
     return job_id
+
+
+def test_listing_running_jobs_does_not_load_the_local_backend(tmp_path: Path) -> None:
+    """The local scheduler writes the store itself: with no dead scheduler's pid file there is nothing to sync."""
+    one_job_home(tmp_path, state="running")
+    proc, modules = imported_by(tmp_path, "jobs")
+    assert proc.returncode == 0 and "running" in proc.stdout, proc.stderr
+    assert not {"gpufleet.backends.local", "numpy"} & modules
 
 
 def test_help_imports_no_command_and_lists_every_one_in_its_panel(tmp_path: Path) -> None:
@@ -243,3 +251,26 @@ def test_the_startup_bench_refuses_what_it_cannot_measure(args: list[str], named
     proc = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith(f"cli_startup.py: error: {named}: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_read_still_restarts_a_local_scheduler_that_died_with_jobs_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pid file left behind is what says it died: then the local backend's sync starts a new one."""
+    from gpufleet.backends import sync_remote
+    from gpufleet.backends.local import process
+    from gpufleet.errors import UsageError
+    from gpufleet.jobs.store import Store
+    from gpufleet.paths import scheduler_pid, state_db
+
+    one_job_home(tmp_path, state="queued")
+    started: list[Path] = []
+    monkeypatch.setattr(process, "ensure_scheduler", started.append)
+    monkeypatch.setattr(process, "scheduler_pid", lambda home: None)
+    store = Store(state_db(tmp_path))
+    sync_remote(tmp_path, store)  # no pid file: a scheduler that exited cleanly, or none yet
+    assert started == []
+    scheduler_pid(tmp_path).write_text("999999\n")
+    with pytest.raises(UsageError, match="was not running"):
+        sync_remote(tmp_path, store)
+    assert started == [tmp_path]

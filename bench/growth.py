@@ -1,0 +1,265 @@
+"""How the read-only commands grow with the store: 1,000, 10,000 and 100,000 jobs in one home.
+
+    .venv/bin/python bench/growth.py [--json] [--sizes 1000,10000,100000] [--steps 200] [--runs 5]
+
+A fleet tool is used for months: its store fills with tens of thousands of jobs and millions of event
+lines. Each size is a home written straight into the store (no scheduler runs), the way months of use
+leave it: jobs of 8 teams, most completed, some failed, cancelled, queued or running, 1 to 3 attempts
+each (the first ones preempted), and per job ``--steps`` step events plus a checkpoint event every
+50 steps and the backend's own events. Homes are kept under ``.dev/growth/`` (the 100,000-job one
+takes minutes to write) and reused by the next run; ``--fresh`` writes them again.
+
+Timed for each size, the way a person runs them (a fresh process each time, bytecode cached; the
+median wall and CPU time of ``--runs``): ``gpufleet jobs``, ``jobs --json``, ``cost``, ``show ID``
+(a job in the middle). Also the home's size on disk per job. Target: every command within
+``--target`` seconds (0.5 s) at the largest size; the table shows how each grows from size to size
+(x10 jobs: a ratio near 1 is flat, near 10 is linear).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _common as common
+
+TARGET_S = 0.5
+TEAMS = [f"team-{i}" for i in range(8)]
+HOMES = common.REPO_ROOT / ".dev" / "growth"
+LAYOUT_VERSION = 1
+"""Bumped when what a generated home holds changes, so an old one is not reused."""
+GPUFLEET = [sys.executable, "-c", "from gpufleet.cli.app import main; main()"]
+CHECKPOINT_EVERY = 50
+
+
+def _spec_json(name: str, team: str, rng: random.Random) -> str:
+    from gpufleet.jobs.store import _stored_spec
+    from gpufleet.spec import parse_spec
+
+    gpus = rng.choice([1, 1, 2, 4, 8])
+    spec = parse_spec(
+        {
+            "name": name,
+            "team": team,
+            "entrypoint": "python train.py --lr 3e-4",
+            "workdir": "/srv/train",
+            "resources": {"gpus": gpus, "gpu_type": rng.choice(["H100", "A100", "L4"])},
+            "checkpoint": {"every_steps": CHECKPOINT_EVERY},
+            "spot": rng.random() < 0.6,
+        }
+    )
+    return str(_stored_spec(spec))
+
+
+def _job_story(job_id: int, rng: random.Random, start: float, steps: int) -> dict[str, Any]:
+    """One job's rows: its state, attempts and events, as a scheduler and the runtime would have left them."""
+    roll = rng.random()
+    state = (
+        "completed"
+        if roll < 0.90
+        else "failed"
+        if roll < 0.95
+        else "cancelled"
+        if roll < 0.97
+        else "queued"
+        if roll < 0.99
+        else "running"
+    )
+    n_attempts = 0 if state == "queued" else rng.choice([1, 1, 1, 1, 1, 1, 1, 2, 2, 3])
+    events: list[tuple[int, int | None, float, str, str, str]] = [
+        (job_id, None, start, "queued", "backend", '{"priority": 0}')
+    ]
+    attempts: list[tuple[int, int, str, int, float, float | None, int | None, str | None]] = []
+    ts, step = start + rng.uniform(1, 60), 0
+    per_attempt = max(1, steps // max(n_attempts, 1))
+    for n in range(1, n_attempts + 1):
+        last = n == n_attempts
+        began = ts
+        events.append((job_id, n, ts, "placed", "backend", json.dumps({"offer": "local/cpu", "gpu_type": "H100"})))
+        events.append((job_id, n, ts, "attempt_start", "backend", json.dumps({"gpus": 1, "world_size": 1})))
+        events.append((job_id, n, ts + 1, "session_start", "runtime", json.dumps({"pid": 1000 + n})))
+        events.append((job_id, n, ts + 2, "train_start", "runtime", json.dumps({"step": step, "data_position": step})))
+        for _ in range(per_attempt):
+            step += 1
+            ts += 30.0
+            loss = 3.0 / (1 + step / 100)
+            data = {"step": step, "loss": round(loss, 6), "tokens_per_s": 51234.5, "data_position": step * 32}
+            events.append((job_id, n, ts, "step", "runtime", json.dumps(data)))
+            if step % CHECKPOINT_EVERY == 0:
+                ckpt = {"step": step, "seconds": 0.8, "bytes": 52428800, "why": "every_steps"}
+                events.append((job_id, n, ts, "checkpoint", "runtime", json.dumps(ckpt)))
+        running = last and state == "running"
+        outcome = None if running else ("preempted" if not last else state)
+        ended = None if running else ts + 5
+        code = None if running else (0 if outcome == "completed" else 1 if outcome == "failed" else 75)
+        if not running:
+            events.append((job_id, n, ts + 4, "session_end", "runtime", json.dumps({"status": outcome})))
+            events.append((job_id, n, ts + 5, "attempt_end", "backend", json.dumps({"outcome": outcome})))
+        attempts.append((job_id, n, "running" if running else "ended", 4000 + n, began, ended, code, outcome))
+        ts += rng.uniform(60, 600)
+    return {"state": state, "attempts": attempts, "events": events, "updated": ts}
+
+
+def build_home(home: Path, n_jobs: int, steps: int, seed: int = 0) -> None:
+    """Write a home of ``n_jobs`` jobs straight into its store (minutes for 100,000)."""
+    from gpufleet.jobs.store import Store
+    from gpufleet.paths import state_db
+
+    home.mkdir(parents=True)
+    Store(state_db(home)).close()  # the schema, as gpufleet writes it
+    rng = random.Random(seed)
+    specs = {(team, i): _spec_json(f"run-{i}", team, rng) for team in TEAMS for i in range(4)}
+    db = sqlite3.connect(state_db(home))
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=OFF")
+    start = time.time() - 90 * 86400
+    batch = 2000
+    for first in range(1, n_jobs + 1, batch):
+        jobs, attempts, events = [], [], []
+        for job_id in range(first, min(first + batch, n_jobs + 1)):
+            team = TEAMS[job_id % len(TEAMS)]
+            at = start + job_id * (80 * 86400 / n_jobs)
+            story = _job_story(job_id, rng, at, steps)
+            spec = specs[(team, job_id % 4)]
+            name = f"run-{job_id % 4}"
+            reason = "exit code 1" if story["state"] == "failed" else None
+            jobs.append((job_id, name, team, 0, "local", story["state"], spec, at, story["updated"], 0, reason))
+            attempts += story["attempts"]
+            events += story["events"]
+        with db:
+            db.executemany(
+                "INSERT INTO jobs (id, name, team, priority, backend, state, spec, submitted_at, updated_at,"
+                " restarts, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                jobs,
+            )
+            db.executemany(
+                "INSERT INTO attempts (job_id, n, state, pid, started_at, ended_at, exit_code, outcome)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                attempts,
+            )
+            db.executemany(
+                "INSERT INTO events (job_id, attempt, ts, kind, source, data) VALUES (?, ?, ?, ?, ?, ?)", events
+            )
+        common.progress(f"  {min(first + batch - 1, n_jobs):,} of {n_jobs:,} jobs written")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+
+
+def home_for(n_jobs: int, steps: int, fresh: bool) -> Path:
+    """The generated home of ``n_jobs`` jobs, written once and reused (``fresh``: written again)."""
+    import shutil
+
+    home = HOMES / f"v{LAYOUT_VERSION}-{n_jobs}-jobs-{steps}-steps"
+    done = home / ".complete"
+    if fresh and home.exists():
+        shutil.rmtree(home)
+    if not done.exists():
+        if home.exists():
+            shutil.rmtree(home)  # a run stopped while writing it
+        common.progress(f"writing a home of {n_jobs:,} jobs ({steps} step events each) in {home}")
+        build_home(home, n_jobs, steps)
+        done.write_text("")
+    return home
+
+
+def disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def timed(argv: list[str], runs: int, env: dict[str, str]) -> dict[str, float]:
+    """Median wall and CPU seconds of ``runs`` fresh processes of ``argv`` (one untimed run first)."""
+    first = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if first.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[3:])} failed: {first.stderr.strip()[-300:]}")
+    walls, cpus = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {"wall": common.median(walls), "cpu": common.median(cpus)}
+
+
+def commands(n_jobs: int) -> Iterator[tuple[str, list[str]]]:
+    yield "jobs", ["jobs"]
+    yield "jobs --json", ["jobs", "--json"]
+    yield "cost", ["cost"]
+    yield "show ID", ["show", str(n_jobs // 2)]
+
+
+def main() -> int:
+    p = common.parser(__doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--sizes", default="1000,10000,100000", help="jobs per home, comma-separated")
+    p.add_argument("--steps", type=int, default=200, help="step events per job")
+    p.add_argument("--runs", type=int, default=5, help="fresh processes timed per command and size")
+    p.add_argument("--target", type=float, default=TARGET_S, help="seconds a command may take at the largest size")
+    p.add_argument("--fresh", action="store_true", help="write the homes again")
+    args = p.parse_args()
+    try:
+        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--sizes {args.sizes!r}: give whole numbers of jobs, e.g. 1000,10000")
+    if not sizes or sizes[0] < 2:
+        p.error(f"--sizes {args.sizes!r}: give sizes of at least 2 jobs")
+    if args.runs < 1 or args.steps < 1:
+        p.error("--runs and --steps: give at least 1")
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPYCACHEPREFIX": str(HOMES / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    figures: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        home = home_for(n, args.steps, args.fresh)
+        env["GPUFLEET_HOME"] = str(home)
+        row: dict[str, Any] = {"disk_bytes_per_job": disk_bytes(home) / n, "commands": {}}
+        for name, argv in commands(n):
+            common.progress(f"{n:,} jobs: gpufleet {' '.join(argv)}")
+            row["commands"][name] = timed([*GPUFLEET, *argv], args.runs, env)
+        figures[n] = row
+    largest = figures[sizes[-1]]["commands"]
+    slowest = max(v["wall"] for v in largest.values())
+    ok = slowest <= args.target
+    names = [name for name, _ in commands(sizes[0])]
+    rows = []
+    for i, n in enumerate(sizes):
+        cells = [f"{n:,}"]
+        for name in names:
+            wall = figures[n]["commands"][name]["wall"]
+            growth = ""
+            if i:
+                prev = figures[sizes[i - 1]]["commands"][name]["wall"]
+                growth = f" (x{common.ratio(wall, prev):.1f})"
+            cells.append(f"{wall:.3f}{growth}")
+        cells.append(f"{figures[n]['disk_bytes_per_job'] / 1024:.1f}")
+        rows.append(cells)
+    result = {
+        "runs": args.runs,
+        "steps_per_job": args.steps,
+        "target_s": args.target,
+        "sizes": {str(n): figures[n] for n in sizes},
+        "slowest_at_largest_s": slowest,
+    }
+    return common.finish(
+        json_mode=args.json,
+        result=result,
+        table=common.format_table(
+            f"read-only commands, median wall s of {args.runs} fresh processes (growth from the size before)",
+            ["jobs", *names, "KiB/job"],
+            rows,
+        ),
+        verdict=f"slowest command at {sizes[-1]:,} jobs: {slowest:.3f} s (target {args.target:.3f} s)",
+        ok=ok,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
