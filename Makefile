@@ -95,7 +95,9 @@ bench: dev tools
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/drift_vs_evidently.py
+	$(BIN)/python bench/estimate_vs_nannyml.py
 	$(BIN)/python bench/mmd.py
+	$(BIN)/python bench/false_alarms.py
 	$(BIN)/python bench/dist_step_overhead.py
 	$(BIN)/python bench/dist_save_throughput.py
 	$(BIN)/python bench/dist_preemption_loss.py
@@ -107,6 +109,7 @@ bench: dev tools
 	$(BIN)/python bench/rl_actors.py
 	$(BIN)/python bench/serve_load.py
 	$(BIN)/python bench/cli_startup.py
+	$(BIN)/python bench/growth.py
 
 # The fault table: ten faults (SIGTERM, kill -9 or SIGSTOP of a rank, a NaN, corrupt RAM and disk copies, the
 # scheduler or the memory keeper killed, a lost node) against a 2-rank DDP job, each row bit-exact against an

@@ -334,6 +334,142 @@ def _path(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
+def split_scores(values: list[str] | None) -> str | list[str] | dict[str, str] | None:
+    """``--score``: one column (binary), columns in the sorted order of the classes, or ``CLASS=COLUMN`` pairs."""
+    items = [v.strip() for raw in values or [] for v in raw.split(",") if v.strip()]
+    if not items:
+        return None
+    pairs = [item.partition("=") for item in items]
+    named = [sep for _, sep, _ in pairs if sep]
+    if named and len(named) != len(items):
+        raise UsageError(f"--score {','.join(items)}: name every class (CLASS=COLUMN) or none of them")
+    if named:
+        if any(not c.strip() or not col.strip() for c, _, col in pairs):
+            raise UsageError(f"--score {','.join(items)}: write CLASS=COLUMN, e.g. --score cat=p_cat,dog=p_dog")
+        return {c.strip(): col.strip() for c, _, col in pairs}
+    return items[0] if len(items) == 1 else items
+
+
+def _print_estimate(est: Any) -> None:
+    def cell(value: float | None) -> str:
+        return "" if value is None or value != value else f"{value:.4f}"
+
+    rows = [
+        [
+            f"{c.start:,}-{c.end:,}",
+            cell(c.estimated),
+            f"{cell(c.lower)} - {cell(c.upper)}",
+            cell(c.realised),
+            styled("[red]alert[/]" if c.alert else "."),
+        ]
+        for c in est.chunks
+    ]
+    title = f"estimated {est.metric} per chunk of {est.chunk_size:,} rows"
+    console.print(table(title, ["rows", "estimated", "sampling band", "realised", "alert"], rows))
+    worse = "below" if est.kind == "classification" else "above"
+    realised = "" if est.realised is None else f"; realised {cell(est.realised)}"
+    calibrated = "" if est.calibrated is None else f"; scores {'calibrated' if est.calibrated else 'used as given'}"
+    console.print(
+        f"whole window: estimated {cell(est.estimated)} ({cell(est.lower)} - {cell(est.upper)}){realised}; "
+        f"reference {cell(est.reference)}; alert {worse} {cell(est.threshold)}{calibrated}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
+    colour, verdict = ("red", "performance alert") if est.alert else ("green", "no alert")
+    console.print(f"[{colour}]{verdict}[/]", highlight=False)
+
+
+@quality_app.command("estimate")
+@parameters_as_flags(
+    {
+        "target": "--target",
+        "metric": "--metric",
+        "score": "--score",
+        "prediction": "--prediction",
+        "chunk_size": "--chunk-size",
+        "features": "--features",
+    }
+)
+def estimate_command(
+    reference: RefArg,
+    current: CurArg,
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target",
+            help="Label column: every reference row has one; current's, where given, give the realised values.",
+        ),
+    ],
+    metric: Annotated[
+        str,
+        typer.Option(
+            "--metric", help="roc_auc, f1, precision, recall or accuracy (classifier); mae, mse or rmse (regressor)."
+        ),
+    ],
+    score: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--score",
+            help="Classifier probabilities: the column of class 1 (labels 0/1), or one column per class, in the "
+            "sorted order of the labels (--score p_a,p_b,p_c), or named (--score a=p_a,b=p_b,c=p_c); repeatable.",
+        ),
+    ] = None,
+    prediction: Annotated[
+        str | None,
+        typer.Option(
+            "--prediction", help="Predicted class (default: score >= 0.5, or the largest), or the regressor's output."
+        ),
+    ] = None,
+    features: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--features",
+            help="Regressor: columns the loss model learns from, comma-separated (default: "
+            "every shared column but target and prediction; leave out ids and timestamps).",
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int | None, typer.Option("--chunk-size", help="Rows per chunk (default: a tenth of the current data).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write a plot per chunk here (.png, .svg or .pdf).")] = None,
+    fail_on_alert: Annotated[
+        bool, typer.Option("--fail-on-alert", help="Exit 1 when the estimate crosses the threshold.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Estimate a model's performance on CURRENT without its labels (CBPE for classifiers, DLE for regressors).
+
+    Fitted on REFERENCE, which has the labels; assumes only the inputs shifted, not what they mean.
+    """
+    from gpufleet.quality.estimate import estimate_performance, plot_performance
+    from gpufleet.tables import read_table
+
+    if out is not None:
+        check_plot_file(check_path_name(out, "--out"), "--out")
+    ref, cur = read_table(reference), read_table(current)
+    est = estimate_performance(
+        ref,
+        cur,
+        target=target,
+        metric=metric,
+        score=split_scores(score),
+        prediction=prediction,
+        chunk_size=chunk_size,
+        features=split_columns(features),
+    )
+    if out is not None:
+        plot_performance(est, out, title=f"{est.metric}: {current.name} against {reference.name}")
+    if json_out:
+        emit_json({**est.to_dict(), "reference_file": str(reference), "current_file": str(current), "plot": _path(out)})
+    else:
+        _print_estimate(est)
+        if out is not None:
+            console.print(f"plot: {out}", highlight=False, soft_wrap=True, markup=False)
+    if fail_on_alert and est.alert:
+        raise typer.Exit(1)
+
+
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Write a PNG of both monitors' scores here.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the synthetic data.")]
 
@@ -407,6 +543,33 @@ def embedding_lab_command(json_out: JsonOpt = False, seed: SeedOpt = 0) -> None:
         console.print(f"{kind}: " + " | ".join(texts), highlight=False, soft_wrap=True, markup=False)
 
 
+@quality_app.command("lab-policy")
+def policy_lab_command(
+    json_out: JsonOpt = False,
+    seed: SeedOpt = 0,
+    label_delay: Annotated[
+        int, typer.Option("--label-delay", min=1, max=20, help="Windows before a window's labels arrive.")
+    ] = 3,
+) -> None:
+    """Lab: retrains and realised AUC of a drift-only policy against one deciding on estimated performance."""
+    from gpufleet.demos.policy_lab import policy_lab
+    from gpufleet.fmt import finite_json
+
+    lab = policy_lab(seed, label_delay=label_delay).to_dict()
+    if json_out:
+        emit_json(finite_json({**lab, "seed": seed}))
+        return
+    rows = []
+    for name, stream in lab["streams"].items():
+        for mode, run in stream["policies"].items():
+            after = ", ".join(stream["windows"][i] for i in run["retrained_after"])
+            rows.append(
+                [name, mode, run["retrains"], run["alerts"], run["realised_mean"], run["realised_min"], after or "-"]
+            )
+    head = ["stream", "policy", "retrains", "alerts", "realised AUC mean", "min", "retrained after"]
+    console.print(table(f"drift-only against performance policy (labels {label_delay} windows late)", head, rows))
+
+
 monitor_app = typer.Typer(
     help="The standing monitor: each new window's drift, the policy's decision, the retraining job.",
     no_args_is_help=True,
@@ -441,10 +604,13 @@ def monitor_run_command(
     monitor = StandingMonitor(load_monitor_config(check_path_name(config, "CONFIG")), gpufleet_home())
     if once:
         checks = monitor.run_round()
+        sent = monitor.deliver()
         if json_out:
-            emit_json({"rounds": [_round(checks)]})
+            emit_json({"rounds": [_round(checks)]} | ({"webhook": sent.to_dict()} if sent is not None else {}))
         else:
             _print_checks(checks, len(monitor.config.models))
+            if sent is not None and (sent.sent or sent.busy):
+                console.print(_delivery_line(sent), highlight=False, markup=False)
         if any(c["error"] for c in checks):
             raise typer.Exit(1)
         return
@@ -538,6 +704,13 @@ def monitor_history_command(json_out: JsonOpt = False) -> None:
             )
         head = ["window", "checked (UTC)", "drift", "share", "action", "reasons", "retrain job"]
         console.print(table(f"monitor history of {model}", head, rows))
+        if h.get("performance"):
+            perf = [
+                [p["window"], p["estimated"], p["lower"], p["upper"], p["threshold"], p["realised"], p["error"] or ""]
+                for p in h["performance"]
+            ]
+            head = ["window", "estimated", "band low", "band high", "threshold", "realised", "error"]
+            console.print(table(f"{h['performance'][-1]['metric']} of {model}, estimated and realised", head, perf))
         for r in h["retrains"]:
             if r.get("job_id") is None:
                 console.print(f"retrain for key {r.get('key')!r} failed: {r.get('error')}", markup=False)
@@ -578,6 +751,116 @@ def monitor_sample_data_command(
     console.print(f"wrote {targets[0]} and {len(SAMPLE_WINDOWS)} windows in {folder / 'windows'}", markup=False)
 
 
+webhook_app = typer.Typer(
+    help="The webhook outbox: each alert the monitor sent, its attempts; send it, or send it again.",
+    no_args_is_help=True,
+)
+quality_app.add_typer(webhook_app, name="webhook")
+
+
+def _outbox(**options: Any) -> Any:
+    from gpufleet.quality.outbox import Outbox, outbox_dir
+
+    return Outbox(outbox_dir(gpufleet_home()), **options)
+
+
+@webhook_app.command("log")
+def webhook_log_command(
+    limit: Annotated[int, typer.Option("--limit", help="Show the N events queued last.", min=1)] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """Each event in the outbox: key, model, action, state (pending, delivered, failed), attempts, answer, next try."""
+    outbox = _outbox()
+    events = outbox.events()
+    counts = {state: sum(e.state == state for e in events) for state in ("pending", "delivered", "failed")}
+    shown = events[-limit:]
+    if json_out:
+        emit_json({"outbox": str(outbox.path), "counts": counts, "events": [e.to_dict() for e in shown]})
+        return
+    if not events:
+        console.print(f"the outbox {outbox.path} is empty", highlight=False, markup=False)
+        return
+    rows = [_outbox_row(e.to_dict()) for e in shown]
+    title = ", ".join(f"{n} {state}" for state, n in counts.items()) + f" ({outbox.path})"
+    console.print(table(title, ["key", "model", "action", "state", "attempts", "last answer", "next try (UTC)"], rows))
+
+
+def _outbox_row(d: dict[str, Any]) -> list[Any]:
+    state = {"pending": "[yellow]pending[/]", "delivered": "[green]delivered[/]", "failed": "[red]failed[/]"}
+    answer = " ".join(str(x) for x in (d["last_status"], d["last_error"]) if x is not None)
+    next_try = "" if d["next_at"] is None else _when(d["next_at"])
+    return [d["key"], d["model"], d["action"], styled(state[d["state"]]), d["attempts"], answer, next_try]
+
+
+@webhook_app.command("replay")
+def webhook_replay_command(
+    key: Annotated[str | None, typer.Argument(metavar="[KEY]", help="The event's key (see `webhook log`).")] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="Queue every event that failed for good.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Queue an event again, due now, its backoff restarted; it keeps its key, so a receiver acts on it once."""
+    if (key is None) == (not failed):
+        raise UsageError("give one event's KEY or --failed (every failed event), not both and not neither")
+    outbox = _outbox()
+    keys = outbox.replay_failed() if failed else [outbox.replay(key or "").key]
+    if json_out:
+        emit_json({"replayed": keys})
+    else:
+        console.print(f"queued {len(keys)} event(s) again: {', '.join(keys) or 'none failed'}", markup=False)
+
+
+@webhook_app.command("send")
+def webhook_send_command(
+    forever: Annotated[
+        bool, typer.Option("--forever", help="Keep sending as events fall due, until Ctrl-C or SIGTERM.")
+    ] = False,
+    base: Annotated[float, typer.Option("--backoff-base", help="Seconds after the first failed attempt.")] = 2.0,
+    cap: Annotated[float, typer.Option("--backoff-cap", help="Longest wait between two attempts, in seconds.")] = 600.0,
+    attempts: Annotated[int, typer.Option("--max-attempts", help="Attempts before an event fails.")] = 30,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print what the pass did; with --forever, one such line per pass.")
+    ] = False,
+) -> None:
+    """Send the outbox's due events (signed, retried with backoff); exit 1 if one failed for good in this pass."""
+    import signal
+    import threading
+
+    from gpufleet.quality.outbox import RetryPolicy
+
+    outbox = _outbox(policy=RetryPolicy(base_s=base, cap_s=cap, max_attempts=attempts))
+    if not forever:
+        report = outbox.deliver_due(block=True)
+        if json_out:
+            emit_json(report.to_dict())
+        else:
+            console.print(_delivery_line(report), highlight=False, markup=False)
+        if report.failed:
+            raise typer.Exit(1)
+        return
+    stop = threading.Event()
+
+    def on_pass(report: Any) -> None:
+        if json_out:
+            _json_line(report.to_dict())
+        else:
+            console.print(_delivery_line(report), highlight=False, markup=False)
+
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outbox.run_forever(stop, on_pass=on_pass)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _delivery_line(report: Any) -> str:
+    if report.busy:
+        return "webhook: another sender is delivering the outbox now"
+    parts = [f"sent {report.sent}", f"delivered {len(report.delivered)}", f"retrying {len(report.retrying)}"]
+    failed = f"failed {len(report.failed)}" + (f" ({', '.join(report.failed[:5])})" if report.failed else "")
+    return "webhook: " + ", ".join([*parts, failed])
+
+
 __all__ = [
     "ColumnsOpt",
     "ConfigArg",
@@ -596,6 +879,7 @@ __all__ = [
     "doc_command",
     "drift_command",
     "embedding_lab_command",
+    "estimate_command",
     "monitor_app",
     "monitor_history_command",
     "monitor_run_command",
@@ -604,4 +888,8 @@ __all__ = [
     "seasonal_lab_command",
     "split_assignments",
     "split_columns",
+    "webhook_app",
+    "webhook_log_command",
+    "webhook_replay_command",
+    "webhook_send_command",
 ]

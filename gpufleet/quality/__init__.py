@@ -11,6 +11,19 @@ workloads/, devtools/, placement/, backends/.
 
 from __future__ import annotations
 
-from gpufleet.quality.drift import ColumnDrift, DriftReport, drift_report
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.quality.drift import ColumnDrift, DriftReport, drift_report
 
 __all__ = ["ColumnDrift", "DriftReport", "drift_report"]
+
+
+def __getattr__(name: str) -> Any:
+    """The drift names, imported on first use: a module of the package (the webhook receiver, the outbox's
+    sender) loads scipy only if it measures drift."""
+    if name in __all__:
+        from gpufleet.quality import drift
+
+        return getattr(drift, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

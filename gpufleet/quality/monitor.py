@@ -17,21 +17,112 @@ monitoring:
 The window alarms when the share of such columns reaches ``drift_share``, as a drift report's
 dataset drift does. Windows are plain mappings of column name to array; :func:`split_windows`
 cuts a time-stamped table into them.
+
+**False alarms under control** (:class:`AlarmControl`, the standing monitor's default): Evidently's
+verdict on a large reference is a distance against a fixed threshold, which sampling noise
+crosses on small windows, and its tests flag any trivial change on large ones. A controlled window
+instead gives every column a two-sample test (``drift_report(method="test")``: KS, a two-sample
+chi-squared, MMD), corrects the columns' p-values by Benjamini-Hochberg at ``alpha`` and counts a
+column as drifted only when it is a discovery *and* its scale-free effect reaches a floor (normed
+Wasserstein 0.1, Jensen-Shannon distance 0.1: Evidently's own large-data thresholds). The window
+alerts when at least one column drifts (:func:`window_alerts`). With no drift in any column every
+p-value is uniform (or larger), so the window alerts only when Simes' test rejects, which happens
+with probability at most ``alpha`` for independent or positively dependent columns
+(Benjamini & Hochberg 1995, Sarkar 2008; ``correction="by"`` holds under any dependence); the floor
+only removes discoveries, so it keeps that bound and adds one of its own: a shift below the floor
+never alerts, however large the sample.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpufleet.errors import UsageError
-from gpufleet.quality.drift import DriftReport, drift_report
+
+if TYPE_CHECKING:
+    from gpufleet.quality.drift import DriftReport
 
 Window = Mapping[str, NDArray[Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlarmControl:
+    """When a window's drift report alerts: at most ``alpha`` of the windows with no drift, none for a tiny shift.
+
+    Defaults and why: ``alpha`` 0.01, one false alert per hundred windows on average, since a standing
+    monitor sees a window every few minutes to every day and an alert wakes someone (the policy's
+    persistence then asks for two windows in a row before a retrain). The floors are the thresholds
+    Evidently applies on references above 1,000 rows: a tenth of the reference's standard deviation
+    (normed Wasserstein, for KS columns), a Jensen-Shannon distance of 0.1 (for chi-squared
+    columns: about a 14-point move of a 50/50 share, a PSI near 0.08), so a controlled column is one
+    ``gpufleet drift`` would also call drifted on a large sample, and the test adds that it is
+    beyond noise. MMD^2 has no scale-free floor (it depends on the dimension and the geometry: a
+    10 % topic move in 384-D gives 2e-4, a 0.3-sigma shift in 1-D 2e-2), so ``mmd_floor`` is 0
+    unless set from a shift that matters on the data at hand.
+    """
+
+    control: bool = True
+    """``False``: the window's verdict is ``gpufleet drift``'s (Evidently's choice per column, no bound)."""
+    alpha: float = 0.01
+    """The nominal false-alarm rate per window with no drift, and the level of the correction."""
+    correction: Literal["bh", "by"] = "bh"
+    """``bh``: Benjamini-Hochberg (independent or positively dependent columns); ``by``: any dependence."""
+    wasserstein_floor: float = 0.1
+    """KS columns: the shift, in reference standard deviations (normed Wasserstein), that matters."""
+    jensenshannon_floor: float = 0.1
+    """Chi-squared columns (categories, numbers with <= 5 values): the Jensen-Shannon distance that matters."""
+    mmd_floor: float = 0.0
+    """Embedding columns: the MMD^2 (median-bandwidth RBF kernel) that matters."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.alpha, bool) or not 0 < self.alpha < 1:
+            raise UsageError(f"alpha {self.alpha!r} is a false-alarm rate per window: give one in (0, 1), e.g. 0.01")
+        if self.correction not in ("bh", "by"):
+            raise UsageError(f"correction {self.correction!r}: use bh (Benjamini-Hochberg) or by (any dependence)")
+        for name in ("wasserstein_floor", "jensenshannon_floor", "mmd_floor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"{name} {value!r} is an effect size: give a number >= 0, e.g. 0.1")
+
+    @property
+    def floors(self) -> dict[str, float]:
+        """The floors by effect measure, as ``drift_report(effect_floor=...)`` takes them."""
+        return {"wasserstein": self.wasserstein_floor, "jensenshannon": self.jensenshannon_floor, "mmd": self.mmd_floor}
+
+
+def controlled_report(
+    reference: Any, current: Any, control: AlarmControl | None = None, *, columns: Sequence[str] | None = None
+) -> DriftReport:
+    """The window's drift report under ``control`` (default :class:`AlarmControl`): tests, correction, floors.
+
+    A column's ``drift`` is then the controlled verdict, so whatever reads the report (the policy's
+    shares, :func:`window_alerts`) inherits the bound; with ``control=False`` it is ``gpufleet drift``'s report.
+    """
+    from gpufleet.quality.drift import drift_report
+
+    control = control or AlarmControl()
+    if not control.control:
+        return drift_report(reference, current, columns=columns)
+    return drift_report(
+        reference,
+        current,
+        columns=columns,
+        method="test",
+        threshold=control.alpha,
+        correction=control.correction,
+        effect_floor=control.floors,
+    )
+
+
+def window_alerts(report: DriftReport) -> bool:
+    """Whether the window alerts: at least one column drifted (under control: a discovery above its floor)."""
+    return any(c.drift is True for c in report.columns)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +217,8 @@ def naive_monitor(
     start: int = 1,
 ) -> list[WindowVerdict]:
     """Each window against the one before it: the detector most dashboards start with."""
+    from gpufleet.quality.drift import drift_report
+
     verdicts = []
     for i in range(max(start, 1), len(windows)):
         report = drift_report(windows[i - 1], windows[i], method=method, drift_share=drift_share)
@@ -136,6 +229,8 @@ def naive_monitor(
 
 def seasonal_reports(windows: Sequence[Window], config: SeasonalConfig) -> dict[int, DriftReport]:
     """Every window with enough history against its season-matched, pooled reference."""
+    from gpufleet.quality.drift import drift_report
+
     p, r = config.windows_per_period, config.reference_periods
     reports = {}
     for i in range(r * p, len(windows)):
@@ -186,12 +281,15 @@ def seasonal_monitor(windows: Sequence[Window], config: SeasonalConfig | None = 
 
 
 __all__ = [
+    "AlarmControl",
     "SeasonalConfig",
     "Window",
     "WindowVerdict",
+    "controlled_report",
     "naive_monitor",
     "placebo_band",
     "seasonal_monitor",
     "seasonal_reports",
     "split_windows",
+    "window_alerts",
 ]

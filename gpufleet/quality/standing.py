@@ -11,6 +11,7 @@ arrives (one file, or a folder that grows by one file per window)::
         columns: [f0, f1]
         metric: {name: auc, baseline: 0.91}
         policy: {persistence: 2, alert_share: 0.2, cooldown_s: 86400}
+        alarms: {alpha: 0.01, correction: bh, wasserstein_floor: 0.1}   # the default false-alarm control
         retrain: specs/retrain.yaml
         backend: local
 
@@ -24,7 +25,9 @@ the retraining JobSpec submitted once. Everything is appended under
   it is also what the monitor remembers: a window whose name, size and modification time are on a
   line is never checked again;
 - ``decisions.jsonl``: the policy's :class:`~gpufleet.quality.policy.DecisionLog`;
-- ``retrains.jsonl``: the retraining jobs submitted (and the submissions that failed), one per key.
+- ``retrains.jsonl``: the retraining jobs submitted (and the submissions that failed), one per key;
+- ``performance.jsonl``: with ``estimate``, each window's estimated metric and, once its labels arrived
+  (``labels``), the realised one (:mod:`gpufleet.quality.performance`).
 
 Rounds may overlap (``gpufleet serve --monitor`` and a ``quality monitor run --once`` from cron):
 each model's round holds an ``flock`` on ``round.lock``, so the second round waits and finds the
@@ -50,10 +53,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from gpufleet.errors import GpufleetError, SpecError, UsageError
-from gpufleet.quality.policy import Decision, DecisionLog, PolicyConfig, PolicyState, decide, evidence_from_report
+from gpufleet.quality.monitor import AlarmControl
+from gpufleet.quality.performance import EstimateConfig
+from gpufleet.quality.policy import (
+    Decision,
+    DecisionLog,
+    Evidence,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    evidence_from_report,
+)
 from gpufleet.quality.registry import MODEL_NAME_RE, check_model_name
 from gpufleet.yamlio import read_yaml, shown_path, validate
 
@@ -61,6 +74,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from gpufleet.quality.drift import DriftReport
+    from gpufleet.quality.outbox import DeliveryReport
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +142,15 @@ class ModelConfig(_Strict):
     """A table (each new version of it is a window) or a folder (each file in it is a window, by name)."""
     columns: list[str] | None = Field(default=None, min_length=1, max_length=10_000)
     metric: MetricConfig | None = None
+    estimate: EstimateConfig | None = None
+    """The metric estimated on each window without labels (CBPE, DLE): the policy decides on it, not on drift."""
+    labels: Path | None = None
+    """Where labels arrive later, keyed by ``id_column``: a table or a folder of them (needs ``estimate``)."""
+    id_column: str = Field(default="id", min_length=1, max_length=256)
+    """The row id shared by the windows and the labels; never a drift column."""
     policy: PolicyConfig = PolicyConfig()
+    alarms: AlarmControl = AlarmControl()
+    """Which columns count as drifted: tests, Benjamini-Hochberg at ``alpha``, effect floors (``monitor``)."""
     retrain: Path | None = None
     backend: str = Field(default="local", max_length=64)
 
@@ -152,6 +174,25 @@ class ModelConfig(_Strict):
             raise ValueError(str(err)) from None
         return policy
 
+    @field_validator("alarms", mode="wrap")
+    @classmethod
+    def _alarms(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> AlarmControl:
+        known = [f.name for f in dataclasses.fields(AlarmControl)]
+        unknown = [k for k in value if k not in known] if isinstance(value, dict) else []
+        if unknown:
+            raise ValueError(f"unknown field {str(unknown[0])[:40]!r}: the alarms' fields are {', '.join(known)}")
+        try:
+            alarms: AlarmControl = handler(value)
+        except UsageError as err:  # AlarmControl checks its values itself
+            raise ValueError(str(err)) from None
+        return alarms
+
+    @model_validator(mode="after")
+    def _labels_need_an_estimate(self) -> ModelConfig:
+        if self.labels is not None and self.estimate is None:
+            raise ValueError("labels needs estimate: name the metric, target and score the labels are for")
+        return self
+
     @field_validator("columns")
     @classmethod
     def _columns(cls, value: list[str] | None) -> list[str] | None:
@@ -161,12 +202,33 @@ class ModelConfig(_Strict):
         return value
 
 
+class WebhookConfig(_Strict):
+    """Where the monitor sends its ``alert`` and ``retrain`` decisions: signed, through the durable outbox."""
+
+    url: str = Field(max_length=2048)
+    """The receiver, e.g. ``http://127.0.0.1:8080/hooks/alerts`` (``gpufleet serve --webhook-secret-file``)."""
+    secret_file: Path | None = None
+    """The shared secret's file (relative to the monitor file); default ``$GPUFLEET_WEBHOOK_SECRET`` or ``..._FILE``."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        from gpufleet.quality.outbox import check_url
+
+        try:
+            return check_url(value)
+        except UsageError as err:
+            raise ValueError(str(err)) from None
+
+
 class MonitorConfig(_Strict):
     """The monitor file: how often a round runs under ``gpufleet serve --monitor``, and the models."""
 
     every: float = 600.0
     """Seconds between rounds (written ``10m``, ``30s``, ``1h``, ``1d`` or a number of seconds)."""
     models: list[ModelConfig] = Field(min_length=1, max_length=1000)
+    webhook: WebhookConfig | None = None
+    """Send alert and retrain decisions to this receiver too (the outbox: ``gpufleet quality webhook log``)."""
 
     @field_validator("every", mode="before")
     @classmethod
@@ -211,8 +273,11 @@ def load_monitor_config(path: Path | str) -> MonitorConfig:
         where = f"{source}: models.{i}"
         reference, current = folder / model.reference, folder / model.current
         retrain = folder / model.retrain if model.retrain is not None else None
+        labels = folder / model.labels if model.labels is not None else None
         _check_data(reference, f"{where}.reference", folder_ok=False)
         _check_data(current, f"{where}.current", folder_ok=True)
+        if labels is not None:
+            _check_data(labels, f"{where}.labels", folder_ok=True)
         if model.backend not in registered():
             known = ", ".join(sorted(registered()))
             raise SpecError(f"{where}.backend: unknown backend {model.backend[:40]!r}: use one of {known}")
@@ -221,8 +286,23 @@ def load_monitor_config(path: Path | str) -> MonitorConfig:
                 load_spec(retrain)
             except GpufleetError as err:
                 raise SpecError(f"{where}.retrain: {err}") from None
-        models.append(model.model_copy(update={"reference": reference, "current": current, "retrain": retrain}))
-    return config.model_copy(update={"models": models})
+        paths = {"reference": reference, "current": current, "retrain": retrain, "labels": labels}
+        models.append(model.model_copy(update=paths))
+    return config.model_copy(update={"models": models, "webhook": _check_webhook(config.webhook, folder, source)})
+
+
+def _check_webhook(hook: WebhookConfig | None, folder: Path, source: str) -> WebhookConfig | None:
+    """The webhook with its secret file resolved against the monitor file's folder; refused unless the secret loads."""
+    from gpufleet.quality.webhook import load_secret
+
+    if hook is None:
+        return None
+    secret_file = folder / hook.secret_file if hook.secret_file is not None else None
+    try:
+        load_secret(secret_file)
+    except UsageError as err:
+        raise SpecError(f"{source}: webhook.secret_file: {err}") from None
+    return hook.model_copy(update={"secret_file": secret_file})
 
 
 def _check_data(path: Path, where: str, *, folder_ok: bool) -> None:
@@ -293,6 +373,10 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 # ---- retraining -------------------------------------------------------------------------------
 
 
+RETRAIN_KEY_ENV = "GPUFLEET_RETRAIN_KEY"
+"""The variable a retraining job carries its key in: how a submission the journal missed is found again."""
+
+
 def retrain_once(home: Path, model: str, key: str, spec_path: Path, backend: str = "local") -> tuple[int, bool]:
     """Submit the JobSpec at ``spec_path`` for ``model`` once per ``key``: ``(job_id, submitted_now)``.
 
@@ -300,25 +384,48 @@ def retrain_once(home: Path, model: str, key: str, spec_path: Path, backend: str
     processes (the monitor's round, the webhook of ``gpufleet serve``) asking with the same key get
     the same job. A submission that fails is journaled with its error and raised; the key stays
     unspent, so a later call may try again.
+
+    A process killed between the submission and its journal line must not cost a second job when the
+    alert is retried: an intent line (``retrains.intents.jsonl``) is synced before each submission
+    and the job carries its key in ``$GPUFLEET_RETRAIN_KEY``, so a key with an intent but no journal
+    line is first looked for among the fleet's jobs (the only time the store is read).
     """
     from gpufleet.backends import get_backend
     from gpufleet.spec import load_spec
 
     folder = model_dir(home, model)
     journal = folder / "retrains.jsonl"
+    intents = folder / "retrains.intents.jsonl"
     with _flock(folder / "retrain.lock"):
         for line in _read_lines(journal):
             job_id = line.get("job_id")
             if line.get("key") == key and isinstance(job_id, int) and not isinstance(job_id, bool):
                 return job_id, False
         record: dict[str, Any] = {"key": key, "at": time.time(), "spec": str(spec_path), "backend": backend}
+        if any(line.get("key") == key for line in _read_lines(intents)):
+            found = _submitted_with_key(home, backend, key)
+            if found is not None:
+                _append(journal, {**record, "job_id": found, "recovered": True})
+                return found, False
+        _append(intents, {"key": key, "at": record["at"]})
         try:
-            job_id = get_backend(backend, home).submit(load_spec(spec_path))
+            job_id = get_backend(backend, home).submit(load_spec(spec_path), env={RETRAIN_KEY_ENV: key})
         except GpufleetError as err:
             _append(journal, {**record, "job_id": None, "error": str(err)})
             raise
         _append(journal, {**record, "job_id": job_id})
         return job_id, True
+
+
+def _submitted_with_key(home: Path, backend: str, key: str) -> int | None:
+    """The job an interrupted :func:`retrain_once` submitted for ``key`` (its ``$GPUFLEET_RETRAIN_KEY``), if any."""
+    from gpufleet.backends import get_backend
+    from gpufleet.paths import state_db
+
+    if not state_db(home).exists():
+        return None
+    jobs = get_backend(backend, home).store.jobs()
+    return next((job.id for job in jobs if job.env.get(RETRAIN_KEY_ENV) == key), None)
 
 
 # ---- a round ----------------------------------------------------------------------------------
@@ -400,6 +507,33 @@ def _metric(metric: MetricConfig, frame: pd.DataFrame) -> float | None:
     return u / (int(y.sum()) * int((~y).sum()))
 
 
+def _realised(
+    model: ModelConfig, cfg: EstimateConfig, window: _Window | None, labels: pd.DataFrame
+) -> dict[str, Any] | None:
+    """The realised line of a window whose labels may have come (``None``: too few yet), or what ends the wait."""
+    from gpufleet.quality.performance import realised_line
+    from gpufleet.tables import read_table
+
+    if window is None:
+        return {"record": "realised", "metric": cfg.metric, "error": "the window was rewritten or removed"}
+    try:
+        return realised_line(cfg, read_table(window.path), labels, id_column=model.id_column)
+    except GpufleetError as err:
+        return {"record": "realised", "metric": cfg.metric, "error": _one_line(err)}
+
+
+def _drift_columns(model: ModelConfig, reference: pd.DataFrame, frame: pd.DataFrame) -> list[str] | None:
+    """The columns compared: ``columns``, else both tables' but, with an estimate, the row id and the target.
+
+    A row id differs in every window (it would always drift) and the target is in the labelled reference only.
+    """
+    if model.columns is not None or model.estimate is None:
+        return model.columns
+    skip = {model.id_column, model.estimate.target}
+    names = [str(c) for c in reference.columns] + [str(c) for c in frame.columns if c not in reference.columns]
+    return [n for n in names if n not in skip]
+
+
 def _drift_line(window: _Window, at: float, report: DriftReport) -> dict[str, Any]:
     from gpufleet.fmt import finite_or_none
 
@@ -440,6 +574,9 @@ def _check(
         "retrain_job": None,
         "retrain_submitted": False,
         "error": error,
+        "kind": "window",
+        "estimated": None,
+        "realised": None,
     }
 
 
@@ -473,16 +610,19 @@ class StandingMonitor:
         with _flock(folder / "round.lock"):
             seen = {_stamp(line) for line in _read_lines(folder / "drift.jsonl")}
             pending = [w for w in _windows(model.current) if w.stamp not in seen]
-            if not pending:
+            if not pending and model.labels is None:
                 return []
             decisions = DecisionLog(folder / "decisions.jsonl")
             state = decisions.state()
-            reference = read_table(model.reference)
             at = time.time() if now is None else now
             checks = []
+            if pending:
+                reference = read_table(model.reference)
             for window in pending:
                 check, state = self._window(model, folder, window, reference, decisions, state, at)
                 checks.append(check)
+            if model.labels is not None:
+                checks += self._late_labels(model, folder, decisions, state, at)
             return checks
 
     def _window(
@@ -496,39 +636,157 @@ class StandingMonitor:
         at: float,
     ) -> tuple[dict[str, Any], PolicyState]:
         """Check one window: drift, decision, retrain; the result and the policy's next state."""
-        from gpufleet.quality.drift import drift_report
+        from gpufleet.quality.monitor import controlled_report
         from gpufleet.tables import read_table
 
         try:
             frame = read_table(window.path)
-            report = drift_report(reference, frame, columns=model.columns)
+            report = controlled_report(reference, frame, model.alarms, columns=_drift_columns(model, reference, frame))
         except GpufleetError as err:
             message = _one_line(err)
             _append(folder / "drift.jsonl", {**window.line(at), "error": message})
             return _check(model.name, window.name, action="error", error=message), state
         metric = model.metric
-        evidence = evidence_from_report(
-            report,
-            window=window.name,
-            at=at,
-            metric_name=metric.name if metric else None,
-            metric=_metric(metric, frame) if metric else None,
-            baseline_metric=metric.baseline if metric else None,
-        )
+        more: dict[str, Any] = {
+            "metric_name": metric.name if metric else None,
+            "metric": _metric(metric, frame) if metric else None,
+            "baseline_metric": metric.baseline if metric else None,
+        }
+        estimated, estimate_error = self._estimate(model, folder, window, reference, frame, at)
+        evidence = evidence_from_report(report, window=window.name, at=at, **{**more, **estimated})
         decision: Decision = decide(model.policy, state, evidence)
         decisions.append(decision)
+        queued = self._queue_decision(model.name, window.name, decision, report)
         _append(folder / "drift.jsonl", _drift_line(window, at, report))  # last: it marks the window checked
         check = _check(model.name, window.name, action=decision.action, reasons=list(decision.reasons))
-        check.update(dataset_drift=report.dataset_drift, share=report.share_drifted)
-        if decision.action == "retrain" and model.retrain is not None:
-            try:
-                job_id, submitted = retrain_once(
-                    self.home, model.name, f"{model.name}:{window.name}", model.retrain, model.backend
-                )
-                check.update(retrain_job=job_id, retrain_submitted=submitted)
-            except GpufleetError as err:
-                check["error"] = f"retrain not submitted: {_one_line(err)}"
+        check.update(dataset_drift=report.dataset_drift, share=report.share_drifted, error=estimate_error)
+        check.update(estimated=evidence.estimated, realised=evidence.metric if estimated else None)
+        self._retrain(model, window.name, decision, check)
+        if queued is not None:
+            check["error"] = "; ".join(filter(None, [check["error"], queued]))
         return check, decision.state
+
+    def _retrain(self, model: ModelConfig, window: str, decision: Decision, check: dict[str, Any]) -> None:
+        """On ``retrain``, submit the model's JobSpec once per window (key ``<model>:<window>``), into ``check``."""
+        if decision.action != "retrain" or model.retrain is None:
+            return
+        try:
+            key = f"{model.name}:{window}"
+            job_id, submitted = retrain_once(self.home, model.name, key, model.retrain, model.backend)
+            check.update(retrain_job=job_id, retrain_submitted=submitted)
+        except GpufleetError as err:
+            check["error"] = "; ".join(filter(None, [check["error"], f"retrain not submitted: {_one_line(err)}"]))
+
+    def _estimate(
+        self, model: ModelConfig, folder: Path, window: _Window, reference: pd.DataFrame, frame: pd.DataFrame, at: float
+    ) -> tuple[dict[str, Any], str | None]:
+        """The window's estimate as policy evidence, recorded in ``performance.jsonl``; ``({}, error)`` without one.
+
+        A window whose estimate cannot be made is still judged, on drift alone, and the error is reported.
+        """
+        from gpufleet.quality.performance import estimate_line, estimate_record, evidence_fields
+
+        cfg = model.estimate
+        if cfg is None:
+            return {}, None
+        try:
+            est = estimate_record(cfg, reference, frame, id_column=model.id_column)
+            line = {**window.line(at), **estimate_line(cfg, est, len(frame))}
+        except (GpufleetError, ValueError) as err:
+            message = _one_line(err)
+            record = {**window.line(at), "record": "estimate", "metric": cfg.metric, "error": message}
+            _append(folder / "performance.jsonl", record)
+            return {}, f"no estimate: {message}"
+        _append(folder / "performance.jsonl", line)
+        return evidence_fields(cfg, line), None
+
+    def _late_labels(
+        self, model: ModelConfig, folder: Path, decisions: DecisionLog, state: PolicyState, at: float
+    ) -> list[dict[str, Any]]:
+        """Checked windows whose labels arrived: the realised metric beside the estimate, one decision each."""
+        from gpufleet.quality.performance import evidence_fields, labels_pending, read_labels
+
+        cfg, path = model.estimate, folder / "performance.jsonl"
+        if cfg is None or model.labels is None:
+            return []
+        decided = {d.window: d.at for d in decisions.read() if d.evidence.get("kind") == "labels"}
+        waiting = labels_pending(_read_lines(path), decided)
+        if not waiting:
+            return []
+        try:
+            labels = read_labels(model.labels, id_column=model.id_column, target=cfg.target)
+            windows = {w.stamp: w for w in _windows(model.current)}
+        except GpufleetError as err:
+            return [_check(model.name, None, action="error", error=f"labels: {_one_line(err)}")]
+        checks = []
+        for line in waiting:
+            stamp = (line["window"], line["size"], line["mtime_ns"])
+            result = _realised(model, cfg, windows.get(stamp), labels)
+            if result is None:
+                continue  # not enough of its rows are labelled yet
+            record = {"window": stamp[0], "size": stamp[1], "mtime_ns": stamp[2], "at": at, **result}
+            if result.get("realised") is None:
+                _append(path, record)
+                checks.append(_check(model.name, stamp[0], action="error", error=f"labels: {result.get('error')}"))
+                continue
+            fields = evidence_fields(cfg, line)
+            evidence = Evidence(
+                window=stamp[0],
+                at=at,
+                kind="labels",
+                metric_name=cfg.metric,
+                metric=result["realised"],
+                baseline_metric=fields["estimate_reference"],
+                **fields,
+            )
+            decision = decide(model.policy, state, evidence)
+            decisions.append(decision)
+            _append(path, record)  # after the decision: the decision log is what says a window was decided
+            state = decision.state
+            check = _check(model.name, stamp[0], action=decision.action, reasons=list(decision.reasons))
+            check.update(kind="labels", estimated=evidence.estimated, realised=evidence.metric)
+            self._retrain(model, stamp[0], decision, check)
+            checks.append(check)
+        return checks
+
+    def _queue_decision(self, model: str, window: str, decision: Decision, report: DriftReport) -> str | None:
+        """Queue an alert or retrain for the webhook; the error if it could not be queued.
+
+        It is queued before the window is marked checked: a crash in between checks the window again,
+        and its key (:func:`~gpufleet.quality.outbox.decision_key`) is not queued twice.
+        """
+        hook = self.config.webhook
+        if hook is None or decision.action not in ("alert", "retrain"):
+            return None
+        from gpufleet.fmt import finite_or_none
+        from gpufleet.quality.outbox import Outbox, decision_key, outbox_dir
+
+        payload = {
+            "model": model,
+            "action": decision.action,
+            "window": window[:128],
+            "reasons": [reason[:500] for reason in decision.reasons[:20]],
+            "evidence": {"dataset_drift": report.dataset_drift, "share_drifted": finite_or_none(report.share_drifted)},
+        }
+        try:
+            Outbox(outbox_dir(self.home)).enqueue(
+                payload, url=hook.url, key=decision_key(model, window), secret_file=hook.secret_file
+            )
+        except (GpufleetError, OSError, ValueError) as err:
+            return f"webhook not queued: {_one_line(err)}"
+        return None
+
+    def deliver(self, seconds: float | None = None) -> DeliveryReport | None:
+        """Send what the outbox holds that is due, for at most ``seconds``; ``None`` when no webhook is named.
+
+        A sender already at work (``gpufleet quality webhook send --forever``) makes this pass ``busy``.
+        """
+        if self.config.webhook is None:
+            return None
+        from gpufleet.quality.outbox import Outbox, outbox_dir
+
+        until = None if seconds is None else time.time() + seconds
+        return Outbox(outbox_dir(self.home)).deliver_due(until=until)
 
     def run_forever(
         self, stop: threading.Event, on_round: Callable[[list[dict[str, Any]]], None] | None = None
@@ -546,6 +804,12 @@ class StandingMonitor:
                         log.warning("monitor: %s %s: %s", check["model"], check["window"] or "", check["error"])
                 if on_round is not None:
                     on_round(checks)
+                sent = self.deliver(self.config.every / 2)
+                if sent is not None and sent.failed:
+                    log.warning(
+                        "monitor: webhook: %d event(s) failed for good; see `gpufleet quality webhook log`",
+                        len(sent.failed),
+                    )
             except Exception as err:  # noqa: BLE001 - one bad round must not end the monitor
                 log.error("monitor: the round failed: %s", _one_line(err))
             stop.wait(self.config.every)
@@ -561,6 +825,8 @@ def _one_line(err: BaseException) -> str:
 
 def read_history(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Per model the monitor has checked: its ``decisions``, ``drift`` lines and ``retrains`` journal, oldest first."""
+    from gpufleet.quality.performance import performance_series
+
     root = home / "quality" / "monitor"
     try:
         names = sorted(p.name for p in root.iterdir() if p.is_dir() and MODEL_NAME_RE.match(p.name))
@@ -575,6 +841,7 @@ def read_history(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
             "decisions": [d.to_dict() for d in DecisionLog(folder / "decisions.jsonl").read()],
             "drift": _read_lines(folder / "drift.jsonl"),
             "retrains": _read_lines(folder / "retrains.jsonl"),
+            "performance": performance_series(_read_lines(folder / "performance.jsonl")),
         }
     return history
 
@@ -582,10 +849,12 @@ def read_history(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 __all__ = [
     "MAX_EVERY_S",
     "MIN_EVERY_S",
+    "RETRAIN_KEY_ENV",
     "MetricConfig",
     "ModelConfig",
     "MonitorConfig",
     "StandingMonitor",
+    "WebhookConfig",
     "load_monitor_config",
     "model_dir",
     "read_history",

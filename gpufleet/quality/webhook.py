@@ -11,18 +11,21 @@ failure: body size (413, before reading it), signature headers present (401), th
 ASCII digits (400) and the signature well-formed (401), HMAC in constant time (401), timestamp
 within ``tolerance_s`` of now (401: stale), idempotency key (400), JSON and schema (400), replay
 (409: a key *or* a signature already accepted or being handled; the signature check stops a
-captured request replayed under a new key). Only then does the handler run, once per key: only
-an accepted delivery consumes its key. A refused one (422, the handler said no) or a failed one
-(500, a bug) releases it, in memory and in the journal alike, so the sender may retry, even after
-a restart.
+captured request replayed under a new key; the reply's ``replayed`` says which: ``accepted``,
+``in_progress`` (retry later: the first delivery may still fail) or ``signature``). Only then
+does the handler run, once per key: only an accepted delivery consumes its key. A refused one
+(422, the handler said no) or a failed one (500, a bug) releases it, in memory and in the journal
+alike, so the sender may retry, even after a restart.
 
 Nothing unauthenticated is parsed: the JSON is read only after the HMAC matched, and numeric
 headers (``Content-Length``, the timestamp) are taken as ASCII digits only (``int()`` also takes
 other scripts' digits, such as U+0663). The secret comes from ``$GPUFLEET_WEBHOOK_SECRET`` or a file
 (``$GPUFLEET_WEBHOOK_SECRET_FILE`` or an explicit path), never from the code; the server binds the
-loopback interface unless told otherwise. Accepted keys live for the replay window, in memory and,
-with ``journal``, in an append-only file (written once the handler succeeded) so that a restarted
-receiver still refuses them.
+loopback interface unless told otherwise. Accepted signatures live for the replay window, accepted
+keys as long too, or for ``key_ttl_s`` where that is longer (``gpufleet serve`` gives
+:data:`KEY_TTL_S`, a day: longer than an outbox's retries last, see :mod:`gpufleet.quality.outbox`),
+in memory and, with ``journal``, in an append-only file (written once the handler succeeded) so
+that a restarted receiver still refuses them.
 
 The HTTP server bounds what a hostile client can hold: each socket read waits at most
 ``read_timeout`` (a stalled upload is answered 408 and closed), a whole request must arrive within
@@ -74,6 +77,9 @@ MAX_BODY_BYTES = 64 * 1024
 DRAIN_LIMIT = 1024 * 1024
 """An oversized body up to this size is read and dropped so the sender sees the 413."""
 TOLERANCE_S = 300.0
+KEY_TTL_S = 86400.0
+"""How long an accepted idempotency key is refused (409): a day, as Stripe keeps its keys, and longer than
+the outbox's whole retry schedule, so that a retry signed afresh hours later is still answered 409."""
 KEY_RE = re.compile(r"^[A-Za-z0-9._:@-]{8,128}$")
 _SIGNATURE_RE = re.compile(r"^sha256=([0-9a-f]{64})$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -286,6 +292,7 @@ class AlertReceiver:
         max_body: int = MAX_BODY_BYTES,
         clock: Callable[[], float] = time.time,
         journal: Path | None = None,
+        key_ttl_s: float = 0.0,
     ) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise UsageError(f"webhook secret of {len(secret)} bytes; use {MIN_SECRET_BYTES} or more")
@@ -294,7 +301,10 @@ class AlertReceiver:
         self.tolerance_s = tolerance_s
         self.max_body = max_body
         self.clock = clock
+        if not key_ttl_s >= 0:
+            raise UsageError(f"key_ttl_s {key_ttl_s!r}: give the seconds an accepted key is remembered (0 or more)")
         self.journal = journal
+        self.key_ttl_s = key_ttl_s
         self._lock = threading.Lock()
         self._keys: dict[str, float] = {}
         self._signatures: dict[str, float] = {}
@@ -318,9 +328,12 @@ class AlertReceiver:
                 continue
             try:
                 item = json.loads(line.decode("utf-8"))
-                if float(item["expires"]) > now:
-                    self._keys[str(item["key"])] = float(item["expires"])
-                    self._signatures[str(item["signature"])] = float(item["expires"])
+                expires = float(item["expires"])
+                key_expires = max(expires, float(item.get("key_expires", expires)))
+                if key_expires > now:
+                    self._keys[str(item["key"])] = key_expires
+                if expires > now:
+                    self._signatures[str(item["signature"])] = expires
             except (ValueError, KeyError, TypeError, RecursionError):
                 # a torn last line after a crash, bytes that are not UTF-8, nesting too deep to
                 # parse: the line is corrupt, the rest still counts
@@ -330,7 +343,7 @@ class AlertReceiver:
 
     def _reserve(self, key: str, sig: str, expires: float) -> None:
         """Hold ``key`` while its handler runs (in memory only: a crash or a refusal frees it)."""
-        self._keys[key] = expires
+        self._keys[key] = max(expires, self.clock() + self.key_ttl_s)
         self._signatures[sig] = expires
         self._pending[key] = sig
 
@@ -343,16 +356,15 @@ class AlertReceiver:
     def _consume(self, key: str, sig: str, expires: float) -> str | None:
         """The handler succeeded: the key is spent, journaled durably; the journal error, if any."""
         self._pending.pop(key, None)
-        self._keys[key] = expires
+        key_expires = max(expires, self.clock() + self.key_ttl_s)
+        self._keys[key] = key_expires
         self._signatures[sig] = expires
         if self.journal is None:
             return None
+        line = json.dumps({"key": key, "signature": sig, "expires": expires, "key_expires": key_expires}).encode()
         try:
             self.journal.parent.mkdir(parents=True, exist_ok=True)
-            with self.journal.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"key": key, "signature": sig, "expires": expires}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            _append_line(self.journal, line)
         except OSError as err:
             _log.error("webhook: accepted %r but could not journal it: %s", key, _one_line(err))
             return _one_line(err)
@@ -402,11 +414,14 @@ class AlertReceiver:
                 for item in [k for k, exp in table.items() if exp <= now]:
                     del table[item]
             if key in self._pending or sig in self._pending.values():
-                return self.respond(409, f"replayed: {IDEMPOTENCY_HEADER} {key!r} is being handled; retry later", key)
+                reason = f"replayed: {IDEMPOTENCY_HEADER} {key!r} is being handled; retry later"
+                return self.respond(409, reason, key, replayed="in_progress")
             if key in self._keys:
-                return self.respond(409, f"replayed: {IDEMPOTENCY_HEADER} {key!r} was already accepted", key)
+                reason = f"replayed: {IDEMPOTENCY_HEADER} {key!r} was already accepted"
+                return self.respond(409, reason, key, replayed="accepted")
             if sig in self._signatures:
-                return self.respond(409, "replayed: this signed request was already accepted under another key", key)
+                reason = "replayed: this signed request was already accepted under another key"
+                return self.respond(409, reason, key, replayed="signature")
             self._reserve(key, sig, expires)
         try:
             result = dict(self.handler(alert, key))
@@ -423,6 +438,19 @@ class AlertReceiver:
         if journal_error is not None:
             return self.respond(202, "accepted", key, result=result, journal_error=journal_error)
         return self.respond(202, "accepted", key, result=result)
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` and sync it; a last line torn by a crash is closed first, so it stays one bad line, not two."""
+    with path.open("ab+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size:
+            fh.seek(size - 1)
+            if fh.read(1) != b"\n":
+                line = b"\n" + line
+        fh.write(line + b"\n")  # append mode: at the end, wherever the read left the position
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 # ---- the HTTP server and the client -----------------------------------------------------------
@@ -782,6 +810,7 @@ __all__ = [
     "DRAIN_LIMIT",
     "IDEMPOTENCY_HEADER",
     "KEY_RE",
+    "KEY_TTL_S",
     "LENGTH_DIGITS",
     "MAX_BODY_BYTES",
     "MAX_HANDLERS",

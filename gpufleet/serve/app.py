@@ -566,7 +566,7 @@ def _receiver(cfg: ServeConfig) -> Any:
     """The alert receiver; its handler submits the monitor's retrain job for the model, once per key."""
     if cfg.webhook_secret is None:
         return None
-    from gpufleet.quality.webhook import AlertPayload, AlertReceiver
+    from gpufleet.quality.webhook import KEY_TTL_S, AlertPayload, AlertReceiver
 
     home = cfg.home
 
@@ -584,7 +584,8 @@ def _receiver(cfg: ServeConfig) -> Any:
         job_id, submitted = retrain_once(home, model.name, key, model.retrain, backend=model.backend)
         return {"acted": True, "job_id": job_id, "submitted": submitted}
 
-    return AlertReceiver(cfg.webhook_secret, handler, journal=home / "quality" / "webhook-keys.jsonl")
+    journal = home / "quality" / "webhook-keys.jsonl"
+    return AlertReceiver(cfg.webhook_secret, handler, journal=journal, key_ttl_s=KEY_TTL_S)
 
 
 def _sync_loop(home: Path, stop: threading.Event, every_s: float = 5.0) -> None:

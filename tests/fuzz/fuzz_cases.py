@@ -35,7 +35,7 @@ value (``2**62``, ``5e-324``, ``1e308``, a 1,000-character name), so that the fu
 code behind the validation instead of being refused at the first field.
 
 Commands that would run for minutes on a valid input (``demo``, ``quality demo``,
-``lab-embeddings``, ``debug resume-check``) only ever get inputs that are refused before any work
+``lab-embeddings``, ``lab-policy``, ``debug resume-check``) only ever get inputs that are refused before any work
 starts, and the training commands (``profile``, ``debug determinism``) only tiny step counts and a
 harmless entrypoint, so a case never trains for long, never starts a scheduler and never runs an
 arbitrary function. Output paths (``--out``, ``--html``, ``--plot``, ``--keep``) are relative to the
@@ -2941,6 +2941,7 @@ def surface_long_parse(g: Gen) -> Draft:
             ["quality", "demo", "--preempt=maybe"],
             ["quality", "lab-embeddings", "--seed", g.pick(("abc", "1.5", "", "nan", "\u0661"))],
             ["quality", "lab-seasonal", "--seed", g.pick(("abc", "1.5", ""))],
+            ["quality", "lab-policy", "--label-delay", g.pick(("0", "21", "abc", "-1", ""))],
             ["debug", "resume-check"],
             ["observe", "exporter", "--port", g.pick(("-1", "65536", "abc", "99999999999999999999"))],
             ["observe", "exporter", "--port", "0", "--pattern", g.pick(("nope", "", "[/]"))],
@@ -2993,7 +2994,27 @@ def surface_monitor(g: Gen) -> Draft:
     if g.chance(0.08):  # into a new folder, one that exists, or a path that cannot be one
         folder = g.pick(("sample", "sample/deeper", g.add_file("taken.csv", b"a\n1\n"), "/dev/null", ""))
         return Draft(["quality", "monitor", "sample-data", folder, *_maybe(g, 0.5, "--json")])
+    if g.chance(0.25):  # the outbox of a home that has none, or bad arguments
+        which = g.pick(("log", "replay", "send"))
+        argv = ["quality", "webhook", which]
+        if which == "log":
+            argv += _maybe(g, 0.5, "--limit", g.number_text("5", "0", "-1"))
+        elif which == "replay":
+            argv += [g.pick(("--failed", g.arg_string("model:window-0001", "", "../x", p_valid=0.5)))]
+        else:
+            argv += _maybe(g, 0.4, "--max-attempts", g.number_text("1", "0", "-3"))
+        return Draft([*argv, *_maybe(g, 0.5, "--json")], home=_home(g, p_empty=0.5))
     ref, cols = table_file(g, "ref", shift=0.0, columns=None)
+    if g.chance(0.12):  # performance without labels over the same tables: most columns are refused
+        cur, _ = table_file(g, "cur", shift=g.pick((0.0, 0.5)), columns=cols)
+        names = cols or ["x0"]
+        argv = ["quality", "estimate", ref, cur, "--target", g.pick(names)]
+        argv += ["--metric", g.pick(("roc_auc", "f1", "accuracy", "mae", "rmse", "auc", ""))]
+        argv += _maybe(g, 0.6, "--score", g.pick(names))
+        argv += _maybe(g, 0.3, "--prediction", g.pick(names))
+        argv += _maybe(g, 0.3, "--chunk-size", g.number_text("50", "0", "-1"))
+        argv += _maybe(g, 0.2, "--out", g.out_path("estimate", g.pick((".png", ".svg", ".txt"))))
+        return Draft([*argv, *_maybe(g, 0.5, "--json")])
     if g.chance(0.75):
         current = g.add_file(g.name("windows", ""), Special("dir"))
         for _ in range(g.rng.randint(0, 3)):

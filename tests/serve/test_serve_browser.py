@@ -139,3 +139,57 @@ def test_the_quality_page_shows_the_demos_rollback(
         )
         champion = page.locator("h2", has_text="tabular-demo").first.inner_text()
         assert "@champion v1" in champion, champion
+
+
+def monitored_with_labels(folder: Path, home: Path) -> None:
+    """A standing monitor with a CBPE estimate over two windows, and the labels of the first one checked too."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from gpufleet.quality.standing import StandingMonitor, load_monitor_config
+
+    def scored(rows: int, seed: int, first_id: int, x0_sd: float = 1.0) -> pd.DataFrame:
+        rng = np.random.default_rng(seed)
+        x0 = rng.normal(0.0, x0_sd, rows)
+        p = 1.0 / (1.0 + np.exp(-2.5 * x0))
+        y = (rng.uniform(size=rows) < p).astype(int)
+        return pd.DataFrame({"id": np.arange(first_id, first_id + rows), "x0": x0, "p": p, "y": y})
+
+    for name in ("windows", "labels"):
+        (folder / name).mkdir(parents=True)
+    scored(3000, 1, 0).to_csv(folder / "reference.csv", index=False)
+    first, second = scored(1000, 2, 10_000), scored(1000, 3, 20_000, x0_sd=0.3)
+    first.drop(columns=["y"]).to_csv(folder / "windows" / "w1.csv", index=False)
+    second.drop(columns=["y"]).to_csv(folder / "windows" / "w2.csv", index=False)
+    model = {
+        "name": "scored",
+        "reference": "reference.csv",
+        "current": "windows",
+        "estimate": {"metric": "roc_auc", "target": "y", "score": "p", "chunk_size": 500},
+        "labels": "labels",
+    }
+    (folder / "monitor.yaml").write_text(json.dumps({"models": [model]}))
+    monitor = StandingMonitor(load_monitor_config(folder / "monitor.yaml"), home)
+    monitor.run_round()
+    first[["id", "y"]].to_csv(folder / "labels" / "batch-1.csv", index=False)
+    monitor.run_round()
+
+
+@pytest.mark.timeout(600)
+def test_the_quality_page_charts_estimated_and_realised_performance(
+    home: Path, browser_page: Any, tmp_path: Path
+) -> None:
+    monitored_with_labels(tmp_path / "data", home)
+    page = browser_page
+    with served(create_app(ServeConfig(home=home, token=TOKEN, refresh_s=1.0, sync_remote=False))) as url:
+        page.goto(url + "/quality")
+        chart = page.locator(".perf-chart[data-model='scored'] svg")
+        chart.wait_for(timeout=WAIT_MS)
+        for series in ("estimated", "band low", "band high", "threshold"):
+            assert chart.locator(f"[data-series='{series}']").count() == 1, series
+        assert chart.locator("g[data-series='realised'] circle").count() == 1  # only w1's labels came
+        rows = page.locator("table.performance[data-model='scored'] tr[data-window]")
+        assert rows.count() == 2
+        assert "labels not yet in" in rows.nth(1).inner_text() and "labels not yet in" not in rows.nth(0).inner_text()

@@ -14,7 +14,9 @@ with ``ddof=0``, the KS p-value of ``scipy.stats.ks_2samp``.
 Beyond Evidently, a PSI that reports its own noise floor. Under no drift, PSI over ``B`` bins is
 approximately ``(1/N + 1/M) * chi2(B - 1)`` (the PSI is a symmetrised chi-squared divergence), so
 its 95th percentile ``psi_null_quantile`` is reported beside the PSI; a PSI only counts as drift
-when it crosses both the threshold (material) and that quantile (beyond noise).
+when it crosses both the threshold (material) and that quantile (beyond noise). And a two-sample
+chi-squared (``chi2_homogeneity``) for monitors that need calibrated p-values: Evidently's ``chi2``
+treats the reference's shares as exact, which makes its false-alarm rate exceed its level.
 
 Huge and tiny numbers: values near the ends of float64 (``1e308``, ``1e-300``) overflow when
 subtracted or squared (a Wasserstein distance of ``inf / inf = NaN``, Jensen-Shannon bins over an
@@ -68,6 +70,7 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("ks", NUMERIC, 0.05, uses_p_value=True, inclusive=True, min_rows=1),
         Method("chi2", NUMERIC | CATEGORICAL, 0.05, uses_p_value=True),
+        Method("chi2_homogeneity", NUMERIC | CATEGORICAL, 0.05, uses_p_value=True),
         Method("z", NUMERIC | CATEGORICAL, 0.05, uses_p_value=True),
         Method("psi", NUMERIC | CATEGORICAL, 0.1, uses_p_value=False),
         Method("wasserstein", NUMERIC, 0.1, uses_p_value=False),
@@ -148,6 +151,48 @@ def chi2(ref: Any, cur: Any) -> tuple[float, float]:
     nonzero = expected > 0
     statistic = float(np.sum((observed[nonzero] - expected[nonzero]) ** 2 / expected[nonzero]))
     return statistic, float(stats.chi2.sf(statistic, ref_counts.size - 1))
+
+
+MIN_EXPECTED = 5.0
+"""Cochran's rule: the chi-squared approximation wants every expected count at or above this."""
+
+
+def _pool_rare(table: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The 2 x k table with its rarest categories pooled into one until every expected count is >= 5.
+
+    Expected count of a category in a sample: its pooled count times the sample's share of all rows,
+    so the smaller sample sets the need. Categories below it are merged, smallest first; when the
+    merged ones still fall short, the next smallest joins them.
+    """
+    totals = table.sum(axis=0)
+    need = MIN_EXPECTED * float(totals.sum()) / float(max(int(table.sum(axis=1).min()), 1))
+    order = np.argsort(totals, kind="stable")
+    small = int(np.searchsorted(totals[order], need))
+    if small == 0:
+        return table
+    if float(totals[order[:small]].sum()) < need and small < order.size:
+        small += 1
+    pooled = table[:, order[:small]].sum(axis=1, keepdims=True)
+    return np.hstack([table[:, order[small:]], pooled])
+
+
+def chi2_homogeneity(ref: Any, cur: Any) -> tuple[float, float]:
+    """Pearson's chi-squared test of homogeneity of the 2 x k table of counts: a two-sample test.
+
+    Evidently's ``chi2`` takes the reference's shares as exact, so the reference's own sampling noise
+    is missing from its null: with no drift its statistic runs about ``1 + M/N`` times a chi-squared
+    (``M`` current rows, ``N`` reference rows), and its false-alarm rate exceeds its level (1.5x the
+    statistic for a window half the reference's size). Here both samples are random
+    (``scipy.stats.chi2_contingency``, no continuity correction; equal to the pooled z-test squared
+    for two categories), and categories too rare for the approximation, new ones included, are
+    pooled (``_pool_rare``). Fewer than two categories left: statistic 0, p-value 1.
+    """
+    _, ref_counts, cur_counts = _counts(ref, cur)
+    table = _pool_rare(np.vstack([ref_counts, cur_counts]))
+    if table.shape[1] < 2:
+        return 0.0, 1.0
+    res = stats.chi2_contingency(table, correction=False)
+    return float(res.statistic), float(res.pvalue)
 
 
 def z_test(ref: Any, cur: Any) -> tuple[float, float]:
@@ -283,6 +328,7 @@ __all__ = [
     "ALIASES",
     "FEW_VALUES",
     "METHODS",
+    "MIN_EXPECTED",
     "SCALE_ABOVE",
     "SCALE_BELOW",
     "SMALL_REFERENCE_ROWS",
@@ -290,6 +336,7 @@ __all__ = [
     "Kind",
     "Method",
     "chi2",
+    "chi2_homogeneity",
     "jensen_shannon",
     "ks",
     "power_of_two_scale",

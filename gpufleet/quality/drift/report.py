@@ -16,8 +16,21 @@ references (<= 1,000 rows), distances on large ones, so the same inputs give the
 and the dataset drifts when at least ``drift_share`` (0.5) of the tested columns drift.
 
 Beyond Evidently: Benjamini-Hochberg across the columns' p-values (``correction="bh"``, by
-``scipy.stats.false_discovery_control``), and the PSI's noise floor (a PSI drifts only above
-``psi_null_quantile`` too, see ``columns``).
+``scipy.stats.false_discovery_control``; ``"by"``, Benjamini-Yekutieli, holds under any dependence
+between columns), and the PSI's noise floor (a PSI drifts only above ``psi_null_quantile`` too,
+see ``columns``).
+
+Opt-in, for monitors that must bound their false alarms (``monitor.AlarmControl``):
+``method="test"`` gives every column a two-sample test whatever the reference's size, the one
+Evidently uses on small references, with a two-sample chi-squared::
+
+    numeric, > 5 distinct values: ks;  numeric <= 5 values, categorical: chi2_homogeneity;  embedding: mmd
+
+and ``effect_floor`` makes a significant column drift only when its effect, scale-free and
+measured beside the test, reaches the floor of its measure (``EFFECT_OF``): the normed
+Wasserstein distance for ``ks``, the Jensen-Shannon distance for the chi-squared and z tests,
+MMD^2 for ``mmd``. The effect and its floor are in the column's ``extra`` (``effect``,
+``effect_floor``).
 
 Bad input never crashes and never reads as "no drift". Each column comes back with a ``status``:
 
@@ -68,6 +81,7 @@ from gpufleet.quality.drift.columns import (
     Kind,
     Method,
     chi2,
+    chi2_homogeneity,
     jensen_shannon,
     ks,
     psi_null_quantile,
@@ -84,6 +98,16 @@ DatasetStatus = Literal["drift", "no_drift", "incomplete", "untestable"]
 
 MAX_NON_FINITE = 0.05
 """Default alert line: more than this share of non-finite values on either side of a column."""
+
+Correction = Literal["none", "bh", "by"]
+EFFECT_OF = {
+    "ks": "wasserstein",
+    "chi2": "jensenshannon",
+    "chi2_homogeneity": "jensenshannon",
+    "z": "jensenshannon",
+    "mmd": "mmd",
+}
+"""The scale-free effect measured beside each test, which ``effect_floor`` is keyed by."""
 
 
 def _percent(share: float) -> str:
@@ -229,6 +253,15 @@ def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float | np.floating) else repr(str(value))
 
 
+def _test_method(kind: Kind, ref: Side, cur: Side) -> Method:
+    """``method="test"``: Evidently's choice for a small reference, at any size, with a two-sample chi-squared."""
+    if kind == "embedding":
+        return METHODS["mmd"]
+    if kind == "numeric" and distinct_at_most(ref, cur, FEW_VALUES) > FEW_VALUES:
+        return METHODS["ks"]
+    return METHODS["chi2_homogeneity"]
+
+
 def _auto_method(kind: Kind, ref: Side, cur: Side) -> Method:
     """Evidently 0.7's default test for a column (``_get_default_stattest``)."""
     if kind == "embedding":
@@ -299,7 +332,13 @@ def _unmeasured(method: Method, statistic: float, p: float | None) -> str | None
     return None
 
 
-def _measure(ref: Side, cur: Side, method: Method, threshold: float) -> tuple[float, float | None, dict[str, float]]:
+TEST_PERMUTATIONS = 1000
+"""MMD permutations under ``method="test"``: p-values down to 1/1001, small enough for BH at 0.01 over 10 columns."""
+
+
+def _measure(
+    ref: Side, cur: Side, method: Method, threshold: float, permutations: int = 200
+) -> tuple[float, float | None, dict[str, float]]:
     """Statistic, p-value (tests only) and extras of one method on one cleaned column."""
     r, c = ref.values, cur.values
     sizes = {"n_reference": float(r.shape[0]), "n_current": float(c.shape[0])}
@@ -308,6 +347,9 @@ def _measure(ref: Side, cur: Side, method: Method, threshold: float) -> tuple[fl
         return statistic, p, sizes
     if method.name == "chi2":
         statistic, p = chi2(r, c)
+        return statistic, p, sizes
+    if method.name == "chi2_homogeneity":
+        statistic, p = chi2_homogeneity(r, c)
         return statistic, p, sizes
     if method.name == "z":
         statistic, p = z_test(r, c)
@@ -323,9 +365,19 @@ def _measure(ref: Side, cur: Side, method: Method, threshold: float) -> tuple[fl
         return (normed if method.name == "wasserstein" else distance), None, extra
     if method.name == "jensenshannon":
         return jensen_shannon(r, c), None, sizes
-    res = mmd_test(r, c)
+    res = mmd_test(r, c, permutations=permutations)
     extra = {**sizes, "bandwidth": res.bandwidth, "permutations": float(res.permutations)}
     return res.statistic, res.p_value, extra
+
+
+def _effect(method: Method, ref: Side, cur: Side, statistic: float) -> float:
+    """The test's scale-free effect (``EFFECT_OF``): what ``effect_floor`` compares."""
+    measure = EFFECT_OF[method.name]
+    if measure == "wasserstein":
+        return wasserstein_parts(ref.values, cur.values)[1]  # numeric sides are sorted
+    if measure == "jensenshannon":
+        return jensen_shannon(ref.values, cur.values)
+    return statistic
 
 
 def _threshold_for(method: Method, given: float | None) -> float:
@@ -343,8 +395,16 @@ def _threshold_for(method: Method, given: float | None) -> float:
     return value
 
 
-def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, threshold: float | None) -> _Outcome:
-    requested = None if method_name in (None, "auto") else resolve_method(str(method_name))
+def _evaluate(
+    name: str,
+    ref_raw: Any,
+    cur_raw: Any,
+    method_name: str | None,
+    threshold: float | None,
+    floors: Mapping[str, float] | None = None,
+) -> _Outcome:
+    choose = _test_method if method_name == "test" else _auto_method
+    requested = None if method_name in (None, "auto", "test") else resolve_method(str(method_name))
     if ref_raw is None or cur_raw is None:
         side = side_of(cur_raw if ref_raw is None else ref_raw)
         where = "reference" if ref_raw is None else "current data"
@@ -359,7 +419,7 @@ def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, th
     status, problem = _why_untestable(name, ref, cur) or ("ok", None)
     method = requested
     if method is None and problem is None:
-        method = _auto_method(kind, ref, cur)
+        method = choose(kind, ref, cur)
     thr = math.nan if method is None else _threshold_for(method, threshold)
     if problem is None and method is not None:
         problem = _why_not_method(method, kind, ref, cur)
@@ -369,7 +429,8 @@ def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, th
         return _Outcome(name, kind, _label(method), thr, skip=problem, non_finite=tallies)
     try:
         with np.errstate(all="ignore"):  # overflow and NaN are judged below, from the numbers
-            statistic, p, extra = _measure(ref, cur, method, thr)
+            permutations = TEST_PERMUTATIONS if method_name == "test" else 200
+            statistic, p, extra = _measure(ref, cur, method, thr, permutations)
     except (ArithmeticError, ValueError) as err:
         why = f"{method.name} could not be computed on these values: {err}"
         return _Outcome(name, kind, method.name, thr, untestable=why, non_finite=tallies)
@@ -378,6 +439,10 @@ def _evaluate(name: str, ref_raw: Any, cur_raw: Any, method_name: str | None, th
     why_not = _unmeasured(method, statistic, p)
     if why_not is not None:
         return _Outcome(name, kind, method.name, thr, extra=extra, untestable=why_not, non_finite=tallies)
+    if floors is not None and method.name in EFFECT_OF:
+        with np.errstate(all="ignore"):
+            effect = _effect(method, ref, cur, statistic)
+        extra = {**extra, "effect": effect, "effect_floor": floors.get(EFFECT_OF[method.name], 0.0)}
     return _Outcome(
         name, kind, method.name, thr, statistic, p, extra, None, method.uses_p_value, method.inclusive, None, tallies
     )
@@ -404,7 +469,9 @@ def _alert(tallies: Mapping[str, NonFinite | None], line: float) -> str | None:
     return f"non-finite values above {_percent(line)}: " + "; ".join(over) if over else None
 
 
-def _decide(o: _Outcome, adjusted_p: float | None, max_non_finite: float = MAX_NON_FINITE) -> ColumnDrift:
+def _decide(
+    o: _Outcome, adjusted_p: float | None, max_non_finite: float = MAX_NON_FINITE, correction: Correction = "bh"
+) -> ColumnDrift:
     alert = _alert(o.non_finite, max_non_finite)
     if o.skip is not None:
         return ColumnDrift(
@@ -429,9 +496,10 @@ def _decide(o: _Outcome, adjusted_p: float | None, max_non_finite: float = MAX_N
     if o.uses_p_value:
         p = o.p_value if adjusted_p is None else adjusted_p
         if adjusted_p is not None:
-            extra["bh_adjusted_p"] = adjusted_p
+            extra[f"{correction}_adjusted_p"] = adjusted_p
         assert p is not None
         drift = p <= o.threshold if o.inclusive else p < o.threshold
+        drift = drift and not extra.get("effect", math.inf) < extra.get("effect_floor", 0.0)  # NaN effect: no floor
     else:
         assert o.statistic is not None
         drift = o.statistic >= o.threshold and o.statistic > extra.get("psi_null_quantile", -math.inf)
@@ -455,7 +523,9 @@ PARALLEL_MIN_VALUES = 200_000
 """Above this many values in all, columns are measured on a thread per core (sorting releases the GIL)."""
 
 
-def _evaluate_all(jobs: Sequence[tuple[str, Any, Any, str | None, float | None]]) -> list[_Outcome]:
+def _evaluate_all(
+    jobs: Sequence[tuple[str, Any, Any, str | None, float | None, Mapping[str, float] | None]],
+) -> list[_Outcome]:
     workers = min(len(jobs), os.cpu_count() or 1)
     size = sum(int(getattr(j[1], "size", 0) or 0) + int(getattr(j[2], "size", 0) or 0) for j in jobs)
     if workers < 2 or size < PARALLEL_MIN_VALUES:
@@ -479,6 +549,15 @@ def _per_column(value: Any, names: Sequence[str], param: str) -> dict[str, Any]:
     return {n: value.get(n) for n in names}
 
 
+def _check_floors(floors: Mapping[str, float] | None) -> None:
+    measures = sorted(set(EFFECT_OF.values()))
+    for measure, floor in (floors or {}).items():
+        if measure not in measures:
+            raise UsageError(f"effect floor for {measure!r}: the effect measures are {', '.join(measures)}")
+        if isinstance(floor, bool) or not isinstance(floor, int | float) or not (math.isfinite(floor) and floor >= 0):
+            raise UsageError(f"effect floor {floor!r} for {measure}: give a number >= 0, e.g. 0.1")
+
+
 def drift_report(
     reference: Any,
     current: Any,
@@ -487,8 +566,9 @@ def drift_report(
     method: str | Mapping[str, str] | None = None,
     threshold: float | Mapping[str, float] | None = None,
     drift_share: float = 0.5,
-    correction: Literal["none", "bh"] = "none",
+    correction: Correction = "none",
     max_non_finite: float = MAX_NON_FINITE,
+    effect_floor: Mapping[str, float] | None = None,
 ) -> DriftReport:
     """Compare every column (or ``columns``) of ``current`` against ``reference``.
 
@@ -496,10 +576,13 @@ def drift_report(
     2-D array or a column of vectors is an embedding). ``method`` and ``threshold`` are one value
     for every column or a mapping per column; unset columns get Evidently's automatic choice.
     A column with more than ``max_non_finite`` of its rows non-finite (NaN or missing, +-inf) on
-    either side alerts (``1`` turns the alert off).
+    either side alerts (``1`` turns the alert off). ``method="test"`` tests every column (see the
+    module's docstring); ``effect_floor`` (by measure: ``wasserstein``, ``jensenshannon``, ``mmd``)
+    makes a test's column drift only when its effect reaches the floor too.
     """
-    if correction not in ("none", "bh"):
-        raise UsageError(f"correction {correction!r}: use none or bh")
+    if correction not in ("none", "bh", "by"):
+        raise UsageError(f"correction {correction!r}: use none, bh or by")
+    _check_floors(effect_floor)
     if not 0 < drift_share <= 1:
         raise UsageError(f"drift share {drift_share!r} must be in (0, 1]")
     if not 0 <= max_non_finite <= 1:
@@ -514,18 +597,18 @@ def drift_report(
     if absent:
         raise UsageError(f"no column {absent[0]!r} in either data set: columns are {', '.join(ref_cols) or 'none'}")
     methods, thresholds = _per_column(method, names, "method"), _per_column(threshold, names, "threshold")
-    jobs = [(n, ref_cols.get(n), cur_cols.get(n), methods[n], thresholds[n]) for n in names]
+    jobs = [(n, ref_cols.get(n), cur_cols.get(n), methods[n], thresholds[n], effect_floor) for n in names]
     outcomes = _evaluate_all(jobs)
     adjusted: dict[int, float] = {}
-    if correction == "bh":
+    if correction != "none":
         tested = [
             i
             for i, o in enumerate(outcomes)
             if o.skip is None and o.untestable is None and o.uses_p_value and o.p_value is not None
         ]
-        bh = stats.false_discovery_control([outcomes[i].p_value or 0.0 for i in tested], method="bh")
-        adjusted = {i: float(p) for i, p in zip(tested, bh, strict=True)}
-    verdicts = [_decide(o, adjusted.get(i), max_non_finite) for i, o in enumerate(outcomes)]
+        fdr = stats.false_discovery_control([outcomes[i].p_value or 0.0 for i in tested], method=correction)
+        adjusted = {i: float(p) for i, p in zip(tested, np.atleast_1d(fdr), strict=True)}
+    verdicts = [_decide(o, adjusted.get(i), max_non_finite, correction) for i, o in enumerate(outcomes)]
     tested_n = sum(v.status == "ok" for v in verdicts)
     share = sum(v.drift is True for v in verdicts) / tested_n if tested_n else 0.0
     dataset_drift = bool(tested_n and share >= drift_share)
@@ -533,9 +616,12 @@ def drift_report(
 
 
 __all__ = [
+    "EFFECT_OF",
     "MAX_NON_FINITE",
     "PARALLEL_MIN_VALUES",
+    "TEST_PERMUTATIONS",
     "ColumnDrift",
+    "Correction",
     "DatasetStatus",
     "DriftReport",
     "Status",

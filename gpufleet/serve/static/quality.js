@@ -28,9 +28,11 @@ function qualityPage() {
           <td>${w.error ? `error: ${esc(w.error)}` : w.dataset_drift ? "yes" : "no"}</td>
           <td>${esc((w.columns || []).filter((c) => c.drifted).map((c) => `${c.column} ${c.method}=${num(c.statistic, 3)}`).join(", "))}</td></tr>`))}
         ${table(["window", "action", "reasons"], (m.decisions || []).map((d) => `<tr><td>${esc(d.window)}</td>
-          <td><span class="pill ${esc(d.action)}">${esc(d.action)}</span></td><td>${esc(d.reasons.join("; "))}</td></tr>`))}`).join("");
+          <td><span class="pill ${esc(d.action)}">${esc(d.action)}</span></td><td>${esc(d.reasons.join("; "))}</td></tr>`))}
+        ${performanceSection(h.home, model, m.performance || [])}`).join("");
       return `<section data-home="${esc(h.home)}"><h1>${h.home ? esc(h.home) : "this home"}</h1>${models || '<p class="muted">no registered model</p>'}${decisions}${monitor}</section>`;
     }).join("");
+    for (const box of document.querySelectorAll("#homes .perf-chart")) drawPerformance(box, q);
     for (const form of document.querySelectorAll("#homes form")) {
       form.addEventListener("submit", (e) => e.preventDefault()); // the buttons act; the form never navigates
       for (const b of form.querySelectorAll("button")) {
@@ -41,6 +43,44 @@ function qualityPage() {
         };
       }
     }
+  });
+}
+
+
+// ---- estimated and realised performance per window ---------------------------------------------
+
+// A monitored model's windows: the estimate with its band and threshold, and the realised metric once labels came.
+function performanceSection(home, model, perf) {
+  if (!perf.length) return "";
+  const metric = perf[perf.length - 1].metric || "metric";
+  const band = (p) => (p.lower == null ? "" : `${num(p.lower, 3)} to ${num(p.upper, 3)}`);
+  return `<h2>Performance: ${esc(model)} (${esc(metric)}, estimated and realised)</h2>
+    <div class="perf-chart" data-home="${esc(home)}" data-model="${esc(model)}"></div>
+    ${table(["window", "estimated", "band", "threshold", "realised", "note"], perf.map((p) => `<tr data-window="${esc(p.window)}">
+      <td>${esc(p.window)}</td><td class="estimated">${num(p.estimated, 3)}</td><td>${band(p)}</td><td>${num(p.threshold, 3)}</td>
+      <td class="realised">${p.realised == null ? '<span class="muted">labels not yet in</span>' : num(p.realised, 3)}</td>
+      <td>${esc(p.error || "")}</td></tr>`), `class="performance" data-model="${esc(model)}"`)}`;
+}
+
+// The chart of one model's performance series, x = the window's place in the order checked.
+function drawPerformance(box, q) {
+  const home = q.homes.find((h) => h.home === box.dataset.home);
+  const perf = (((home || {}).monitor || {})[box.dataset.model] || {}).performance || [];
+  if (typeof xyChart !== "function") {
+    box.innerHTML = '<p class="muted">charts are not available</p>';
+    return;
+  }
+  const line = (key) => perf.map((p, i) => [i + 1, p[key]]).filter((pt) => pt[1] != null);
+  xyChart(box, {
+    series: [
+      { name: "estimated", color: "#2f6fd0", kind: "line", points: line("estimated") },
+      { name: "band low", color: "#9dbbe8", kind: "line", points: line("lower") },
+      { name: "band high", color: "#9dbbe8", kind: "line", points: line("upper") },
+      { name: "threshold", color: "#c0392b", kind: "line", points: line("threshold") },
+      { name: "realised", color: "#2f8a4a", kind: "dots", points: line("realised") },
+    ],
+    x: { label: "window (in the order checked)" }, y: { label: perf.length ? perf[perf.length - 1].metric || "metric" : "metric" },
+    marks: [], height: 220, empty: "no window estimated yet",
   });
 }
 
