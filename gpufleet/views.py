@@ -26,7 +26,7 @@ from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.failure import LIST_TAIL_BYTES, TAIL_BYTES, job_failure, read_log_tail
 from gpufleet.jobs.states import JobState
-from gpufleet.jobs.store import Job, Store, attempt_gpus, latest_step
+from gpufleet.jobs.store import JOBS_PAGE, Job, Store, attempt_gpus, latest_step
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 
 if TYPE_CHECKING:
@@ -128,14 +128,31 @@ class JobRow(View):
 
 
 class JobsView(View):
-    """``gpufleet jobs --json``: every job asked for, oldest first."""
+    """``gpufleet jobs --json``: a page of the jobs asked for, the newest ``limit`` after the ``offset`` newest,
+    oldest first."""
 
     jobs: list[JobRow]
+    total: int
+    """How many jobs match the filters in all: more than ``jobs`` holds when the page is not all of them."""
+    limit: int | None
+    """The page's size (``null``: every job)."""
+    offset: int
+    """Newest jobs skipped before the page."""
 
     @classmethod
-    def read(cls, store: Store | None, *, team: str | None = None, state: str | None = None) -> JobsView:
-        found = [] if store is None else store.jobs(team=team, states=(state,) if state else None)
-        return cls(jobs=[JobRow.read(store, j) for j in found if store is not None])
+    def read(
+        cls,
+        store: Store | None,
+        *,
+        team: str | None = None,
+        state: str | None = None,
+        limit: int | None = JOBS_PAGE,
+        offset: int = 0,
+    ) -> JobsView:
+        if store is None:
+            return cls(jobs=[], total=0, limit=limit, offset=offset)
+        found, total = store.job_page(team=team, states=(state,) if state else None, limit=limit, offset=offset)
+        return cls(jobs=[JobRow.read(store, j) for j in found], total=total, limit=limit, offset=offset)
 
 
 class AttemptRow(View):
@@ -581,9 +598,17 @@ def job_diagnosis(home: Path, job: Job, config: DiagnosisConfig) -> tuple[str, l
     return source, findings, notes
 
 
-def jobs_view(store: Store | None, *, team: str | None = None, state: str | None = None) -> dict[str, Any]:
-    """``{"jobs": [...]}``: every job (of ``team``, in ``state``) as JSON (:class:`JobsView`)."""
-    return JobsView.read(store, team=team, state=state).to_json()
+def jobs_view(
+    store: Store | None,
+    *,
+    team: str | None = None,
+    state: str | None = None,
+    limit: int | None = JOBS_PAGE,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """``{"jobs": [...], "total": N, ...}``: a page of the jobs (of ``team``, in ``state``) as JSON
+    (:class:`JobsView`)."""
+    return JobsView.read(store, team=team, state=state, limit=limit, offset=offset).to_json()
 
 
 ENV_SET = "set"
@@ -628,6 +653,7 @@ def fleet_status(home: Path) -> dict[str, Any]:
 
 __all__ = [
     "ENV_SET",
+    "JOBS_PAGE",
     "AttemptRow",
     "Capacity",
     "CheckpointRow",

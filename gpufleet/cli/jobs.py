@@ -21,7 +21,7 @@ from gpufleet.jobs.states import JobState
 from gpufleet.outfiles import check_output_dir
 from gpufleet.paths import checkpoints_dir, gpufleet_home
 from gpufleet.spec import JobSpec, load_spec
-from gpufleet.views import JobView, job_summary, jobs_view, log_view
+from gpufleet.views import JOBS_PAGE, JobView, job_summary, jobs_view, log_view
 
 if TYPE_CHECKING:
     from gpufleet.views import JobRow
@@ -198,17 +198,24 @@ def _ended_line(row: JobRow) -> str:
 def jobs(
     team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
     state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    limit: Annotated[
+        int, typer.Option(min=0, help=f"Show the newest N jobs (default {JOBS_PAGE}; 0: all of them).")
+    ] = JOBS_PAGE,
+    offset: Annotated[int, typer.Option(min=0, help="Skip the newest K jobs first (the next page).")] = 0,
+    every: Annotated[bool, typer.Option("--all", help="Show every job (a store of 100,000 takes seconds).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """List jobs."""
+    """List jobs: the newest ones, oldest first, with how many there are in all."""
     store = existing_store()  # a home without a store has no jobs: listing them creates none
-    view = jobs_view(store, team=team, state=state)
+    page = None if every or limit == 0 else limit
+    view = jobs_view(store, team=team, state=state, limit=page, offset=offset)
     rows = view["jobs"]
     if json_out:
         emit_json(view)
         return
     if not rows:
-        console.print(_no_jobs(store is None or not store.jobs(), team, state), highlight=False, markup=False)
+        empty = store is None or store.count_jobs() == 0
+        console.print(_no_jobs(empty, team, state, view["total"], offset), highlight=False, markup=False)
         return
     # Why a job waits (its quota, the capacity, a reclaim) or failed is worth a column when any has a reason.
     why = [_why(r) for r in rows]
@@ -233,6 +240,17 @@ def jobs(
             ],
         )
     )
+    if len(rows) < view["total"]:
+        console.print(_more_line(rows, view["total"], offset), highlight=False, markup=False)
+
+
+def _more_line(rows: list[dict[str, Any]], total: int, offset: int) -> str:
+    """``50 of 100,000 jobs (the newest): --limit N, --offset 50 for the next page, or --all``."""
+    which = "the newest" if offset == 0 else f"after the {offset:,} newest"
+    return (
+        f"{len(rows):,} of {total:,} jobs ({which}): --limit N, --offset {offset + len(rows)} for the next page, "
+        "or --all"
+    )
 
 
 WHY_WIDTH = 80
@@ -248,10 +266,13 @@ def _why(row: dict[str, Any]) -> str:
     return text if len(text) <= WHY_WIDTH else text[: WHY_WIDTH - 3] + "..."
 
 
-def _no_jobs(empty: bool, team: str | None, state: str | None) -> str:
-    """What an empty list says: how to submit a first job, or that the filters matched none."""
+def _no_jobs(empty: bool, team: str | None, state: str | None, total: int = 0, offset: int = 0) -> str:
+    """What an empty list says: how to submit a first job, that the filters matched none, or that the page is past
+    the last job."""
     if empty:
         return "no jobs yet: submit one with `gpufleet submit SPEC` (see examples/)"
+    if total:
+        return f"--offset {offset:,} skips past all {total:,} matching jobs: give a smaller one"
     asked = " and ".join(f"--{flag} {value}" for flag, value in (("team", team), ("state", state)) if value)
     return f"no job matches {asked} (`gpufleet jobs` lists them all)"
 

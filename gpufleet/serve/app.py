@@ -43,7 +43,7 @@ from typing import Annotated, Any
 from gpufleet.errors import GpufleetError, NotFound, UsageError
 from gpufleet.extras import required
 from gpufleet.jobs.states import JobState
-from gpufleet.jobs.store import Store
+from gpufleet.jobs.store import JOBS_PAGE, Store
 from gpufleet.paths import has_store, state_db
 from gpufleet.serve.auth import action_refusal
 from gpufleet.serve.cache import ViewCache
@@ -72,6 +72,8 @@ MAX_QUERY_CHARS = 128
 """The longest query value (a team, a period): longer is refused (422) before anything is looked up."""
 Team = Annotated[str | None, Query(max_length=MAX_QUERY_CHARS, description="Only this team's jobs.")]
 Seconds = Annotated[float, Query(gt=0, allow_inf_nan=False)]
+Limit = Annotated[int, Query(ge=0, le=MAX_ID, description=f"The newest N jobs (default {JOBS_PAGE}); 0: every job.")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="Newest jobs skipped first (the next page).")]
 SweepName = Annotated[str, PathParam(max_length=63, description="A sweep's name (see GET /api/sweeps).")]
 
 PERIODS = {"24h": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0, "all": None}
@@ -313,24 +315,29 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     # ---- the JSON API ---------------------------------------------------------------------------
 
     def known_team(team: str | None) -> bool:
-        """Whether a view of ``team`` may be cached: no team, or one that some job belongs to."""
-        from gpufleet.views import jobs_view
-
+        """Whether a view of ``team`` may be cached: no team, or one that some job belongs to (one indexed count)."""
         if team is None or cache.ttl_s <= 0:
             return True  # nothing to grow: no team, or nothing cached at all
-        every = cache.get(("jobs", None, None), lambda: jobs_view(_store(home)))
-        return any(j["team"] == team for j in every["jobs"])
+        store = _store(home)  # not cached: a cache entry per unknown team is what a stream of them must not grow
+        return store is not None and store.count_jobs(team=team) > 0
 
     @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json", response_model=JobsView)
-    def api_jobs(team: Team = None, state: JobState | None = None) -> dict[str, Any]:
+    def api_jobs(
+        team: Team = None,
+        state: JobState | None = None,
+        limit: Limit = JOBS_PAGE,
+        offset: Offset = 0,
+    ) -> dict[str, Any]:
         from gpufleet.views import jobs_view
 
         wanted = None if state is None else str(state)
+        page = None if limit == 0 else limit
 
         def build() -> dict[str, Any]:
-            return jobs_view(_store(home), team=team, state=wanted)
+            return jobs_view(_store(home), team=team, state=wanted, limit=page, offset=offset)
 
-        return cache.get(("jobs", team, wanted), build) if known_team(team) else build()
+        key = ("jobs", team, wanted, page, offset)
+        return cache.get(key, build) if known_team(team) else build()
 
     @app.get(
         "/api/jobs/{job_id}",

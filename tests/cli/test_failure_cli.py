@@ -48,7 +48,7 @@ def test_a_failed_job_says_why_in_submit_show_and_jobs(home: Path, tmp_path: Pat
 
 def test_an_empty_home_says_how_to_submit(home: Path) -> None:
     assert run(home, "jobs").stdout.strip() == "no jobs yet: submit one with `gpufleet submit SPEC` (see examples/)"
-    assert json.loads(run(home, "jobs", "--json").stdout) == {"jobs": []}
+    assert json.loads(run(home, "jobs", "--json").stdout) == {"jobs": [], "total": 0, "limit": 50, "offset": 0}
     assert not home.exists()
 
 

@@ -80,7 +80,7 @@ def test_listing_the_jobs_of_a_new_home_creates_no_store(
     home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, out, err = run_cli(capsys, monkeypatch, "jobs", "--json")
-    assert (code, json.loads(out), err) == (0, {"jobs": []}, "")
+    assert (code, json.loads(out), err) == (0, {"jobs": [], "total": 0, "limit": 50, "offset": 0}, "")
     assert not home.exists()
 
 
