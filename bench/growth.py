@@ -11,7 +11,9 @@ takes minutes to write) and reused by the next run; ``--fresh`` writes them agai
 
 Timed for each size, the way a person runs them (a fresh process each time, bytecode cached; the
 median wall and CPU time of ``--runs``): ``gpufleet jobs``, ``jobs --json``, ``cost``, ``show ID``
-(a job in the middle). Also the home's size on disk per job. Target: every command within
+(a job in the middle); the p95 of ``GET /api/jobs?limit=50`` (and by team) and of ``GET /api/fleet`` on
+``gpufleet serve --cache 0``; one local scheduler round (``tick``, no slot free) over the queue; and the
+home's size on disk per job. Target: every command within
 ``--target`` seconds (0.5 s) at the largest size; the table shows how each grows from size to size
 (x10 jobs: a ratio near 1 is flat, near 10 is linear).
 """
@@ -19,6 +21,7 @@ median wall and CPU time of ``--runs``): ``gpufleet jobs``, ``jobs --json``, ``c
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import resource
@@ -33,6 +36,7 @@ from typing import Any
 import _common as common
 
 TARGET_S = 0.5
+API_TARGET_S = 0.05
 TEAMS = [f"team-{i}" for i in range(8)]
 HOMES = common.REPO_ROOT / ".dev" / "growth"
 LAYOUT_VERSION = 1
@@ -191,6 +195,63 @@ def timed(argv: list[str], runs: int, env: dict[str, str]) -> dict[str, float]:
     return {"wall": common.median(walls), "cpu": common.median(cpus)}
 
 
+API_PATHS = {"/api/jobs": "/api/jobs?limit=50", "/api/jobs?team=": "/api/jobs?team=team-3&limit=50"}
+"""The paged list (target p95 <= 50 ms), filtered by team too, timed against a served home with its cache off."""
+FLEET_PATH = "/api/fleet"
+
+
+def api_p95(home: Path, runs: int, env: dict[str, str], paths: dict[str, str]) -> dict[str, float]:
+    """p95 seconds of ``runs`` GETs of each path on ``gpufleet serve`` over ``home``, its view cache off
+    (``--cache 0``: every answer is read from the store), one connection kept alive, after one warm-up GET."""
+    import http.client
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-growth-") as folder:
+        port_file = Path(folder) / "port"
+        argv = [*GPUFLEET, "serve", "--port", "0", "--no-token", "--cache", "0", "--port-file", str(port_file)]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            while not port_file.exists() or not port_file.read_text().strip():
+                if proc.poll() is not None:
+                    raise SystemExit(f"gpufleet serve exited {proc.returncode}: {proc.stderr.read().decode()[-300:]}")
+                time.sleep(0.05)
+            conn = http.client.HTTPConnection("127.0.0.1", int(port_file.read_text()), timeout=600)
+            out = {}
+            for name, path in paths.items():
+                times = []
+                for i in range(runs + 1):
+                    started = time.perf_counter()
+                    conn.request("GET", path)
+                    response = conn.getresponse()
+                    response.read()
+                    if response.status != 200:
+                        raise SystemExit(f"GET {path}: {response.status}")
+                    if i:  # the first warms the imports and the page cache
+                        times.append(time.perf_counter() - started)
+                out[name] = sorted(times)[max(0, math.ceil(0.95 * len(times)) - 1)]
+            conn.close()
+            return out
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def scheduler_tick_s(home: Path, runs: int) -> float:
+    """Median seconds of one local scheduler decision round (``tick``) over ``home``'s queue, no slot free (so
+    nothing is launched): what each of its rounds costs with that many jobs waiting and ended behind it."""
+    from gpufleet.backends.local.scheduler import LocalScheduler, no_fleet
+
+    sched = LocalScheduler(home, slots=0, fleet=no_fleet)
+    sched.tick()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        sched.tick()
+        times.append(time.perf_counter() - started)
+    sched.store.close()
+    return common.median(times)
+
+
 def commands(n_jobs: int) -> Iterator[tuple[str, list[str]]]:
     yield "jobs", ["jobs"]
     yield "jobs --json", ["jobs", "--json"]
@@ -205,6 +266,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5, help="fresh processes timed per command and size")
     p.add_argument("--target", type=float, default=TARGET_S, help="seconds a command may take at the largest size")
     p.add_argument("--fresh", action="store_true", help="write the homes again")
+    p.add_argument("--api-runs", type=int, default=50, help="GETs timed per API path and size (p95)")
+    p.add_argument("--api-target", type=float, default=API_TARGET_S, help="p95 seconds of the paged API list")
+    p.add_argument("--fleet-up-to", type=int, default=100_000, help="time GET /api/fleet only up to this many jobs")
     args = p.parse_args()
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
@@ -224,10 +288,17 @@ def main() -> int:
         for name, argv in commands(n):
             common.progress(f"{n:,} jobs: gpufleet {' '.join(argv)}")
             row["commands"][name] = timed([*GPUFLEET, *argv], args.runs, env)
+        row["scheduler_tick_s"] = scheduler_tick_s(home, args.runs * 4)
+        common.progress(f"{n:,} jobs: GET {', '.join(API_PATHS.values())} ({args.api_runs} each)")
+        row["api_p95"] = api_p95(home, args.api_runs, env, API_PATHS)
+        if n <= args.fleet_up_to:
+            common.progress(f"{n:,} jobs: GET {FLEET_PATH} ({max(3, args.api_runs // 10)})")
+            row["api_p95"].update(api_p95(home, max(3, args.api_runs // 10), env, {FLEET_PATH: FLEET_PATH}))
         figures[n] = row
     largest = figures[sizes[-1]]["commands"]
     slowest = max(v["wall"] for v in largest.values())
-    ok = slowest <= args.target
+    api_slowest = max(figures[sizes[-1]]["api_p95"][name] for name in API_PATHS)
+    ok = slowest <= args.target and api_slowest <= args.api_target
     names = [name for name, _ in commands(sizes[0])]
     rows = []
     for i, n in enumerate(sizes):
@@ -239,6 +310,10 @@ def main() -> int:
                 prev = figures[sizes[i - 1]]["commands"][name]["wall"]
                 growth = f" (x{common.ratio(wall, prev):.1f})"
             cells.append(f"{wall:.3f}{growth}")
+        api = figures[n]["api_p95"]
+        cells += [f"{api[name] * 1000:.1f}" for name in API_PATHS]
+        cells.append(f"{api[FLEET_PATH] * 1000:.0f}" if FLEET_PATH in api else "-")
+        cells.append(f"{figures[n]['scheduler_tick_s'] * 1000:.2f}")
         cells.append(f"{figures[n]['disk_bytes_per_job'] / 1024:.1f}")
         rows.append(cells)
     result = {
@@ -247,16 +322,18 @@ def main() -> int:
         "target_s": args.target,
         "sizes": {str(n): figures[n] for n in sizes},
         "slowest_at_largest_s": slowest,
+        "api_p95_at_largest_s": api_slowest,
     }
     return common.finish(
         json_mode=args.json,
         result=result,
         table=common.format_table(
             f"read-only commands, median wall s of {args.runs} fresh processes (growth from the size before)",
-            ["jobs", *names, "KiB/job"],
+            ["jobs", *names, *(f"{p} p95 ms" for p in API_PATHS), f"{FLEET_PATH} p95 ms", "tick ms", "KiB/job"],
             rows,
         ),
-        verdict=f"slowest command at {sizes[-1]:,} jobs: {slowest:.3f} s (target {args.target:.3f} s)",
+        verdict=f"slowest command at {sizes[-1]:,} jobs: {slowest:.3f} s (target {args.target:.3f} s); "
+        f"paged API p95 {api_slowest * 1000:.1f} ms (target {args.api_target * 1000:.0f} ms)",
         ok=ok,
     )
 

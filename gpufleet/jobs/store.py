@@ -469,11 +469,67 @@ class Store:
         found = [self._job(r) for r in reversed(rows)]
         return [j for j in found if not states or j.state in states], total  # a broken job was just failed
 
+    def queued_ids(self) -> list[int]:
+        """The queued jobs' ids in the order a strict-priority queue serves them (priority, then age): one indexed
+        query and no spec parsed, so a scheduler with 10,000 jobs waiting reads only those it gets to."""
+        rows = self._db.execute("SELECT id FROM jobs WHERE state='queued' ORDER BY priority DESC, id").fetchall()
+        return [int(r[0]) for r in rows]
+
     def count_jobs(self, *, team: str | None = None) -> int:
         """How many jobs (of ``team``) the store holds: one query, no spec parsed."""
         if team is None:
             return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
         return int(self._db.execute("SELECT COUNT(*) FROM jobs WHERE team=?", (team,)).fetchone()[0])
+
+    # ---- the fleet page: counts and short lists, whatever the store's size ---------------------
+    def job_counts(self) -> list[tuple[str, str, int]]:
+        """``(team, state, jobs)`` for each team and state that has jobs: counted by SQLite from the ``(team, state)``
+        index alone, no row read and no spec parsed. States are as stored (a hand edit's too)."""
+        rows = self._db.execute("SELECT team, state, COUNT(*) FROM jobs GROUP BY team, state")
+        return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    def queue_head(self, limit: int) -> list[Job]:
+        """The first ``limit`` queued jobs in the order the scheduler serves them (priority, then age, as
+        :meth:`queued_ids`): the ``(state, priority)`` index read in order, so 10,000 waiting cost what ten do."""
+        sql = "SELECT * FROM jobs WHERE state='queued' ORDER BY priority DESC, id LIMIT ?"
+        found = [self._job(r) for r in self._db.execute(sql, (limit,)).fetchall()]
+        return [j for j in found if j.state == JobState.QUEUED]  # a broken job was just failed
+
+    def latest_updated(self, limit: int, *, states: Sequence[str] | None = None) -> list[tuple[int, str, str, Any]]:
+        """``(id, name, state, updated_at)`` of the ``limit`` jobs (in ``states``) whose row changed last, newest
+        first: the ``updated_at`` index walked backwards, no spec parsed. ``updated_at`` as stored."""
+        where = f" WHERE state IN ({','.join('?' * len(states))})" if states else ""
+        args: list[Any] = [*(states or ()), limit]
+        sql = f"SELECT id, name, state, updated_at FROM jobs{where} ORDER BY updated_at DESC, id DESC LIMIT ?"
+        return [(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in self._db.execute(sql, args)]
+
+    def jobs_by_id(self, ids: Sequence[int]) -> list[Job]:
+        """The jobs of ``ids`` that exist, by id (a short list: one query, one spec parsed each)."""
+        if not ids:
+            return []
+        rows = self._db.execute(f"SELECT * FROM jobs WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id", list(ids))
+        return [self._job(r) for r in rows.fetchall()]
+
+    def job_names(self, ids: Sequence[int]) -> dict[int, str]:
+        """The name of each job of ``ids`` that exists (one query, no spec parsed)."""
+        if not ids:
+            return {}
+        rows = self._db.execute(f"SELECT id, name FROM jobs WHERE id IN ({','.join('?' * len(ids))})", list(ids))
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def running_attempt_starts(self) -> list[tuple[int, str, str | None]]:
+        """``(job, backend, data)`` for each running job: the stored data of its latest attempt's own
+        ``attempt_start`` event from the backend (what :func:`attempt_gpus` reads first), ``None`` where there is
+        none at or after the attempt's start. One query: each event is found by the ``(job_id, ts)`` index from the
+        attempt's start on, where backends write it, instead of among every event of the job."""
+        sql = (
+            "SELECT j.id, j.backend, (SELECT e.data FROM events e WHERE e.job_id=j.id AND e.ts>=a.started_at"
+            " AND e.attempt=a.n AND e.kind=? AND e.source='backend' ORDER BY e.ts, e.id LIMIT 1)"
+            " FROM jobs j JOIN attempts a ON a.job_id=j.id"
+            " WHERE j.state='running' AND a.n=(SELECT MAX(n) FROM attempts WHERE job_id=j.id) ORDER BY j.id"
+        )
+        rows = self._db.execute(sql, (EventKind.ATTEMPT_START,))
+        return [(int(r[0]), str(r[1]), r[2] if isinstance(r[2], str) else None) for r in rows]
 
     def has_active(self, backend: str) -> bool:
         """Whether any job of ``backend`` has not ended (one indexed query, no spec parsing)."""

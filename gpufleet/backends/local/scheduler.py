@@ -47,7 +47,7 @@ from gpufleet.cost.rates import price_environment
 from gpufleet.errors import StoreError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import entry_argv, job_environment
-from gpufleet.jobs.store import TERMINAL, Job
+from gpufleet.jobs.store import TERMINAL, Job, JobState
 from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, spec_file
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.interval import ENV_PREEMPTIONS
@@ -189,7 +189,7 @@ class LocalScheduler:
                 idle_since = time.monotonic()
                 time.sleep(1.0)
                 continue
-            if self.running or startable(self.home, self.store.jobs(states=("queued",))):
+            if self.running or any(not hold_file(self.home, i).exists() for i in self.store.queued_ids()):
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > self.idle_exit_s:
                 break
@@ -470,9 +470,12 @@ class LocalScheduler:
             return
         used = sum(slots_of(r.job.spec) for r in self.running.values())
         free = self.slots - used
-        queued = startable(self.home, self.store.jobs(states=("queued",)))
-        queue = sorted(queued, key=lambda j: (-j.priority, j.id))
-        for job in queue:
+        for job_id in self.store.queued_ids():  # by priority, then age; each job read only when its turn comes
+            if hold_file(self.home, job_id).exists():
+                continue
+            job = self.store.job(job_id)
+            if job.state != JobState.QUEUED:  # a broken spec was just failed by the read
+                continue
             need = slots_of(job.spec)
             if need <= free:
                 self._launch(job)
