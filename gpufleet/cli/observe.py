@@ -269,9 +269,22 @@ def exporter_command(
         for node in range(nodes)
     ]
     renderer = DcgmRenderer()
-    server = ExpositionServer(lambda: renderer.render([s for src in sources for s in src.read().samples]), port=port)
-    bound = server.start()
     stop = threading.Event()
+
+    def read_round() -> bytes:
+        return renderer.render(tuple(s for src in sources for s in src.read().samples))
+
+    # A round is read and rendered every step, off the scrape: a scrape sends the last page (at most a step
+    # old, as dcgm-exporter's own collection interval makes it), 10,000 series in a few milliseconds.
+    page = [read_round()]
+
+    def keep_rendering() -> None:
+        while not stop.wait(step_seconds):
+            page[0] = read_round()
+
+    threading.Thread(target=keep_rendering, name="gpufleet-dcgm-render", daemon=True).start()
+    server = ExpositionServer(lambda: page[0], port=port)
+    bound = server.start()
     previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     try:
         console.print(

@@ -51,6 +51,7 @@ from gpufleet.jobs import features
 from gpufleet.jobs.events import EventKind
 
 if TYPE_CHECKING:
+    from gpufleet.telemetry.dcgm import ScrapeResult
     from gpufleet.telemetry.exporter import ExpositionServer
     from gpufleet.telemetry.gpu import GpuSampler
 
@@ -272,11 +273,17 @@ def serve(metrics: JobMetrics, port: int, port_file: Path | None = None, gpu: Gp
     """Serve ``/metrics`` on 127.0.0.1 in a daemon thread; return the bound port.
 
     With a GPU sampler, the page also carries the latest round of the job's GPU series under
-    dcgm-exporter's names and labels, so one scrape target gives both.
+    dcgm-exporter's names and labels, so one scrape target gives both. The sampler's thread renders each
+    round as it reads it, so a scrape only joins the bytes (the page is as old as the round).
     """
     from gpufleet.telemetry.exporter import DcgmRenderer, ExpositionServer
 
     renderer = DcgmRenderer()
+    def render_ahead(result: ScrapeResult) -> None:
+        renderer.render(result.samples)  # kept by the renderer: the scrape's render of this round returns it
+
+    if gpu is not None and gpu.on_round is None:  # each round rendered as it is read: a scrape sends those bytes
+        gpu.on_round = render_ahead
 
     def render() -> bytes:
         page = metrics.exposition()
