@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,7 +27,7 @@ from gpufleet.jobs import features
 from gpufleet.jobs.events import NOTABLE, EventKind
 from gpufleet.jobs.failure import LIST_TAIL_BYTES, TAIL_BYTES, job_failure, read_log_tail
 from gpufleet.jobs.states import JobState
-from gpufleet.jobs.store import JOBS_PAGE, Job, Store, attempt_gpus, latest_step
+from gpufleet.jobs.store import JOBS_PAGE, Event, Job, Store, attempt_gpus, latest_step
 from gpufleet.paths import attempt_log, checkpoints_dir, state_db
 
 if TYPE_CHECKING:
@@ -397,6 +398,21 @@ def _finite(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+def _latest_steps(store: Store, job_id: int) -> list[Event]:
+    """The job's last step events (at most :data:`RATE_WINDOW`, oldest first) of its latest attempt that logged
+    one: read newest first and stopped there, so a job with a million steps costs what one with twenty does."""
+    found: list[Event] = []
+    for e in store.newest_events(job_id, (EventKind.STEP,)):
+        if not isinstance(e.data.get("step"), int):
+            continue
+        if found and e.attempt != found[0].attempt:
+            break
+        found.append(e)
+        if len(found) == RATE_WINDOW:
+            break
+    return found[::-1]
+
+
 class JobProgress(View):
     """How far a job's latest session got and how fast it steps now, from its runtime's step events."""
 
@@ -415,13 +431,11 @@ class JobProgress(View):
 
     @classmethod
     def read(cls, store: Store, job: Job, step: int | None, now: float) -> JobProgress:
-        events = store.events(job.id, (EventKind.SESSION_START, EventKind.STEP))
-        start = next((e for e in reversed(events) if e.kind == EventKind.SESSION_START), None)
+        start = store.last_event(job.id, EventKind.SESSION_START)
         total = start.data.get("total_steps") if start is not None else None
         total = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
-        steps = [e for e in events if e.kind == EventKind.STEP and isinstance(e.data.get("step"), int)]
-        last = steps[-1] if steps else None
-        recent = [e for e in steps if last is not None and e.attempt == last.attempt][-RATE_WINDOW:]
+        recent = _latest_steps(store, job.id)
+        last = recent[-1] if recent else None
         rate = None
         if len(recent) > 1 and recent[-1].ts > recent[0].ts and recent[-1].data["step"] > recent[0].data["step"]:
             rate = (recent[-1].data["step"] - recent[0].data["step"]) / (recent[-1].ts - recent[0].ts)
@@ -439,6 +453,14 @@ class JobProgress(View):
         )
 
 
+def running_gpus(store: Store, job: Job) -> int:
+    """The GPUs (over all nodes) ``job``'s running attempt holds (:func:`attempt_gpus`); 0 unless it runs."""
+    attempts = store.attempts(job.id) if job.state == JobState.RUNNING else []
+    if not attempts:
+        return 0
+    return attempt_gpus(job, attempts[-1], store.events(job.id, (EventKind.ATTEMPT_START, EventKind.RESIZED)))
+
+
 class FleetJobRow(JobRow):
     """A job as the fleet page lists it: its row, its run's parameters, the GPUs it holds, its progress."""
 
@@ -449,13 +471,13 @@ class FleetJobRow(JobRow):
     progress: JobProgress
 
     @classmethod
-    def read(cls, store: Store, job: Job, now: float | None = None) -> FleetJobRow:  # type: ignore[override]
+    def read(  # type: ignore[override]
+        cls, store: Store, job: Job, now: float | None = None, *, held: int | None = None
+    ) -> FleetJobRow:
+        """``held``: the GPUs its running attempt holds, where the caller has them (else read here)."""
         row = JobRow.read(store, job)
-        held = 0
-        attempts = store.attempts(job.id)
-        if job.state == JobState.RUNNING and attempts:
-            starts = store.events(job.id, (EventKind.ATTEMPT_START, EventKind.RESIZED))
-            held = attempt_gpus(job, attempts[-1], starts)
+        if held is None:
+            held = running_gpus(store, job)
         progress = JobProgress.read(store, job, row.step, time.time() if now is None else now)
         return cls(**row.model_dump(exclude_unset=True), args=dict(job.spec.args), gpus_in_use=held, progress=progress)
 
@@ -472,11 +494,12 @@ class Capacity(View):
     """GPUs running jobs hold on other backends (Slurm, Kubernetes, Ray), whose totals are theirs to tell."""
 
     @classmethod
-    def read(cls, home: Path, fleet: FleetStatus, jobs: list[FleetJobRow]) -> Capacity:
+    def read(cls, home: Path, fleet: FleetStatus, held: Sequence[tuple[str, int]]) -> Capacity:
+        """``held``: ``(backend, GPUs)`` of every running job (not only those a page lists)."""
         from gpufleet.backends.local.process import scheduler_slots
 
-        local = sum(j.gpus_in_use for j in jobs if j.backend == "local")
-        others = sum(j.gpus_in_use for j in jobs) - local
+        local = sum(gpus for backend, gpus in held if backend == "local")
+        others = sum(gpus for _, gpus in held) - local
         if fleet.pools is not None:
             return cls(in_use=local, total=sum(p.slots for p in fleet.pools), source="fleet", elsewhere=others)
         try:
@@ -498,17 +521,26 @@ class QueueRow(View):
 
 
 class FleetPage(View):
-    """``GET /api/fleet``: counts by state and team, the queue and why each job waits, the pools, recent events."""
+    """``GET /api/fleet``: counts by state and team, the queue and why each job waits, the pools, recent events.
+
+    Its lists are bounded (:mod:`gpufleet.serve.fleet_view`): the counts are of every job, the lists of some."""
 
     jobs: list[FleetJobRow]
+    """By id: the running jobs (the newest 50), the queue's first 25 and the 25 that ended last."""
+    jobs_total: int
+    """Jobs in the store: more than ``jobs`` lists when the store is large."""
     states: dict[str, int]
-    """Jobs per state."""
+    """Jobs per state, of every job."""
     teams: dict[str, dict[str, int]]
-    """Per team, jobs per state."""
+    """Per team, jobs per state, of every job."""
     queue: list[QueueRow]
+    """The first 25 queued jobs, in the order the scheduler serves them."""
+    queue_total: int
+    """Jobs queued in all."""
     recent: list[dict[str, Any]]
-    """The latest preemptions, rollbacks and failovers (at most 50, newest first): ``job`` and ``name`` the job
-    it happened to, ``by`` and ``by_name`` the job that took its GPUs (``preempted_by``, ``reclaimed_by``)."""
+    """The latest preemptions, rollbacks and failovers (at most 50, newest first) of the 100 jobs updated last:
+    ``job`` and ``name`` the job it happened to, ``by`` and ``by_name`` the job that took its GPUs
+    (``preempted_by``, ``reclaimed_by``)."""
     fleet: FleetStatus
     capacity: Capacity
     generated_at: float
@@ -675,6 +707,7 @@ __all__ = [
     "job_view_model",
     "jobs_view",
     "log_view",
+    "running_gpus",
     "running_on",
     "spec_view",
 ]

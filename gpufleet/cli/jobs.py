@@ -205,7 +205,10 @@ def jobs(
     every: Annotated[bool, typer.Option("--all", help="Show every job (a store of 100,000 takes seconds).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """List jobs: the newest ones, oldest first, with how many there are in all."""
+    """List jobs.
+
+    The newest 50 by default (--limit, --offset, --all), oldest first, with how many match in all.
+    """
     store = existing_store()  # a home without a store has no jobs: listing them creates none
     page = None if every or limit == 0 else limit
     view = jobs_view(store, team=team, state=state, limit=page, offset=offset)

@@ -95,10 +95,10 @@ def _schema(path: Path) -> dict[str, list[tuple[str, str, int]]]:
 
 def test_migration_list_matches_schema_version() -> None:
     assert SCHEMA_VERSION == len(MIGRATIONS) == 3
-    assert [m.__name__ for m in MIGRATIONS] == ["_create_tables", "_add_backend_ref", "_index_state_and_team"]
+    assert [m.__name__ for m in MIGRATIONS] == ["_create_tables", "_add_backend_ref", "_index_jobs"]
 
 
-def test_a_page_of_jobs_is_read_through_the_state_and_team_indexes(tmp_path: Path) -> None:
+def test_a_page_of_jobs_is_read_through_the_jobs_indexes(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     plans = {
         sql: " ".join(str(r[-1]) for r in store._db.execute("EXPLAIN QUERY PLAN " + sql, args))

@@ -87,6 +87,20 @@ function fillTeams(select, teams) {
   select.value = want.includes(chosen) ? chosen : "";
 }
 
+// The page lists some jobs (the running, the queue's head, the last ended); the counts are of every job.
+function storeCount(teams, view) {
+  return Object.entries(teams).filter(([t]) => !view.team || t === view.team)
+    .reduce((n, [, c]) => n + (view.state ? c[view.state] || 0 : Object.values(c).reduce((a, b) => a + b, 0)), 0);
+}
+function countLine(shown, listed, f, view) {
+  const matching = listed.filter((j) => (!view.state || j.state === view.state) && (!view.team || j.team === view.team));
+  const more = storeCount(f.teams, view) - matching.length;
+  const flags = (view.state ? ` --state ${view.state}` : "") + (view.team ? ` --team ${view.team}` : "");
+  const which = `${view.state ? `${view.state} ` : ""}job${more === 1 ? "" : "s"}${view.team ? ` of ${view.team}` : ""}`;
+  const rest = more > 0 ? `; ${more.toLocaleString("en-US")} more ${which} not listed: gpufleet jobs${flags || " --all"}` : "";
+  return `${shown.length} shown of ${listed.length} listed${rest}`;
+}
+
 function capacityCard(c) {
   const of = c.source === "fleet" ? "fleet pools" : "local slots";
   const total = c.total === null ? "?" : c.total;
@@ -129,10 +143,11 @@ function fleetPage() {
   fState.value = view.state;
   fSearch.value = view.search;
   let jobs = [];
+  let latest = { teams: {} };
   const renderJobs = () => {
     const shown = shownJobs(jobs, view);
     document.getElementById("jobs").innerHTML = jobsTable(shown, view);
-    document.getElementById("f-count").textContent = `${shown.length} of ${jobs.length} jobs`;
+    document.getElementById("f-count").textContent = countLine(shown, jobs, latest, view);
   };
   const changed = () => {
     Object.assign(view, { state: fState.value, team: fTeam.value, search: fSearch.value });
@@ -153,6 +168,7 @@ function fleetPage() {
   live(async () => {
     const f = await api("/api/fleet");
     jobs = f.jobs;
+    latest = f;
     document.getElementById("states").innerHTML = STATE_ORDER
       .map((s) => `<div class="card" data-state="${s}"><b>${f.states[s] || 0}</b>${s}</div>`).join("") +
       (f.capacity ? capacityCard(f.capacity) : "");
@@ -161,7 +177,10 @@ function fleetPage() {
     renderJobs();
     document.getElementById("queue").innerHTML = table(["id", "name", "team", "priority", "waits because"],
       f.queue.map((q) => `<tr><td><a href="/jobs/${q.id}">#${q.id}</a></td><td>${esc(q.name)}</td><td>${esc(q.team)}</td>
-        <td>${q.priority}</td><td>${esc(q.reason || "waiting for a slot")}</td></tr>`));
+        <td>${q.priority}</td><td>${esc(q.reason || "waiting for a slot")}</td></tr>`)) +
+      (f.queue_total > f.queue.length
+        ? `<p class="muted" id="queue-more">${(f.queue_total - f.queue.length).toLocaleString("en-US")} more queued behind these: gpufleet jobs --state queued</p>`
+        : "");
     document.getElementById("teams").innerHTML = teamsTable(f.teams);
     const pools = f.fleet && f.fleet.pools ? f.fleet.pools : [];
     document.getElementById("pools").innerHTML = pools.length
