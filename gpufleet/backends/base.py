@@ -179,7 +179,8 @@ class Backend(ABC):
         if db in fresh and self._store is not None and not self._store.jobs():
             self._store.close()
             self._store = None
-            for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            for suffix in ("", "-wal", "-shm", ".sound"):
+                path = db.with_name(db.name + suffix)
                 with contextlib.suppress(OSError):
                     path.unlink()
         for path in fresh[::-1]:

@@ -74,7 +74,7 @@ _ALL = (
         "cost",
         "jobs:cost",
         ANALYSIS,
-        "GPU-hours and money per job and team, with the work lost to preemption and the goodput.",
+        "GPU-hours and money per team and for the costliest jobs, with the work lost to preemption and the goodput.",
     ),
     CommandEntry(
         "goodput",

@@ -558,14 +558,17 @@ def cost(
         bool,
         typer.Option("--buckets", help="Also print where every GPU-second went (twelve buckets), per job and team."),
     ] = False,
+    limit: Annotated[int, typer.Option(min=0, help="List the N costliest jobs (default 20; 0: all of them).")] = 20,
+    every: Annotated[bool, typer.Option("--all", help="List every job, not only the costliest.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """GPU-hours and money per job and team, with the work lost to preemption and the goodput.
+    """GPU-hours and money per team and for the costliest jobs, with the work lost to preemption and the goodput.
 
-    The JSON always carries each row's goodput split (gpu_seconds, buckets, goodput, badput_top);
-    --buckets prints it as tables.
+    The JSON lists every job and always carries each row's goodput split (gpu_seconds, buckets,
+    goodput, badput_top); --buckets prints it as tables. Ended jobs are priced once and read back
+    from $GPUFLEET_HOME/cache/cost.db (docs/cost.md says when a row is priced again).
     """
-    from gpufleet.cost.gather import cost_report
+    from gpufleet.cost.gather import cost_report, cost_summary
     from gpufleet.cost.rates import load_rates
 
     load_rates(rates)  # a refused rate card leaves the home as it was: read it before opening the store
@@ -573,19 +576,26 @@ def cost(
         check_output_dir(check_path_name(out, "--out"), "--out")
     if job and existing_store(sync=False) is None:
         raise NotFound(f"no job {job[0]} (list them with `gpufleet jobs`)")
-    report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
-    if json_out:
-        emit_json(report.to_dict())
-        return
-    print_cost(report, buckets=buckets)
-    killed = report.ledger.total.killed
+    shown = None if every or limit == 0 else limit
+    if out is not None:  # a note draws every attempt: price them all
+        report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
+        if json_out:
+            emit_json(report.to_dict())
+            return
+        summary = report.summary(shown)
+    else:
+        summary = cost_summary(open_store(), team=team, job_ids=job, rates_path=rates, limit=shown, with_json=json_out)
+        if summary.json_text is not None:
+            sys.stdout.write(summary.json_text + "\n")
+            return
+    print_cost(summary, buckets=buckets)
+    killed = summary.total.killed
     if killed:  # a killed or lost process is not a preemption: never counted under "preempted"
-        which = ", ".join(
-            f"#{j} {report.names.get(j, '?')} ({c.killed})" for j, c in report.ledger.jobs.items() if c.killed
-        )
+        which = ", ".join(f"#{j} {name} ({n})" for j, name, n in summary.killed[:20])
+        more = f" and {len(summary.killed) - 20:,} more jobs" if len(summary.killed) > 20 else ""
         console.print(
             f"killed: {killed} attempt{'' if killed == 1 else 's'} ended by a killed or lost process (a kill, a lost "
-            f"rank, the OOM killer), not by a preemption: {escape(which)}",
+            f"rank, the OOM killer), not by a preemption: {escape(which)}{more}",
             highlight=False,
         )
 

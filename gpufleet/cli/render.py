@@ -17,7 +17,7 @@ from gpufleet.fmt import compact_duration, finite_json, gpu_time, number, short_
 from gpufleet.fmt import money as _money
 
 if TYPE_CHECKING:
-    from gpufleet.cost.gather import CostReport
+    from gpufleet.cost.gather import CostReport, CostSummary
     from gpufleet.cost.ledger import Cost
 
 # A pipe or a file gets wide tables (Rich would assume 80 columns); a terminal, its own width.
@@ -167,14 +167,18 @@ def _goodput(c: Cost) -> str:
     return "n/a" if c.goodput is None else f"{c.goodput:.1%}"
 
 
-def print_cost(report: CostReport, *, buckets: bool = False) -> None:
-    """The per-team and per-job cost tables, the unpriced warning and the note's path.
+def print_cost(report: CostReport | CostSummary, *, buckets: bool = False, limit: int | None = 20) -> None:
+    """The per-team cost table, the costliest jobs, the unpriced warning and the note's path.
 
-    ``preemption overhead`` sits beside ``lost``: lost work alone hides what a preemption costs
-    (the restart's start-up and restore, the save at the signal); see ``gpufleet.cost.ledger``.
-    ``goodput`` is the share of GPU time spent computing; ``buckets`` adds the full split of it.
+    Teams first (every one, and the total), then the ``limit`` costliest jobs (``None``: every one;
+    a summary lists the jobs it was read with) and how many more there are: at 100,000 jobs a table
+    of all of them is read by nobody (``--json`` lists them all). ``preemption overhead`` sits beside
+    ``lost``: lost work alone hides what a preemption costs (the restart's start-up and restore, the
+    save at the signal); see ``gpufleet.cost.ledger``. ``goodput`` is the share of GPU time spent
+    computing; ``buckets`` adds the full split of it.
     """
-    cur = report.ledger.currency
+    summary = report.summary(limit)
+    cur = summary.currency
     head = [
         "preempted",
         "GPU time",
@@ -186,18 +190,27 @@ def print_cost(report: CostReport, *, buckets: bool = False) -> None:
         "cost",
         "on-demand",
     ]
-    rows = [[team, *_cost_cells(c, cur)] for team, c in report.ledger.teams.items()]
-    rows.append([styled("[bold]total[/]"), *_cost_cells(report.ledger.total, cur)])
+    rows = [[team, *_cost_cells(c, cur)] for team, c in summary.teams.items()]
+    rows.append([styled("[bold]total[/]"), *_cost_cells(summary.total, cur)])
     console.print(table("cost per team", ["team", *head], rows))
-    jobs = [[f"#{j} {report.names.get(j, '?')}", *_cost_cells(c, cur)] for j, c in report.ledger.jobs.items()]
-    console.print(table("cost per job", ["job", *head], jobs))
+    listed, count = len(summary.jobs), summary.job_count
+    title = "cost per job" if listed >= count else f"cost per job: the {listed:,} costliest of {count:,}"
+    jobs = [[f"#{j} {name}", *_cost_cells(c, cur)] for j, name, c in summary.jobs]
+    console.print(table(title, ["job", *head], jobs))
+    if listed < count:
+        more = count - listed
+        console.print(
+            f"{more:,} more job{'' if more == 1 else 's'}: --limit N or --all to list them (--json has every one)",
+            highlight=False,
+            markup=False,
+        )
     if buckets:
-        print_cost_buckets(report)
-    if report.ledger.total.unpriced:
-        unpriced = escape(", ".join(report.ledger.total.unpriced))
+        print_cost_buckets(summary.as_report())
+    if summary.total.unpriced:
+        unpriced = escape(", ".join(summary.total.unpriced))
         console.print(f"[yellow]no rate for {unpriced}: counted in hours, not money[/]")
-    if report.note is not None:
-        console.print(f"cost note: {escape(str(report.note.markdown))}")
+    if summary.note is not None:
+        console.print(f"cost note: {escape(str(summary.note.markdown))}")
 
 
 __all__ = [

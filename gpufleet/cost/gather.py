@@ -1,20 +1,33 @@
-"""Glue between the store and the ledger: gather usages, price them, write the note."""
+"""Glue between the store and the ledger: gather usages, price them, write the note.
+
+Two ways to the same figures: :func:`cost_report` prices every attempt of every job (what a cost
+note needs: each attempt's timeline), and :func:`cost_summary` prices only the jobs the cost cache
+(:mod:`gpufleet.cost.cache`) holds no valid row for, and lets SQLite sum and rank the rest: what
+``gpufleet cost`` and the dashboard's cost API show, in a fraction of a second at 100,000 jobs.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.cost.ledger import AttemptUsage, Ledger, build_ledger
+from gpufleet.cost.cache import CostCache, Filters, Miss, pricing_digest
+from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger, build_ledger, job_cost
 from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
-from gpufleet.cost.rates import load_rates
-from gpufleet.cost.usage import store_usages
-from gpufleet.errors import NotFound, ParameterError
+from gpufleet.cost.rates import RateCard, load_rates
+from gpufleet.cost.usage import job_usages, store_usages
+from gpufleet.errors import GpufleetError, NotFound, ParameterError
+from gpufleet.fmt import finite_json
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store
+from gpufleet.paths import private_dir
 
 FLEET_KINDS = (
     EventKind.PLACED,
@@ -109,6 +122,80 @@ class CostReport:
             else {"markdown": str(self.note.markdown), "json": str(self.note.json), "png": str(self.note.png)},
         }
 
+    def summary(self, limit: int | None = None, *, with_json: bool = False) -> CostSummary:
+        """The same figures as :func:`cost_summary` gives them: the costliest ``limit`` jobs (``None``: all)."""
+        ledger = self.ledger
+        ranked = sorted(ledger.jobs.items(), key=lambda jc: (-jc[1].money, jc[0]))
+        return CostSummary(
+            currency=ledger.currency,
+            total=ledger.total,
+            teams=ledger.teams,
+            jobs=[(j, self.names.get(j, "?"), c) for j, c in ranked[:limit]],
+            job_count=len(ledger.jobs),
+            killed=[(j, self.names.get(j, "?"), c.killed) for j, c in ledger.jobs.items() if c.killed],
+            note=self.note,
+            json_text=_dump(self.to_dict()) if with_json else None,
+        )
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """The ledger's totals, its costliest jobs and (asked for) every job's ``--json`` text.
+
+    What ``gpufleet cost`` prints: at 100,000 jobs a table of every one is read by nobody (and took
+    seconds to draw), and ``--json`` still lists them all, from text the cache kept.
+    """
+
+    currency: str
+    total: Cost
+    teams: dict[str, Cost]
+    jobs: list[tuple[int, str, Cost]]
+    """The jobs listed: id, name, cost; the costliest first (ties by id)."""
+    job_count: int
+    """All the jobs with a cost (``jobs`` may list fewer)."""
+    killed: list[tuple[int, str, int]]
+    """Jobs with attempts ended by a killed or lost process: id, name, how many; by id."""
+    note: NotePaths | None = None
+    json_text: str | None = None
+    """``gpufleet cost --json``, every job included (when :func:`cost_summary` was asked for it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object: the same as :meth:`CostReport.to_dict` for the same jobs."""
+        if self.json_text is None:
+            raise ValueError("cost_summary(..., with_json=True) keeps every job's text; this summary has none")
+        out: dict[str, Any] = json.loads(self.json_text)
+        return out
+
+    def summary(self, limit: int | None = None) -> CostSummary:
+        """The same with at most ``limit`` jobs listed (``None``: as listed now)."""
+        return self if limit is None or len(self.jobs) <= limit else dataclasses.replace(self, jobs=self.jobs[:limit])
+
+    def as_report(self) -> CostReport:
+        """The jobs listed as a :class:`CostReport` (no usages), for what draws one."""
+        ledger = Ledger({j: c for j, _, c in self.jobs}, self.teams, self.total, self.currency)
+        return CostReport(ledger, [], {j: name for j, name, _ in self.jobs}, self.note)
+
+
+def json_document(currency: str, total: Cost, teams: Mapping[str, Cost], job_texts: Iterable[str]) -> str:
+    """``CostReport.to_dict()`` as ``emit_json`` prints it, from each job's :func:`job_text` (no note).
+
+    Joined, not dumped: at 100,000 jobs the whole object is 170 MB of JSON that Python's indenting
+    encoder writes in tens of seconds, while each job's text was written once, when it was priced.
+    """
+    head = _dump({"currency": currency, "total": total.to_dict(), "teams": {t: c.to_dict() for t, c in teams.items()}})
+    texts = list(job_texts)
+    jobs = "[\n" + ",\n".join(texts) + "\n  ]" if texts else "[]"
+    return f'{head[:-2]},\n  "jobs": {jobs},\n  "note": null\n}}'
+
+
+def job_text(job_id: int, name: str, cost: Cost) -> str:
+    """One job's entry of ``--json``'s ``jobs``, indented as it sits there."""
+    return "    " + _dump({"id": job_id, "name": name, **cost.to_dict()}).replace("\n", "\n    ")
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(finite_json(obj), indent=2, sort_keys=False, default=str, allow_nan=False)
+
 
 def cost_report(
     store: Store,
@@ -151,4 +238,128 @@ def cost_report(
     return CostReport(ledger, usages, names, note)
 
 
-__all__ = ["FLEET_KINDS", "CostReport", "cost_report", "fleet_event_text", "note_events", "trace_timelines"]
+def cost_summary(
+    store: Store,
+    *,
+    team: str | None = None,
+    job_ids: Sequence[int] | None = None,
+    rates_path: Path | None = None,
+    since: float | None = None,
+    limit: int | None = 20,
+    with_json: bool = False,
+    cached: bool = True,
+) -> CostSummary:
+    """What :func:`cost_report` would give for the same jobs, as a :class:`CostSummary`, through the cost cache.
+
+    Ended jobs are read from the cache (``$GPUFLEET_HOME/cache/cost.db``) where it holds a valid row,
+    everything else is priced now (and kept, where it ended). ``limit``: the costliest jobs listed
+    (``None``: all); ``with_json``: also every job's ``--json`` text. ``cached=False`` keeps nothing
+    (a cache in memory: the figures as computed from the store alone). A cache file that is damaged is
+    rebuilt; one that cannot be written (a read-only home) is done without.
+    """
+    rates = load_rates(rates_path)
+    if job_ids:
+        _check_jobs(store, job_ids)
+    filters = Filters(team=team, job_ids=None if job_ids is None else tuple(job_ids), since=since)
+    digest = pricing_digest(rates)
+    path = _cache_path(store) if cached else None
+    for where in (path, path, None) if path is not None else (None,):
+        try:
+            with _open_cache(where, store.path, digest) as cache:
+                return _summarise(store, cache, filters, rates, limit=limit, with_json=with_json)
+        except sqlite3.DatabaseError as err:
+            if where is not None and not _busy(err):  # damaged, or of another version: start it again
+                for suffix in ("", "-wal", "-shm"):
+                    with suppress(OSError):
+                        Path(f"{where}{suffix}").unlink()
+    # Neither the file nor memory would do: the store itself is at fault, and its own reads say how.
+    report = cost_report(store, team=team, job_ids=job_ids, rates_path=rates_path, since=since)
+    return report.summary(limit, with_json=with_json)
+
+
+def _check_jobs(store: Store, job_ids: Sequence[int]) -> None:
+    for job_id in job_ids:
+        try:
+            store.job(job_id)
+        except NotFound:
+            raise NotFound(f"no job {job_id} (list them with `gpufleet jobs`)") from None
+
+
+def _cache_path(store: Store) -> Path | None:
+    """``cache/cost.db`` beside the store; ``None`` (a cache in memory) where that folder cannot be made."""
+    try:
+        return private_dir(store.path.parent / "cache") / "cost.db"
+    except (OSError, GpufleetError):  # a read-only home, a file where the folder goes
+        return None
+
+
+@contextmanager
+def _open_cache(path: Path | None, state: Path, digest: str) -> Iterator[CostCache]:
+    cache = CostCache.open(path, state, digest)
+    try:
+        yield cache
+    finally:
+        cache.close()
+
+
+def _busy(err: sqlite3.DatabaseError) -> bool:
+    """Another process holds the cache's lock: not a reason to empty it (this read goes on in memory)."""
+    return isinstance(err, sqlite3.OperationalError) and ("locked" in str(err) or "busy" in str(err))
+
+
+def _summarise(
+    store: Store, cache: CostCache, filters: Filters, rates: RateCard, *, limit: int | None, with_json: bool
+) -> CostSummary:
+    from gpufleet.cost import cache_read
+
+    now = time.time()
+    for miss in cache.lookup(filters):
+        _price(store, cache, miss, rates, now, filters.since, with_json=with_json)
+    teams, total, count = cache_read.sums(cache, filters, notices=with_json)
+    texts = cache_read.texts(cache, filters) if with_json else None
+    summary = CostSummary(
+        currency=rates.currency,
+        total=total,
+        teams=teams,
+        jobs=cache_read.ranked(cache, filters, limit),
+        job_count=count,
+        killed=cache_read.killed(cache, filters),
+        json_text=None if texts is None else json_document(rates.currency, total, teams, texts),
+    )
+    cache.store(now)
+    return summary
+
+
+def _price(
+    store: Store, cache: CostCache, miss: Miss, rates: RateCard, now: float, since: float | None, *, with_json: bool
+) -> None:
+    """Price one job the cache missed and hand it to the cache (a job with no attempt has no row to show).
+
+    Its ``--json`` text is written when it will be kept (it ended) or printed now."""
+    attempts = store.attempts(miss.job_id) if miss.attempted else []
+    if not attempts:  # queued (looked at again next time), or ended without starting (kept as such)
+        if miss.ended:
+            cache.add(miss, team="", name="", last_end=0.0, cost=None, shown=False, text="")
+        return
+    job = store.job(miss.job_id)
+    usages = job_usages(store, job, now, attempts=attempts)
+    cost = job_cost(usages, rates)
+    shown = since is None or any(u.end >= since or u.outcome == "running" for u in usages)
+    text = job_text(job.id, job.name, cost) if miss.ended or with_json else ""
+    cache.add(
+        miss, team=job.team, name=job.name, last_end=max(u.end for u in usages), cost=cost, shown=shown, text=text
+    )
+
+
+__all__ = [
+    "FLEET_KINDS",
+    "CostReport",
+    "CostSummary",
+    "cost_report",
+    "cost_summary",
+    "fleet_event_text",
+    "job_text",
+    "json_document",
+    "note_events",
+    "trace_timelines",
+]

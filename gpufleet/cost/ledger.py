@@ -537,6 +537,11 @@ class Ledger:
     currency: str
 
 
+def job_cost(usages: Sequence[AttemptUsage], rates: RateCard) -> Cost:
+    """One job's row of the ledger: its attempts' costs added in order, as :func:`build_ledger` adds them."""
+    return _total(attempt_cost(u, rates) for u in usages)
+
+
 def build_ledger(usages: Sequence[AttemptUsage], rates: RateCard) -> Ledger:
     """Aggregate attempts into per-job, per-team and total costs."""
     per_attempt = [(u, attempt_cost(u, rates)) for u in usages]
@@ -566,4 +571,5 @@ __all__ = [
     "attempt_cost",
     "attempt_price",
     "build_ledger",
+    "job_cost",
 ]

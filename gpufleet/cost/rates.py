@@ -14,6 +14,7 @@ not sold there: the on-demand price is used.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from datetime import date
@@ -74,13 +75,21 @@ class RateCard(BaseModel):
 
 
 def load_rates(path: str | Path | None = None) -> RateCard:
-    """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None``."""
+    """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None`` (read once per process)."""
     if path is None:
-        shipped = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
-        source = "<default rate card>"
-        data = parse_yaml(shipped, source=source, error=UsageError)
-    else:
-        data, source = read_yaml(Path(path), what="rate card", error=UsageError), str(path)
+        return _shipped_rates()
+    data, source = read_yaml(Path(path), what="rate card", error=UsageError), str(path)
+    return _validated(data, source)
+
+
+@functools.cache
+def _shipped_rates() -> RateCard:
+    shipped = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
+    source = "<default rate card>"
+    return _validated(parse_yaml(shipped, source=source, error=UsageError), source)
+
+
+def _validated(data: object, source: str) -> RateCard:
     return validate(
         RateCard,
         data,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
@@ -148,13 +149,92 @@ def attempt_phases(n: int, mine: Sequence[Event], events: Sequence[Event]) -> Ph
 
     The totals are cumulative since the attempt's first step, so the last one covers its training.
     """
-    ranks = _world_size(n, events)
-    for e in reversed(mine):
+    return first_phases(reversed(mine), _world_size(n, events))
+
+
+def first_phases(newest_first: Iterable[Event], ranks: int | None) -> PhaseShares | None:
+    """The first well-formed phase totals of ``step`` or ``session_end`` events given newest first."""
+    for e in newest_first:
         if e.kind in (EventKind.STEP, EventKind.SESSION_END) and "phase_totals_s" in e.data:
             shares = phase_shares(e.data, ranks)
             if shares is not None:
                 return shares
     return None
+
+
+USAGE_KINDS = (
+    EventKind.ATTEMPT_START,
+    EventKind.CHECKPOINT_MOVED,
+    EventKind.PREEMPTION_NOTICE,
+    EventKind.SHORT_HANDED,
+    EventKind.RESTORE,
+    EventKind.TRAIN_START,
+    EventKind.CHECKPOINT,
+    EventKind.ROLLBACK,
+    EventKind.DATA_STAGED,
+    EventKind.DATA_STAGE_FAILED,
+    EventKind.SESSION_END,
+    EventKind.RUN_CHANGED,
+    EventKind.RNG_RESEEDED,
+    EventKind.RESIZED,
+)
+"""The event kinds an attempt's usage reads, ``step`` aside: a job's step events outnumber all the others
+by hundreds to one, and the ledger needs only the newest of them (:class:`StepTail`)."""
+
+PHASES_KEY = '"phase_totals_s"'
+"""How the key of the phase totals reads in a stored event (what :meth:`Store.newest_attempt_events` looks for)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTail:
+    """What the ledger takes from an attempt's ``step`` events: the newest one, and the last phase totals.
+
+    ``ts`` and ``step`` are the newest step event's (``None``: the attempt reported no step); the
+    newest event, not the highest step: after a rollback the steps count again from the checkpoint,
+    and the step reached is the last one reported.
+    """
+
+    ts: float | None = None
+    step: int | None = None
+    phases: PhaseShares | None = None
+
+
+def step_tail(n: int, events: Sequence[Event]) -> StepTail:
+    """Attempt ``n``'s :class:`StepTail` from a job's events in time order (its step events included)."""
+    mine = [e for e in events if e.attempt == n and e.source == "runtime"]
+    newest = next((e for e in reversed(mine) if e.kind == EventKind.STEP), None)
+    return StepTail(
+        ts=None if newest is None else newest.ts,
+        step=None if newest is None else _step(newest.data, "step"),
+        phases=first_phases(reversed(mine), _world_size(n, events)),
+    )
+
+
+def stored_step_tail(store: Store, job_id: int, n: int, events: Sequence[Event]) -> StepTail:
+    """Attempt ``n``'s :class:`StepTail` read from the store: one step row, and only the rows that hold phase
+    totals (``events``: the job's other events, for the attempt's world size)."""
+    newest = next(store.newest_attempt_events(job_id, n, (EventKind.STEP,), source="runtime"), None)
+    timed = store.newest_attempt_events(
+        job_id, n, (EventKind.STEP, EventKind.SESSION_END), source="runtime", mentions=PHASES_KEY
+    )
+    return StepTail(
+        ts=None if newest is None else newest.ts,
+        step=None if newest is None else _step(newest.data, "step"),
+        phases=first_phases(timed, _world_size(n, events)),
+    )
+
+
+def _last_step(tail: StepTail, mine: Sequence[Event], first_step: int | None) -> int | None:
+    """The step the attempt reached: that of its newest ``step``, ``checkpoint`` or ``session_end`` event.
+
+    At equal times a session's end comes after a checkpoint, which comes after a step (the order the
+    runtime writes them); an attempt that reported none of them is at its first step.
+    """
+    order: dict[str, int] = {EventKind.CHECKPOINT: 1, EventKind.SESSION_END: 2}
+    marks = [(e.ts, order[e.kind], _step(e.data, "step")) for e in mine if e.kind in order]
+    if tail.ts is not None and tail.step is not None:
+        marks.append((tail.ts, 0, tail.step))
+    return max(marks)[2] if marks else first_step
 
 
 def attempt_queued(attempt: Attempt, mine: Sequence[Event], end: float) -> float:
@@ -222,7 +302,13 @@ def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
 
 
 def attempt_usage(
-    job: Job, attempt: Attempt, events: Sequence[Event], now: float, *, after_preemption: bool = False
+    job: Job,
+    attempt: Attempt,
+    events: Sequence[Event],
+    now: float,
+    *,
+    after_preemption: bool = False,
+    tail: StepTail | None = None,
 ) -> AttemptUsage:
     """Split one attempt's wall time into the ledger's buckets, from its runtime events.
 
@@ -230,7 +316,10 @@ def attempt_usage(
     attempts; this function sees one): its start-up and restore then count as preemption overhead.
     The wall is the attempt's ``started_at``..``ended_at`` as its backend recorded it (for Slurm,
     sacct's Start and End); events outside it are clamped in, so no bucket outgrows the wall.
+    ``tail``: what its step events hold, when ``events`` leaves them out (``job_usages`` reads only
+    ``USAGE_KINDS``); without it, taken from ``events``.
     """
+    tail = step_tail(attempt.n, events) if tail is None else tail
     start = attempt.started_at
     end = attempt.ended_at if attempt.ended_at is not None else now
     outcome = attempt.outcome or "running"
@@ -255,10 +344,7 @@ def attempt_usage(
     preempt_save_s = sum(_seconds(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
     rollback_lost_s = lost_s = sum(_seconds(e.data, "redone_seconds") for e in rollbacks)
     shutdown_s = 0.0
-    steps = [
-        _step(e.data, "step") for e in mine if e.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.SESSION_END)
-    ]
-    last_step = max(steps) if steps else first_step
+    last_step = _last_step(tail, mine, first_step)
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
     for e in rollbacks:
         from_step, to_step = _step(e.data, "from_step"), _step(e.data, "to_step")
@@ -281,7 +367,7 @@ def attempt_usage(
         idle_s = shutdown_s
     else:
         since = min(max(train_start.ts if train_start is not None else start, start), end)
-        idle_s = _idle_tail(mine, since, end, finished=outcome == "completed")
+        idle_s = _idle_tail(mine, tail, since, end, finished=outcome == "completed")
     resized = restore is not None and resharded_restore(attempt, mine, events, restore)
     spec = job.spec
     placed = attempt_placement(attempt, events)
@@ -328,11 +414,11 @@ def attempt_usage(
         queued_s=attempt_queued(attempt, mine, end),
         idle_s=idle_s,
         resize_restore_s=_seconds(restore.data, "seconds") if restore is not None and resized else 0.0,
-        phases=attempt_phases(attempt.n, mine, events),
+        phases=tail.phases,
     )
 
 
-def _idle_tail(mine: Sequence[Event], since: float, end: float, *, finished: bool) -> float:
+def _idle_tail(mine: Sequence[Event], tail: StepTail, since: float, end: float, *, finished: bool) -> float:
     """Seconds held after the session ended (or, for a finished attempt without one, after its last step).
 
     ``since`` is where training began (the attempt's start if it never did), already within the wall:
@@ -340,36 +426,62 @@ def _idle_tail(mine: Sequence[Event], since: float, end: float, *, finished: boo
     """
     ends = [e.ts for e in mine if e.kind == EventKind.SESSION_END and e.ts >= since]
     stop = ends[0] if ends else None
-    if stop is None and finished:
-        stop = max((e.ts for e in mine if e.kind == EventKind.STEP and e.ts >= since), default=None)
+    if stop is None and finished and tail.ts is not None and tail.ts >= since:
+        stop = tail.ts
     return 0.0 if stop is None else max(0.0, end - min(stop, end))
 
 
-def attempt_usages(job: Job, attempts: Sequence[Attempt], events: Sequence[Event], now: float) -> list[AttemptUsage]:
-    """Every attempt of one job, each told whether the attempt before it was preempted."""
+def attempt_usages(
+    job: Job,
+    attempts: Sequence[Attempt],
+    events: Sequence[Event],
+    now: float,
+    tails: Mapping[int, StepTail] | None = None,
+) -> list[AttemptUsage]:
+    """Every attempt of one job, each told whether the attempt before it was preempted.
+
+    ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out.
+    """
     ordered = sorted(attempts, key=lambda a: a.n)
     out: list[AttemptUsage] = []
     for i, attempt in enumerate(ordered):
         after = i > 0 and (ordered[i - 1].outcome or "") in PREEMPTED_OUTCOMES
-        out.append(attempt_usage(job, attempt, events, now, after_preemption=after))
+        tail = None if tails is None else tails.get(attempt.n, StepTail())
+        out.append(attempt_usage(job, attempt, events, now, after_preemption=after, tail=tail))
     return out
 
 
-def job_usages(store: Store, job: Job, now: float | None = None) -> list[AttemptUsage]:
+def job_usages(
+    store: Store, job: Job, now: float | None = None, *, attempts: Sequence[Attempt] | None = None
+) -> list[AttemptUsage]:
+    """Every attempt of ``job`` as the ledger counts it, read without its step events (``USAGE_KINDS``).
+
+    A job's cost reads a few dozen rows whatever the number of steps it reported: the step events
+    are walked newest first for the one or two the ledger needs (:func:`stored_step_tail`).
+    ``attempts``: the job's attempts, when the caller has read them already.
+    """
     now = time.time() if now is None else now
-    return attempt_usages(job, store.attempts(job.id), store.events(job.id), now)
+    attempts = store.attempts(job.id) if attempts is None else attempts
+    if not attempts:
+        return []
+    events = store.events(job.id, kinds=USAGE_KINDS)
+    tails = {a.n: stored_step_tail(store, job.id, a.n, events) for a in attempts}
+    return attempt_usages(job, attempts, events, now, tails)
 
 
 def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] | None = None) -> list[AttemptUsage]:
     now = time.time()
+    wanted = None if job_ids is None else set(job_ids)
     out: list[AttemptUsage] = []
     for job in store.jobs(team=team):
-        if job_ids is None or job.id in job_ids:
+        if wanted is None or job.id in wanted:
             out.extend(job_usages(store, job, now))
     return out
 
 
 __all__ = [
+    "USAGE_KINDS",
+    "StepTail",
     "attempt_gpus",
     "attempt_notice",
     "attempt_phases",
@@ -381,5 +493,7 @@ __all__ = [
     "killed_attempt",
     "phase_shares",
     "resharded_restore",
+    "step_tail",
     "store_usages",
+    "stored_step_tail",
 ]

@@ -787,6 +787,27 @@ class Store:
         )
         return (e for e in map(_event, rows) if e is not None)
 
+    def newest_attempt_events(
+        self, job_id: int, attempt: int, kinds: Sequence[str], *, source: str, mentions: str | None = None
+    ) -> Iterator[Event]:
+        """Attempt ``attempt``'s events of ``kinds`` from ``source``, newest first, one row at a time.
+
+        What the cost ledger needs of an attempt's step events (the last step, the last phase totals)
+        without parsing the thousands of them: the ``(job_id, ts)`` index is walked backwards and the
+        reader stops at the first row it can use. ``mentions``: only rows whose stored data holds that
+        text (checked by SQLite before the row is parsed), such as a key that few rows carry.
+        """
+        sql = (
+            f"SELECT * FROM events WHERE job_id=? AND attempt=? AND typeof(attempt)='integer' AND source=?"
+            f" AND kind IN ({','.join('?' * len(kinds))})"
+        )
+        args: list[Any] = [job_id, attempt, source, *kinds]
+        if mentions is not None:
+            sql += " AND instr(data, ?) > 0"
+            args.append(mentions)
+        rows = self._db.execute(sql + " ORDER BY ts DESC, id DESC", args)
+        return (e for e in map(_event, rows) if e is not None)
+
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, job_id: int, kind: str, grace: float | None = None) -> None:
         self._db.execute(

@@ -1,7 +1,7 @@
 """``gpufleet serve``: one ASGI app over a ``$GPUFLEET_HOME``: pages, a JSON API, the alert webhook.
 
 The JSON API answers with the objects the CLI prints with ``--json``, built by the same functions
-(:mod:`gpufleet.views`, :func:`gpufleet.cost.gather.cost_report`, :func:`gpufleet.quality.standing.read_history`):
+(:mod:`gpufleet.views`, :func:`gpufleet.cost.gather.cost_summary`, :func:`gpufleet.quality.standing.read_history`):
 ``GET /api/jobs`` is ``gpufleet jobs --json``, ``GET /api/jobs/{id}`` is ``gpufleet show ID --json``,
 ``GET /api/cost`` is ``gpufleet cost --json``, ``GET /api/fleet`` adds the counts and the queue to
 ``gpufleet fleet show --json``. ``GET /api/jobs/{id}/goodput`` tells where the job's GPU time went and
@@ -421,7 +421,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     def api_cost(
         team: Team = None, period: Annotated[str, Query(max_length=MAX_QUERY_CHARS)] = "all"
     ) -> dict[str, Any]:
-        from gpufleet.cost.gather import cost_report
+        from gpufleet.cost.gather import cost_summary
 
         if period not in PERIODS:
             raise HTTPException(422, f"period={period!r}: use one of {', '.join(PERIODS)}")
@@ -432,7 +432,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
         def build() -> dict[str, Any]:
             since = None if seconds is None else time.time() - seconds
-            return {**cost_report(store, team=team, since=since).to_dict(), "period": period}
+            summary = cost_summary(store, team=team, since=since, limit=0, with_json=True)  # ended jobs: cached rows
+            return {**summary.to_dict(), "period": period}
 
         return cache.get(("cost", team, period), build) if known_team(team) else build()
 
