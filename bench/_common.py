@@ -162,6 +162,41 @@ def write_rank_result(*, result: dict[str, Any], table: str, verdict: str, ok: b
     Path(os.environ[RANK_RESULT_ENV]).write_text(json.dumps(payload, allow_nan=False, default=str), encoding="utf-8")
 
 
+def bench_venv(venv: Path, requirements: Sequence[str], probe: str) -> Path:
+    """The python of a benchmark's own virtualenv (another library's pins, kept out of ``.venv``), created with
+    ``requirements`` (a minute or two, once) unless its python already runs ``probe``."""
+    import subprocess
+
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0:
+        return python
+    progress(f"creating {venv} with {' '.join(requirements)} (once) ...")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True)
+    return python
+
+
+def process_times(argv: Sequence[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
+    """The median wall and CPU (user + system) seconds of ``runs`` fresh processes of ``argv`` (each must exit 0),
+    after one untimed run. The CPU time is what it costs on a busy machine, where its wall time waits for a core."""
+    import resource
+    import subprocess
+    import time
+
+    first = subprocess.run(list(argv), env=env, capture_output=True, text=True)
+    if first.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {first.stderr.strip()[-300:]}")
+    walls, cpus = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return median(walls), median(cpus)
+
+
 def set_environ(values: dict[str, str]) -> dict[str, str | None]:
     """Set ``values`` in this process's environment; returns the old values (``None``: unset) to restore."""
     saved = {name: os.environ.get(name) for name in values}

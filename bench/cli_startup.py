@@ -16,11 +16,8 @@ ratios, and rerun on an idle machine before reading the absolute figures against
 from __future__ import annotations
 
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _common as common
@@ -52,21 +49,6 @@ def one_job_home(folder: Path) -> Path:
     return home
 
 
-def median_times(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
-    """The median wall and CPU (user + system) seconds of ``runs`` runs of ``argv`` (each must exit 0), after one
-    untimed run. The CPU time is what the command costs on a busy machine, where its wall time waits for a core."""
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)  # fills the cache
-    walls, cpus = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        walls.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return common.median(walls), common.median(cpus)
-
-
 def main() -> int:
     p = common.parser(__doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--runs", type=int, default=10, help="fresh processes timed per command")
@@ -83,13 +65,13 @@ def main() -> int:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(Path(folder) / "pycache")
         common.progress(f"baseline: {' '.join(FLOOR[1:])}")
-        floor = median_times(FLOOR, args.runs, env)
+        floor = common.process_times(FLOOR, args.runs, env)
         figures: dict[str, tuple[float, float]] = {}
         for name, argv in COMMANDS.items():
             common.progress(f"gpufleet {name}")
-            figures[name] = median_times([*GPUFLEET, *argv], args.runs, env)
+            figures[name] = common.process_times([*GPUFLEET, *argv], args.runs, env)
         common.progress("import gpufleet.cli.app")
-        figures["import gpufleet.cli.app"] = median_times(
+        figures["import gpufleet.cli.app"] = common.process_times(
             [sys.executable, "-c", "import gpufleet.cli.app"], args.runs, env
         )
     slowest = max(wall for name, (wall, _) in figures.items() if name in COMMANDS)

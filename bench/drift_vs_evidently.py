@@ -34,6 +34,7 @@ from gpufleet.quality.drift import DriftReport, drift_report
 TARGET_SPEEDUP = 20.0
 TARGET_DIFF = 1e-9
 VENV = common.REPO_ROOT / ".dev" / "bench-evidently"
+PROBE = "import evidently, pandas; assert evidently.__version__.startswith('0.7')"
 REQUIREMENTS = ["evidently==0.7.*", "pandas<3"]
 EVIDENTLY_NAMES = {
     "Wasserstein distance (normed)": "wasserstein",
@@ -78,18 +79,6 @@ out["version"] = evidently.__version__
 out["pandas"] = pd.__version__
 print(json.dumps(out))
 """
-
-
-def ensure_venv(venv: Path) -> Path:
-    """The Evidently virtualenv's python, created (about a minute) when missing."""
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import evidently, pandas; assert evidently.__version__.startswith('0.7')"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    common.progress(f"creating {venv} with {' '.join(REQUIREMENTS)} (once) ...")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], check=True)
-    return python
 
 
 def datasets(rows: int, cols: int, seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -151,7 +140,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--venv", type=Path, default=VENV)
     args = p.parse_args()
-    python = ensure_venv(args.venv)
+    python = common.bench_venv(args.venv, REQUIREMENTS, PROBE)
     arrays, categorical = datasets(args.rows, args.cols, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "data.npz"

@@ -43,6 +43,7 @@ TARGET_SPEEDUP = 10.0
 TARGET_DIFF = 0.005
 REALISED_DIFF = 1e-9
 VENV = common.REPO_ROOT / ".dev" / "bench-nannyml"
+PROBE = "import nannyml, statsmodels; assert nannyml.__version__ == '0.13.1'"
 REQUIREMENTS = ["nannyml==0.13.1", "pandas<3", "statsmodels"]
 """NannyML 0.13.1 imports statsmodels without requiring it, and its DLE breaks on pandas 3's string arrays."""
 CLASSES = ("a", "b", "c")
@@ -101,18 +102,6 @@ out["version"] = nml.__version__
 out["pandas"] = pd.__version__
 print(json.dumps(out))
 """.replace("@CLASSES@", repr(CLASSES)).replace("@FEATURES@", repr(list(FEATURES)))
-
-
-def ensure_venv(venv: Path) -> Path:
-    """The NannyML virtualenv's python, created (a minute or two) when missing."""
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import nannyml, statsmodels; assert nannyml.__version__ == '0.13.1'"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    common.progress(f"creating {venv} with {' '.join(REQUIREMENTS)} (once) ...")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], check=True)
-    return python
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -233,7 +222,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--venv", type=Path, default=VENV)
     args = p.parse_args()
-    python = ensure_venv(args.venv)
+    python = common.bench_venv(args.venv, REQUIREMENTS, PROBE)
     arrays = datasets(args.rows, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "data.npz"

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import random
-import resource
 import sqlite3
 import subprocess
 import sys
@@ -179,22 +178,6 @@ def disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def timed(argv: list[str], runs: int, env: dict[str, str]) -> dict[str, float]:
-    """Median wall and CPU seconds of ``runs`` fresh processes of ``argv`` (one untimed run first)."""
-    first = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if first.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[3:])} failed: {first.stderr.strip()[-300:]}")
-    walls, cpus = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        walls.append(time.perf_counter() - started)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"wall": common.median(walls), "cpu": common.median(cpus)}
-
-
 API_PATHS = {"/api/jobs": "/api/jobs?limit=50", "/api/jobs?team=": "/api/jobs?team=team-3&limit=50"}
 """The paged list (target p95 <= 50 ms), filtered by team too, timed against a served home with its cache off."""
 FLEET_PATH = "/api/fleet"
@@ -213,7 +196,8 @@ def api_p95(home: Path, runs: int, env: dict[str, str], paths: dict[str, str]) -
         try:
             while not port_file.exists() or not port_file.read_text().strip():
                 if proc.poll() is not None:
-                    raise SystemExit(f"gpufleet serve exited {proc.returncode}: {proc.stderr.read().decode()[-300:]}")
+                    said = proc.stderr.read().decode()[-300:] if proc.stderr else ""
+                    raise SystemExit(f"gpufleet serve exited {proc.returncode}: {said}")
                 time.sleep(0.05)
             conn = http.client.HTTPConnection("127.0.0.1", int(port_file.read_text()), timeout=600)
             out = {}
@@ -287,7 +271,8 @@ def main() -> int:
         row: dict[str, Any] = {"disk_bytes_per_job": disk_bytes(home) / n, "commands": {}}
         for name, argv in commands(n):
             common.progress(f"{n:,} jobs: gpufleet {' '.join(argv)}")
-            row["commands"][name] = timed([*GPUFLEET, *argv], args.runs, env)
+            wall, cpu = common.process_times([*GPUFLEET, *argv], args.runs, env)
+            row["commands"][name] = {"wall": wall, "cpu": cpu}
         row["scheduler_tick_s"] = scheduler_tick_s(home, args.runs * 4)
         common.progress(f"{n:,} jobs: GET {', '.join(API_PATHS.values())} ({args.api_runs} each)")
         row["api_p95"] = api_p95(home, args.api_runs, env, API_PATHS)

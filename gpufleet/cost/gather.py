@@ -359,6 +359,7 @@ __all__ = [
     "cost_summary",
     "fleet_event_text",
     "job_text",
+    "job_usages",
     "json_document",
     "note_events",
     "trace_timelines",

@@ -279,6 +279,7 @@ def serve(metrics: JobMetrics, port: int, port_file: Path | None = None, gpu: Gp
     from gpufleet.telemetry.exporter import DcgmRenderer, ExpositionServer
 
     renderer = DcgmRenderer()
+
     def render_ahead(result: ScrapeResult) -> None:
         renderer.render(result.samples)  # kept by the renderer: the scrape's render of this round returns it
 

@@ -11,6 +11,7 @@ retrain was submitted exactly once.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import random
@@ -49,6 +50,16 @@ SPEC = "name: retrain\nentrypoint: gpufleet.workloads.toy:train\nargs: {steps: 3
 NOW = 1_800_000_000.0
 URL = "http://127.0.0.1:9/alerts"
 NO_JITTER = RetryPolicy(jitter=0.0)
+
+
+def recorder(calls: list[Any], *, with_action: bool = False) -> Callable[[Any, str], dict[str, Any]]:
+    """A receiver's handler that records each key it acts on (with the alert's action) and accepts it."""
+
+    def handle(alert: Any, key: str) -> dict[str, Any]:
+        calls.append((alert.action, key) if with_action else key)
+        return {}
+
+    return handle
 
 
 @pytest.fixture(autouse=True)
@@ -306,8 +317,8 @@ def test_a_missing_secret_is_retried_once_it_is_there(tmp_path: Path) -> None:
 
 
 def test_replay_sends_again_under_the_same_key_and_the_receiver_acts_once(tmp_path: Path, secret_file: Path) -> None:
-    clock, calls = Clock(), []
-    receiver = AlertReceiver(load_secret(secret_file), lambda a, k: calls.append(k) or {}, clock=clock)
+    clock, calls = Clock(), list[str]()
+    receiver = AlertReceiver(load_secret(secret_file), recorder(calls), clock=clock)
     transport = Transport(receiver, script={"churn:w1.csv": [(422, {"reason": "no retraining configured"})]})
     box = outbox(tmp_path, transport, clock)
     for i in range(2):
@@ -354,13 +365,11 @@ def test_two_senders_never_have_one_event_in_flight_twice(tmp_path: Path, secret
 def test_a_key_is_refused_for_a_day_across_restarts_not_only_for_the_replay_window(
     tmp_path: Path, secret_file: Path
 ) -> None:
-    clock, calls, journal = Clock(), [], tmp_path / "webhook-keys.jsonl"
+    clock, calls, journal = Clock(), list[str](), tmp_path / "webhook-keys.jsonl"
     secret = load_secret(secret_file)
 
     def receiver() -> AlertReceiver:
-        return AlertReceiver(
-            secret, lambda a, k: calls.append(k) or {}, clock=clock, journal=journal, key_ttl_s=KEY_TTL_S
-        )
+        return AlertReceiver(secret, recorder(calls), clock=clock, journal=journal, key_ttl_s=KEY_TTL_S)
 
     box = outbox(tmp_path, Transport(receiver()), clock)
     box.enqueue(alert(), url=URL, key="churn:w0.csv", secret_file=secret_file)
@@ -369,7 +378,8 @@ def test_a_key_is_refused_for_a_day_across_restarts_not_only_for_the_replay_wind
     box = outbox(tmp_path, Transport(receiver()), clock)
     box.replay("churn:w0.csv")
     assert box.deliver_due().delivered == ["churn:w0.csv"]
-    assert calls == ["churn:w0.csv"] and box.events()[0].last is not None and box.events()[0].last.status == 409
+    last = box.events()[0].last
+    assert calls == ["churn:w0.csv"] and last is not None and last.status == 409
     clock.now += KEY_TTL_S  # a day on, the key is forgotten
     box = outbox(tmp_path, Transport(receiver()), clock)
     box.replay("churn:w0.csv")
@@ -487,7 +497,7 @@ def receiving(tmp_path: Path) -> Iterator[tuple[WebhookServer, list[tuple[str, s
     calls: list[tuple[str, str]] = []
     write_secret(tmp_path / "hook.secret")
     secret = load_secret(tmp_path / "hook.secret")
-    receiver = AlertReceiver(secret, lambda a, k: calls.append((a.action, k)) or {}, key_ttl_s=KEY_TTL_S)
+    receiver = AlertReceiver(secret, recorder(calls, with_action=True), key_ttl_s=KEY_TTL_S)
     with WebhookServer(receiver) as server:
         yield server, calls
 
@@ -546,7 +556,7 @@ def test_send_exits_1_when_an_event_fails_for_good_and_replay_failed_queues_it(
 ) -> None:
     write_secret(tmp_path / "other.secret")  # not the receiver's: 401, a final failure
     calls: list[str] = []
-    with WebhookServer(AlertReceiver(b"r" * 32, lambda a, k: calls.append(k) or {})) as server:
+    with WebhookServer(AlertReceiver(b"r" * 32, recorder(calls))) as server:
         box = Outbox(outbox_dir(home))
         box.enqueue(alert(), url=server.url, key="churn:w0.csv", secret_file=tmp_path / "other.secret")
         code, out, _ = run_cli(capsys, monkeypatch, "quality", "webhook", "send", "--json")
@@ -692,7 +702,7 @@ def test_sender_and_receiver_killed_at_random_every_event_delivered_each_retrain
     try:
         for _ in range(KILLS):
             target = min(EVENTS, delivered() + rng.randint(1, EVENTS // (KILLS + 1)))
-            wait_for(lambda n=target: delivered() >= n, f"{target} deliveries")
+            wait_for(functools.partial(lambda n: delivered() >= n, target), f"{target} deliveries")
             if delivered() >= EVENTS:
                 break
             time.sleep(rng.uniform(0.0, 0.03))  # somewhere inside the next delivery
