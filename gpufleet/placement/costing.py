@@ -7,7 +7,15 @@ the checkpoint interval and preemption loss on spot, the expected hours and the 
 row, with ``inf`` where a static filter (match, block, throughput, memory, quota row, progress,
 deadline) rules the candidate out. Jobs sharing a class (GPU count, workload, checkpoint settings,
 spot, memory) share per-offer unit rows, computed once per class; a job's numbers are its class
-row times its work, plus its egress. :class:`_OfferColumns` is the catalogue as columns.
+row times its work, plus its egress. Which offers a job may use, and at which rank, is
+:mod:`gpufleet.placement.candidates`'s part.
+
+**Memory.** Only what is per class, per preference shape, per team or per job is kept: the
+expected costs themselves, a jobs x candidates matrix (1.6 GB of float64 at 100,000 jobs x 1,000
+offers), are computed by :meth:`CostTables.block` a block of jobs at a time, as the planner reaches
+them, over the candidates of each job's offer group (:mod:`gpufleet.placement.candidates`), and
+again by :meth:`CostTables.key` for one job when its explanation is read. A cell is the same
+elementwise arithmetic whatever the block, so a cost never depends on how the jobs were cut.
 
 It is apart from :mod:`gpufleet.placement.planner`, which chooses (capacity and quota consumed job
 by job) and explains (reasons, :class:`~gpufleet.placement.planner.Choice` values), so the
@@ -26,9 +34,20 @@ import numpy.typing as npt
 
 from gpufleet.errors import UsageError
 from gpufleet.estimate.interval import SECONDS_PER_HOUR
+from gpufleet.placement.candidates import (
+    F8,
+    I8,
+    B,
+    OfferColumns,
+    OfferGroup,
+    Ranks,
+    cut_group,
+    index,
+    preferences,
+)
 from gpufleet.placement.catalog import Catalog
 from gpufleet.placement.quota import NO_QUOTA, QuotaBook
-from gpufleet.spec import JobSpec, OfferChoice
+from gpufleet.spec import JobSpec
 
 DEFAULT_INTERVAL_SECONDS = 1800.0
 MAX_PREEMPTIONS_PER_HOUR = 60.0
@@ -42,9 +61,6 @@ MAX_GPU_HOURS = 1e9
 """Most ``placement.gpu_hours`` of one job: about 114,000 GPU-years, a hundred times today's largest runs."""
 MAX_CHECKPOINT_GB = 1e9
 """Most ``placement.checkpoint_gb`` of one job: an exabyte."""
-F8 = npt.NDArray[np.float64]
-I8 = npt.NDArray[np.int64]
-B = npt.NDArray[np.bool_]
 
 
 def check_rates(catalog: Catalog) -> None:
@@ -59,60 +75,6 @@ def check_rates(catalog: Catalog) -> None:
             )
 
 
-def _tiers(job: JobSpec, cols: _OfferColumns, home: int | None) -> I8:
-    """Per offer: its rank among the job's preferences (lower wins), -1 when it is no candidate.
-
-    With ``ordered`` the rank is the index of the first choice the offer matches, otherwise 0.
-    With a failover ``home`` provider index, ranks become ``2 * rank + (offer not at home)``.
-    """
-    p = job.placement
-    choices = p.ordered or p.any_of or [OfferChoice()]
-    tier = np.full(len(cols.provider), -1, dtype=np.int64)
-    for i, choice in enumerate(choices):
-        mask = (cols.type_name == (choice.gpu_type or job.resources.gpu_type)) & (tier < 0)
-        if choice.provider is not None:
-            mask &= cols.provider_name == choice.provider
-        if choice.region is not None:
-            mask &= cols.region_name == choice.region
-        tier[mask] = i if p.ordered else 0
-    if home is not None:
-        tier = np.where(tier >= 0, tier * 2 + (cols.provider != home), tier)
-    return tier
-
-
-@dataclass(eq=False)
-class _OfferColumns:
-    """The catalogue's offers as columns (index ``o``); candidate ``c`` is offer ``c // 2``, spot if odd."""
-
-    type_name: npt.NDArray[np.str_]
-    provider_name: npt.NDArray[np.str_]
-    region_name: npt.NDArray[np.str_]
-    provider: I8
-    gpus_per_node: I8
-    on_demand: F8
-    spot: F8
-    rate: F8
-    memory: F8
-    blocked: B
-
-    @classmethod
-    def of(cls, catalog: Catalog, blocked: Sequence[bool]) -> _OfferColumns:
-        """``blocked``: per offer, whether a block target covers it."""
-        offers, providers = catalog.offers, catalog.providers
-        return cls(
-            type_name=np.array([o.gpu_type for o in offers], dtype=str),
-            provider_name=np.array([o.provider for o in offers], dtype=str),
-            region_name=np.array([o.region for o in offers], dtype=str),
-            provider=np.array([providers.index(o.provider) for o in offers], dtype=np.int64),
-            gpus_per_node=np.array([o.gpus_per_node for o in offers], dtype=np.int64),
-            on_demand=np.array([o.on_demand_per_gpu_hour for o in offers], dtype=float),
-            spot=np.array([np.nan if o.spot_per_gpu_hour is None else o.spot_per_gpu_hour for o in offers]),
-            rate=np.array([o.spot_preemptions_per_hour for o in offers], dtype=float),
-            memory=np.array([catalog.gpu_types[o.gpu_type].memory_gib for o in offers], dtype=float),
-            blocked=np.array(blocked, dtype=bool),
-        )
-
-
 def pair_markets(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Interleave on-demand and spot columns: ``(..., O)`` twice -> ``(..., 2 * O)``."""
     return np.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
@@ -120,13 +82,6 @@ def pair_markets(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 def _column(values: Sequence[float]) -> F8:
     return np.array(values, dtype=float).reshape(-1, 1)
-
-
-def _index(keys: Sequence[Any]) -> tuple[list[Any], I8]:
-    """Distinct keys in first-seen order, and each item's position among them."""
-    seen: dict[Any, int] = {}
-    rows = np.array([seen.setdefault(k, len(seen)) for k in keys], dtype=np.int64)
-    return list(seen), rows
 
 
 def _class_key(job: JobSpec) -> tuple[Any, ...]:
@@ -158,7 +113,9 @@ def _interval_source(job: JobSpec) -> str:
 class CostTables:
     """Every number the planner compares. Jobs sharing a class (GPU count, workload, checkpoint
     settings, spot, memory) share per-offer *unit* rows ``(K, O)``; a job's numbers are its class
-    row times its work ``W``, plus its egress. Candidate ``c`` is offer ``c // 2``, spot when odd."""
+    row times its work ``W``, plus its egress. Candidate ``c`` is offer ``c // 2``, spot when odd.
+    The expected costs of all jobs at once are never held: :meth:`block` makes them for a block of
+    jobs, over the candidates of each job's :class:`~gpufleet.placement.candidates.OfferGroup`."""
 
     jobs: Sequence[JobSpec]
     catalog: Catalog
@@ -166,7 +123,7 @@ class CostTables:
     now_hours: float
     stay: Mapping[str, str]
     """Job name -> provider ranked first (failover)."""
-    cols: _OfferColumns
+    cols: OfferColumns
     work: F8  # (J,) W
     klass: I8  # (J,) class row
     throughput: F8  # (K, O) relative throughput, NaN where the type lacks the workload
@@ -178,13 +135,14 @@ class CostTables:
     alloc: I8  # (K, C) GPUs rented
     leaving: F8  # (P + 1, O) egress price per GB from each provider (last row: from outside)
     source: I8  # (J,) row of ``leaving``
-    tier_row: I8  # (J,) row of ``tiers``
-    tiers: I8  # (S, C) candidate ranks (lower wins), -1 not a candidate
+    checkpoint_gb: F8  # (J,)
+    deadline: F8  # (J,) hours, inf when none
+    groups: list[OfferGroup]
+    group: I8  # (J,) the job's offer group
+    slot: I8  # (J,) the row of the job's preference shape in its group's ``tiers``
     ranked: B  # (J,) more than one rank among the job's candidates
     resources: I8  # (T, C) quota row per team, UNGOVERNED or NO_QUOTA
     team_row: I8  # (J,) row of ``resources``
-    key: F8  # (J, C) expected cost; inf when statically out
-    interval_source: list[str]
 
     def hours(self, j: int) -> F8:
         with np.errstate(over="ignore"):
@@ -210,6 +168,68 @@ class CostTables:
         with np.errstate(over="ignore", invalid="ignore"):
             return pair_markets(cols.on_demand * a * self.hours(j) + eg, cols.spot * a * self.spot_hours(j) + eg)
 
+    def offer_tiers(self, j: int) -> Ranks:
+        """Rank of every offer for job ``j`` (lower wins), -1 where it is no candidate."""
+        group = self.groups[self.group[j]]
+        tiers = np.full(len(self.cols.provider), -1, dtype=group.tiers.dtype)
+        tiers[group.offers] = group.tiers[self.slot[j]]
+        return tiers
+
+    def tiers(self, j: int) -> Ranks:
+        """Rank of every candidate of job ``j`` (both markets of an offer share it)."""
+        return np.repeat(self.offer_tiers(j), 2)
+
+    def interval_source(self, j: int) -> str:
+        """``young-daly``, ``configured`` or ``assumed``: where job ``j``'s spot checkpoint interval comes from."""
+        return _interval_source(self.jobs[j])
+
+    def key(self, j: int) -> F8:
+        """The expected cost of every candidate of job ``j``, ``inf`` where a static filter rules it out."""
+        g = int(self.group[j])
+        key = np.full(2 * len(self.cols.provider), np.inf)
+        key[self.groups[g].candidates] = self._keys(g, np.array([j], dtype=np.int64), None)[0]
+        return key
+
+    def block(self, rows: I8, left: I8) -> list[tuple[OfferGroup, F8, int]]:
+        """For each job of ``rows``: its offer group, the expected cost of each of the group's candidates
+        (``inf`` where a static filter rules it out, or ``left`` lacks the GPUs it rents), and the
+        position of the cheapest (the lowest on a tie; -1 when the group has no offer)."""
+        out: dict[int, tuple[OfferGroup, F8, int]] = {}
+        group = self.group[rows]
+        for g in np.unique(group).tolist():
+            at = np.flatnonzero(group == g)
+            keys = self._keys(g, rows[at], left)
+            firsts = keys.argmin(axis=1).tolist() if keys.shape[1] else [-1] * len(at)
+            for i, key, first in zip(at.tolist(), keys, firsts, strict=True):
+                out[i] = (self.groups[g], key, first)
+        return [out[i] for i in range(len(rows))]
+
+    def _keys(self, g: int, rows: I8, left: I8 | None) -> F8:
+        """``(len(rows), 2m)``: the costs of the planner's docstring, ``inf`` where out. The products and
+        sums cannot give NaN here (work and egress are finite and non-negative, NaN unit costs were
+        made ``inf``), so a cell is ``inf`` exactly where one of the masks says so."""
+        group = self.groups[g]
+        k, w = self.klass[rows], self.work[rows].reshape(-1, 1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            key: F8 = np.take(group.unit_cost, k, axis=0)
+            key *= w
+            gb, source = self.checkpoint_gb[rows], self.source[rows]
+            moving = np.flatnonzero((gb > 0) & (source >= 0))
+            if len(moving):
+                key[moving] += np.repeat(group.leaving[source[moving]] * gb[moving].reshape(-1, 1), 2, axis=1)
+            shut = np.take(group.tiers, self.slot[rows], axis=0) < 0
+            shut |= np.take(group.shut, self.team_row[rows], axis=0)
+            if left is not None:
+                shut |= np.take(left[group.candidates[::2]] < group.alloc[:, ::2], k, axis=0)
+            out = np.repeat(shut, 2, axis=1)
+            due = np.flatnonzero(np.isfinite(self.deadline[rows]))
+            if len(due):
+                hours = w[due] * group.unit_hours[k[due]]
+                limit = self.deadline[rows[due]].reshape(-1, 1)
+                out[due] |= pair_markets(hours > limit, ~(hours * group.stretch[k[due]] <= limit))
+        np.copyto(key, np.inf, where=out)
+        return key
+
 
 def build_tables(
     jobs: Sequence[JobSpec],
@@ -220,33 +240,66 @@ def build_tables(
     stay: Mapping[str, str],
     book: QuotaBook,
 ) -> CostTables:
-    """All the arithmetic of the planner's docstring: per class ``(K, O)``, then per job ``(J, O)``.
+    """All the arithmetic of the planner's docstring that is per class ``(K, O)``, per preference shape,
+    per team and per job; the per job and candidate costs are :meth:`CostTables.block`.
 
     ``blocked``: the block targets (kept for the explanations); ``blocked_offers``: per offer,
     whether one of them covers it. A product that overflows (huge prices) is ``inf``, silently:
     the planner reports such a candidate as ``cost_not_finite``.
     """
     with np.errstate(over="ignore"):
-        return _build_tables(jobs, catalog, blocked, blocked_offers, now_hours, stay, book)
+        cols = OfferColumns.of(catalog, blocked_offers)
+        classes, klass = index([_class_key(j) for j in jobs])
+        units = _class_rows(classes, catalog, cols)
+        unit_cost = units.pop("unit_cost")
+        teams, team_row = index([j.team for j in jobs])
+        quota_rows = np.array(
+            [[book.resource(t, o.gpu_type, o.provider) for o in catalog.offers] for t in teams], dtype=np.int64
+        ).reshape(len(teams), len(catalog.offers))
+        leaving = _leaving(catalog, cols)
+        prefs = preferences(jobs, cols, catalog.providers, stay)
+        tables = {
+            "unit_cost": np.where(np.isnan(unit_cost), np.inf, unit_cost),  # an overflow is no candidate
+            "unit_hours": units["unit_hours"],
+            "stretch": units["stretch"],
+            "alloc": units["alloc"],
+            "resources": np.repeat(quota_rows, 2, axis=1),
+            "shut": (quota_rows == NO_QUOTA) | cols.blocked,
+            "leaving": leaving,
+        }
+        groups = [
+            cut_group(types, offers, tiers, tables)
+            for types, offers, tiers in zip(prefs.group_types, prefs.group_offers, prefs.group_tiers, strict=True)
+        ]
+        return CostTables(
+            jobs=jobs,
+            catalog=catalog,
+            blocked=blocked,
+            now_hours=now_hours,
+            stay=dict(stay),
+            cols=cols,
+            work=np.array([j.placement.gpu_hours or j.resources.gpus for j in jobs], dtype=float),
+            klass=klass,
+            **units,
+            leaving=leaving,
+            source=_sources(jobs, catalog.providers),
+            checkpoint_gb=np.array([j.placement.checkpoint_gb for j in jobs], dtype=float),
+            deadline=np.array([j.placement.deadline_hours or np.inf for j in jobs], dtype=float),
+            groups=groups,
+            group=prefs.job_group,
+            slot=prefs.job_slot,
+            ranked=prefs.ranked,
+            resources=tables["resources"],
+            team_row=team_row,
+        )
 
 
-def _build_tables(
-    jobs: Sequence[JobSpec],
-    catalog: Catalog,
-    blocked: frozenset[str],
-    blocked_offers: Sequence[bool],
-    now_hours: float,
-    stay: Mapping[str, str],
-    book: QuotaBook,
-) -> CostTables:
-    offers, providers, cols = catalog.offers, catalog.providers, _OfferColumns.of(catalog, blocked_offers)
-    n_offers = len(offers)
-    classes, klass = _index([_class_key(j) for j in jobs])
-
-    # Per class: throughput, hours per unit of work, nodes, checkpoint interval, preemption loss.
+def _class_rows(classes: list[tuple[Any, ...]], catalog: Catalog, cols: OfferColumns) -> dict[str, Any]:
+    """Per class and offer: throughput, hours per unit of work, GPUs rented, checkpoint interval,
+    preemption loss, and the cost per unit of work in each market (``CostTables`` fields by name)."""
     gpus, workload, save, every, stepped, restore, spot, memory = (list(x) for x in zip(*classes, strict=True))
     types = list(catalog.gpu_types)
-    offer_type = np.array([types.index(o.gpu_type) for o in offers], dtype=np.int64)
+    offer_type = np.array([types.index(o.gpu_type) for o in catalog.offers], dtype=np.int64)
     table = np.array([[catalog.gpu_types[t].throughput.get(w, np.nan) for t in types] for w in workload])
     throughput = table.reshape(len(classes), len(types))[:, offer_type]
     g = _column(gpus)
@@ -264,79 +317,33 @@ def _build_tables(
         stretch = np.where(loss < 1.0, 1.0 / (1.0 - loss), np.inf)
         spot_ok = np.array(spot, dtype=bool).reshape(-1, 1) & ~np.isnan(cols.spot)
         out = np.isnan(throughput) | (_column([m or 0.0 for m in memory]) > cols.memory)
-        od_unit = np.where(out, np.inf, cols.on_demand * alloc * unit_hours)
+        on_demand_unit = np.where(out, np.inf, cols.on_demand * alloc * unit_hours)
         spot_unit = np.where(out | ~spot_ok | np.isinf(stretch), np.inf, cols.spot * alloc * unit_hours * stretch)
+    return {
+        "throughput": throughput,
+        "unit_hours": unit_hours,
+        "interval": interval,
+        "loss": loss,
+        "stretch": stretch,
+        "spot_ok": spot_ok,
+        "alloc": np.repeat(alloc, 2, axis=1),
+        "unit_cost": pair_markets(on_demand_unit, spot_unit),
+    }
 
-    # Per preference shape and per team: candidate ranks, quota rows.
-    homes = [stay.get(j.name) for j in jobs]
-    shapes, tier_row = _index(
-        [(j.resources.gpu_type, bool(j.placement.ordered), tuple(j.placement.ordered or j.placement.any_of), h)
-         for j, h in zip(jobs, homes, strict=True)]
-    )  # fmt: skip
-    first: dict[int, int] = {}
-    for i, shape_row in enumerate(tier_row.tolist()):
-        first.setdefault(shape_row, i)
-    tier_rows = [
-        _tiers(jobs[first[i]], cols, providers.index(home) if (home := shape[3]) in providers else None)
-        for i, shape in enumerate(shapes)
-    ]
-    tiers = np.array(tier_rows, dtype=np.int64).reshape(len(shapes), n_offers)
-    ranked = np.array([len(set(t[t >= 0].tolist())) > 1 for t in tiers])[tier_row]
-    teams, team_row = _index([j.team for j in jobs])
-    quota_rows = np.array([[book.resource(t, o.gpu_type, o.provider) for o in offers] for t in teams], dtype=np.int64)
-    quota_rows = quota_rows.reshape(len(teams), n_offers)
-    shut = (tiers < 0)[tier_row] | (quota_rows == NO_QUOTA)[team_row] | cols.blocked
 
-    # Per job: work times the class's unit cost, plus egress; deadlines only where there are some.
-    work = np.array([j.placement.gpu_hours or j.resources.gpus for j in jobs], dtype=float)
-    w = work.reshape(-1, 1)
-    on_demand = np.where(shut, np.inf, w * od_unit[klass])
-    spot_cost = np.where(shut, np.inf, w * spot_unit[klass])
+def _leaving(catalog: Catalog, cols: OfferColumns) -> F8:
+    """``(P + 1, O)``: the egress price per GB of leaving each provider for each offer (0 within the
+    provider: the highest egress price of its offers), and a last row of zeros for jobs from outside."""
+    providers, n_offers = catalog.providers, len(catalog.offers)
     rate_of = [max(o.egress_per_gb for o in catalog.offers_for(provider=p)) for p in providers]
     leaving = np.array([[rate_of[p] if p != q else 0.0 for q in cols.provider] for p in range(len(providers))])
-    leaving = np.vstack([leaving.reshape(len(providers), n_offers), np.zeros((1, n_offers))])
-    source = np.array([providers.index(j.provider) if j.provider in providers else -1 for j in jobs], dtype=np.int64)
-    gb = np.array([j.placement.checkpoint_gb for j in jobs], dtype=float)
-    moving = np.flatnonzero((gb > 0) & (source >= 0))
-    if len(moving):
-        cost = leaving[source[moving]] * gb[moving].reshape(-1, 1)
-        on_demand[moving] += cost
-        spot_cost[moving] += cost
-    deadline = np.array([j.placement.deadline_hours or np.inf for j in jobs], dtype=float)
-    due = np.flatnonzero(np.isfinite(deadline))
-    if len(due):
-        hours = w[due] * unit_hours[klass[due]]
-        limit = deadline[due].reshape(-1, 1)
-        on_demand[due] = np.where(hours > limit, np.inf, on_demand[due])
-        with np.errstate(invalid="ignore"):
-            spot_cost[due] = np.where(~(hours * stretch[klass[due]] <= limit), np.inf, spot_cost[due])
-    key = pair_markets(on_demand, spot_cost)
-    return CostTables(
-        jobs=jobs,
-        catalog=catalog,
-        blocked=blocked,
-        now_hours=now_hours,
-        stay=dict(stay),
-        cols=cols,
-        work=work,
-        klass=klass,
-        throughput=throughput,
-        unit_hours=unit_hours,
-        interval=interval,
-        loss=loss,
-        stretch=stretch,
-        spot_ok=spot_ok,
-        alloc=np.repeat(alloc, 2, axis=1),
-        leaving=leaving,
-        source=source,
-        tier_row=tier_row,
-        tiers=np.repeat(tiers, 2, axis=1),
-        ranked=ranked,
-        resources=np.repeat(quota_rows, 2, axis=1),
-        team_row=team_row,
-        key=np.where(np.isnan(key), np.inf, key),  # an overflow (inf - inf, 0 * inf) is no candidate
-        interval_source=[_interval_source(j) for j in jobs],
-    )
+    return np.vstack([leaving.reshape(len(providers), n_offers), np.zeros((1, n_offers))])
+
+
+def _sources(jobs: Sequence[JobSpec], providers: list[str]) -> I8:
+    """Each job's row of :func:`_leaving`: its current provider, or -1 (the last row) when outside the catalogue."""
+    where = {p: i for i, p in enumerate(providers)}
+    return np.array([where.get(j.provider, -1) for j in jobs], dtype=np.int64)
 
 
 __all__ = [
