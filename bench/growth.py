@@ -243,6 +243,29 @@ def commands(n_jobs: int) -> Iterator[tuple[str, list[str]]]:
     yield "show ID", ["show", str(n_jobs // 2)]
 
 
+def plot(result: dict[str, Any], path: Path) -> str:
+    """The curves of ``result`` (what ``--json`` prints): seconds of each command and p95 of each GET, by jobs."""
+    from gpufleet.plotting import figure, save_figure
+
+    sizes = sorted(int(n) for n in result["sizes"])
+    rows = [result["sizes"][str(n)] for n in sizes]
+    fig, (cli, api) = figure(1, 2, size=(11, 4.2))
+    for name in rows[0]["commands"]:
+        cli.plot(sizes, [r["commands"][name]["wall"] for r in rows], marker="o", label=f"gpufleet {name}")
+    cli.axhline(result["target_s"], color="grey", linestyle="--", label=f"target {result['target_s']} s")
+    for name in rows[0]["api_p95"]:
+        api.plot(sizes, [r["api_p95"][name] * 1000 for r in rows], marker="o", label=f"GET {name}")
+    api.axhline(API_TARGET_S * 1000, color="grey", linestyle="--", label="paged list target")
+    for ax, unit in ((cli, "seconds, fresh process (median)"), (api, "ms (p95)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("jobs in the home")
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=8)
+    cli.set_title("read-only commands")
+    api.set_title("gpufleet serve --cache 0")
+    return save_figure(fig, path)
+
+
 def main() -> int:
     p = common.parser(__doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--sizes", default="1000,10000,100000", help="jobs per home, comma-separated")
@@ -250,6 +273,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5, help="fresh processes timed per command and size")
     p.add_argument("--target", type=float, default=TARGET_S, help="seconds a command may take at the largest size")
     p.add_argument("--fresh", action="store_true", help="write the homes again")
+    p.add_argument("--plot", type=Path, help="also draw the curves into this image (.png, .svg)")
     p.add_argument("--api-runs", type=int, default=50, help="GETs timed per API path and size (p95)")
     p.add_argument("--api-target", type=float, default=API_TARGET_S, help="p95 seconds of the paged API list")
     p.add_argument("--fleet-up-to", type=int, default=100_000, help="time GET /api/fleet only up to this many jobs")
@@ -309,6 +333,8 @@ def main() -> int:
         "slowest_at_largest_s": slowest,
         "api_p95_at_largest_s": api_slowest,
     }
+    if args.plot is not None:
+        common.progress(f"curves: {plot(result, args.plot)}")
     return common.finish(
         json_mode=args.json,
         result=result,
