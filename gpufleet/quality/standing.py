@@ -115,6 +115,19 @@ def model_dir(home: Path, model: str) -> Path:
 # ---- the file ---------------------------------------------------------------------------------
 
 
+def _checked_dataclass(kind: Any, whose: str, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A dataclass block of a model (``policy``, ``alarms``): an unknown field named with the known ones, and the
+    dataclass's own checks (``UsageError``) turned into the validation error that names the block."""
+    known = [f.name for f in dataclasses.fields(kind)]
+    unknown = [k for k in value if k not in known] if isinstance(value, dict) else []
+    if unknown:
+        raise ValueError(f"unknown field {str(unknown[0])[:40]!r}: the {whose} fields are {', '.join(known)}")
+    try:
+        return handler(value)
+    except UsageError as err:
+        raise ValueError(str(err)) from None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -164,27 +177,13 @@ class ModelConfig(_Strict):
     @field_validator("policy", mode="wrap")
     @classmethod
     def _policy(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> PolicyConfig:
-        known = [f.name for f in dataclasses.fields(PolicyConfig)]
-        unknown = [k for k in value if k not in known] if isinstance(value, dict) else []
-        if unknown:
-            raise ValueError(f"unknown field {str(unknown[0])[:40]!r}: the policy's fields are {', '.join(known)}")
-        try:
-            policy: PolicyConfig = handler(value)
-        except UsageError as err:  # PolicyConfig checks its thresholds itself
-            raise ValueError(str(err)) from None
+        policy: PolicyConfig = _checked_dataclass(PolicyConfig, "policy's", value, handler)
         return policy
 
     @field_validator("alarms", mode="wrap")
     @classmethod
     def _alarms(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> AlarmControl:
-        known = [f.name for f in dataclasses.fields(AlarmControl)]
-        unknown = [k for k in value if k not in known] if isinstance(value, dict) else []
-        if unknown:
-            raise ValueError(f"unknown field {str(unknown[0])[:40]!r}: the alarms' fields are {', '.join(known)}")
-        try:
-            alarms: AlarmControl = handler(value)
-        except UsageError as err:  # AlarmControl checks its values itself
-            raise ValueError(str(err)) from None
+        alarms: AlarmControl = _checked_dataclass(AlarmControl, "alarms'", value, handler)
         return alarms
 
     @model_validator(mode="after")
