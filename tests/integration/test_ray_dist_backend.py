@@ -148,7 +148,9 @@ def test_a_lost_actor_leaves_no_rank_alive_and_a_cancel_stops_every_rank(backend
     assert [a.outcome for a in store.attempts(job)] == ["lost", None]
     saved = [e.data["step"] for e in store.events(job, kinds=("checkpoint",)) if e.attempt == 1]
     (restored,) = [e for e in store.events(job, kinds=("restore",)) if e.attempt == 2]
-    assert restored.data["step"] == max(saved)
+    # The newest save the store had heard of, or a later one committed just before the kill whose event line
+    # the dying rank never wrote: never an older one.
+    assert restored.data["step"] >= max(saved) and restored.data["step"] % 5 == 0
     after = read_status(status_path(home, job))
     assert after is not None and after.actor_id == before.actor_id and after.actor_pid != before.actor_pid
     second = [r.pid for r in after.attempts[-1].ranks]

@@ -164,11 +164,17 @@ def test_two_ranks_complete_and_a_preempted_pair_resumes_bit_identical(backend: 
 def test_a_killed_rank_requeues_the_group(backend: SlurmBackend, home: Path) -> None:
     """SIGKILL one rank: the other finds the group broken, leaves the marker, and the attempt is requeued."""
     store = backend.store
-    job = backend.submit(tinylm_ddp("killed"))
-    follow(backend, at_step(backend, job, 30))
-    pid = rank_pid(home, job, 1, 1)
-    assert pid is not None, "rank 1 of attempt 1 not found"
-    os.kill(pid, signal.SIGKILL)
+    job = backend.submit(tinylm_ddp("killed").copy_with(args={**TINY, "steps": 600}))  # long enough to be caught
+    found: list[int] = []
+
+    def rank_1_running_past_a_save() -> bool:
+        """Step 10 saved and rank 1 found alive (the store hears of steps late: a quick job could end unseen)."""
+        pid = rank_pid(home, job, 1, 1) if at_step(backend, job, 10)() else None
+        found[:] = [pid] if pid is not None else []
+        return bool(found)
+
+    follow(backend, rank_1_running_past_a_save)
+    os.kill(found[0], signal.SIGKILL)
     follow(backend, ended(backend, job))
     assert store.job(job).state == "completed", store.job(job).reason
     assert [a.outcome for a in store.attempts(job)] == ["requeued", "completed"]
