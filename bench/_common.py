@@ -176,6 +176,19 @@ def bench_venv(venv: Path, requirements: Sequence[str], probe: str) -> Path:
     return python
 
 
+def run_json_script(python: Path, script: str, args: Sequence[str], env: dict[str, str]) -> dict[str, Any] | None:
+    """Run ``python -c script args`` (another library in its own venv) and read the JSON object its last line
+    prints; ``None`` (its stderr's tail shown) when it fails."""
+    import subprocess
+
+    proc = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        progress(proc.stderr[-3000:])
+        return None
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def process_times(argv: Sequence[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
     """The median wall and CPU (user + system) seconds of ``runs`` fresh processes of ``argv`` (each must exit 0),
     after one untimed run. The CPU time is what it costs on a busy machine, where its wall time waits for a core."""

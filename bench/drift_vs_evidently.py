@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -147,16 +146,9 @@ def main() -> int:
         cast(Any, np.savez)(npz, **arrays)  # numpy's stub types **kwds as bool
         common.progress(f"Evidently on {args.cols} x {args.rows:,} rows (in {args.venv}) ...")
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        proc = subprocess.run(
-            [str(python), "-c", EVIDENTLY_SCRIPT, str(npz), json.dumps(categorical)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-    if proc.returncode != 0:
-        common.progress(proc.stderr[-3000:])
+        evidently = common.run_json_script(python, EVIDENTLY_SCRIPT, [str(npz), json.dumps(categorical)], env)
+    if evidently is None:
         return 1
-    evidently = json.loads(proc.stdout.strip().splitlines()[-1])
     common.progress("ours on the same arrays ...")
     big_ref, big_cur = frames(arrays, "big_")
     times = []

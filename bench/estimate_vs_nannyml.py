@@ -24,9 +24,7 @@ each estimate is from the realised value is printed: that is accuracy, not agree
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -229,16 +227,11 @@ def main() -> int:
         cast(Any, np.savez)(npz, **arrays)  # numpy's stub types **kwds as bool
         common.progress(f"NannyML on {len(CASES)} cases x {args.rows:,} rows a side (in {args.venv}) ...")
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "NML_DISABLE_USAGE_LOGGING": "1"}
-        proc = subprocess.run(
-            [str(python), "-c", NANNYML_SCRIPT, str(npz), str(args.chunk_size), str(args.repeats)],
-            capture_output=True,
-            text=True,
-            env=env,
+        theirs = common.run_json_script(
+            python, NANNYML_SCRIPT, [str(npz), str(args.chunk_size), str(args.repeats)], env
         )
-    if proc.returncode != 0:
-        common.progress(proc.stderr[-3000:])
+    if theirs is None:
         return 1
-    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     common.progress("ours on the same arrays ...")
     results = []
     for case in CASES:

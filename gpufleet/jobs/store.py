@@ -226,6 +226,18 @@ def _check_pages(db: sqlite3.Connection, path: Path) -> None:
             os.replace(tmp, marker)
 
 
+def _job_filter(states: Sequence[str] | None, team: str | None) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause and its arguments of a listing of jobs in ``states`` (any) of ``team`` (any)."""
+    where, args = " WHERE 1=1", list[Any]()
+    if states:
+        where += f" AND state IN ({','.join('?' * len(states))})"
+        args += list(states)
+    if team:
+        where += " AND team=?"
+        args.append(team)
+    return where, args
+
+
 class _Cursor(sqlite3.Cursor):
     """A cursor that reports a damaged database as a ``StoreError`` while rows are read, too.
 
@@ -486,14 +498,8 @@ class Store:
         return self._job(row)
 
     def jobs(self, *, states: Sequence[str] | None = None, team: str | None = None) -> list[Job]:
-        sql, args = "SELECT * FROM jobs WHERE 1=1", []
-        if states:
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            args += list(states)
-        if team:
-            sql += " AND team=?"
-            args.append(team)
-        found = [self._job(r) for r in self._db.execute(sql + " ORDER BY id", args).fetchall()]
+        where, args = _job_filter(states, team)
+        found = [self._job(r) for r in self._db.execute("SELECT * FROM jobs" + where + " ORDER BY id", args).fetchall()]
         return [j for j in found if not states or j.state in states]  # a broken job was just failed
 
     def job_page(
@@ -501,13 +507,7 @@ class Store:
     ) -> tuple[list[Job], int]:
         """The newest ``limit`` jobs (``None``: all) after skipping the ``offset`` newest, oldest first; and how many
         jobs match in all. Two indexed queries: a page of a store of 100,000 jobs parses only its own specs."""
-        where, args = " WHERE 1=1", []
-        if states:
-            where += f" AND state IN ({','.join('?' * len(states))})"
-            args += list(states)
-        if team:
-            where += " AND team=?"
-            args.append(team)
+        where, args = _job_filter(states, team)
         total = int(self._db.execute("SELECT COUNT(*) FROM jobs" + where, args).fetchone()[0])
         page = " LIMIT ? OFFSET ?" if limit is not None else " LIMIT -1 OFFSET ?"
         bounds = [limit, offset] if limit is not None else [offset]
