@@ -42,7 +42,7 @@ from gpufleet.cost.ledger import BUCKETS, GOODPUT_BUCKETS, PREEMPTION_BUCKETS, C
 from gpufleet.cost.rates import RateCard
 from gpufleet.jobs.store import TERMINAL
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bumped when what a row holds changes; part of every pricing digest and checked against the file."""
 
 FINGERPRINT = ("updated_at", "submitted_at", "state", "restarts", "events_offset", "name", "team")
@@ -103,6 +103,8 @@ _SCHEMA = (
     UPDATE sums SET n=n-1, {_SUB} WHERE digest=old.digest AND team=old.team;
     DELETE FROM sums WHERE digest=old.digest AND team=old.team AND n <= 0; END""",
     "CREATE TRIGGER IF NOT EXISTS rows_text AFTER DELETE ON rows BEGIN DELETE FROM frags WHERE rid=old.rid; END",
+    """CREATE TABLE IF NOT EXISTS live (digest TEXT NOT NULL, job_id INTEGER NOT NULL, spec_key TEXT NOT NULL,
+    seen INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (digest, job_id))""",
 )
 _FRESH_COLUMNS = 1 + len(FINGERPRINT) + 2 + 3 + len(COST_COLUMNS) + 2
 KEPT_DIGESTS = 3
@@ -233,6 +235,7 @@ class CostCache:
         """Whether the rows of this digest may be used at all (else every job is priced again)."""
         self._seen: Seen = UNSEEN
         self._now_seen: Seen = UNSEEN
+        self._added: list[tuple[Any, ...]] = []
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
@@ -288,7 +291,7 @@ class CostCache:
             (*TERMINAL, *TERMINAL, int(self.trusted), self.digest),
         ).fetchall()
         wanted = None if filters.job_ids is None else set(filters.job_ids)
-        misses, stale = [], []
+        misses, stale, unpriced = [], [], []
         for job_id, exists, *fingerprint, is_ended, signature, rid, valid in (tuple(r) for r in rows):
             fp = tuple(fingerprint)
             if valid:
@@ -297,11 +300,12 @@ class CostCache:
                 stale.append((rid,))
             if not exists:
                 continue
-            db.execute("INSERT INTO temp.unpriced VALUES (?)", (job_id,))
+            unpriced.append((job_id,))
             team = fp[FINGERPRINT.index("team")]
             if (not filters.team or team == filters.team) and (wanted is None or job_id in wanted):
                 misses.append(Miss(job_id, fp, bool(is_ended), signature >= 1000000007, signature))
         db.executemany("INSERT OR IGNORE INTO temp.stale VALUES (?)", stale)
+        db.executemany("INSERT INTO temp.unpriced VALUES (?)", unpriced)
         return misses
 
     def _read_seen(self) -> Seen:
@@ -322,7 +326,7 @@ class CostCache:
         new since, or written about since, ``dirty``); ``stale``: rows not to use; ``unpriced``: jobs left
         without a valid row (watched from now on unless priced and kept); ``fresh``: this read's prices."""
         db = self.db
-        for table in ("cand", "stale", "unpriced", "fresh"):
+        for table in ("cand", "stale", "unpriced", "fresh", "live_fresh"):
             db.execute(f"DROP TABLE IF EXISTS temp.{table}")
         db.execute("CREATE TEMP TABLE cand (job_id INTEGER PRIMARY KEY, dirty INTEGER NOT NULL)")
         db.execute("CREATE TEMP TABLE stale (rid INTEGER PRIMARY KEY)")
@@ -373,12 +377,16 @@ class CostCache:
     ) -> None:
         """A job priced now. ``cost`` ``None``: it has no attempt, so no row in any report (kept if it ended,
         so that it is not looked at again); ``shown``: in this report (``since`` may leave it out);
-        ``text``: its ``--json`` entry (needed when it is kept, or printed)."""
+        ``text``: its ``--json`` entry (needed when it is kept, or printed). Written by :meth:`flush`."""
         values, sane = cost_values(Cost() if cost is None else cost)
         keep = miss.ended and sane
         row = (miss.job_id, *miss.fingerprint, int(keep), int(shown and cost is not None), team, name, last_end)
-        row = (*row, *values, miss.attempt_signature, text)
-        self.db.execute(f"INSERT OR REPLACE INTO temp.fresh VALUES ({','.join('?' * _FRESH_COLUMNS)})", row)
+        self._added.append((*row, *values, miss.attempt_signature, text))
+
+    def flush(self) -> None:
+        """Write the jobs :meth:`add` priced into ``temp.fresh``, in one statement (what the reads then see)."""
+        self.db.executemany(f"INSERT OR REPLACE INTO temp.fresh VALUES ({','.join('?' * _FRESH_COLUMNS)})", self._added)
+        self._added = []
 
     # ---- writing ----------------------------------------------------------------------------
     def store(self, now: float) -> bool:
@@ -388,6 +396,7 @@ class CostCache:
         are given up rather than written over a newer state (they are priced again next time).
         """
         db = self.db
+        self.flush()
         if self.trusted and self._seen == self._now_seen and not self._changes():
             db.execute("COMMIT")  # nothing new: no write, no lock
             return True
@@ -412,6 +421,7 @@ class CostCache:
                 " WHERE job_id NOT IN (SELECT job_id FROM temp.fresh WHERE keep)",
                 (digest,),
             )
+            self._keep_live()
             db.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?)", (digest, now, json.dumps(self._now_seen)))
             self._drop_old_digests()
             db.execute("COMMIT")
@@ -420,10 +430,37 @@ class CostCache:
             return False
         return True
 
+    def _keep_live(self) -> None:
+        """Keep the watched jobs' pricing inputs read or brought up to date now (:mod:`gpufleet.cost.live`);
+        forget those of the jobs no longer watched."""
+        db, digest = self.db, self.digest
+        if self._has("live_fresh"):
+            db.execute(
+                "INSERT OR REPLACE INTO live SELECT ?, job_id, spec_key, seen, body FROM temp.live_fresh"
+                " WHERE job_id IN (SELECT job_id FROM watch WHERE digest=?)",
+                (digest, digest),
+            )
+        db.execute(
+            "DELETE FROM live WHERE digest=? AND job_id IN (SELECT job_id FROM temp.cand)"
+            " AND job_id NOT IN (SELECT job_id FROM watch WHERE digest=?)",
+            (digest, digest),
+        )
+
+    def _has(self, table: str) -> bool:
+        return self.db.execute("SELECT 1 FROM temp.sqlite_master WHERE name=?", (table,)).fetchone() is not None
+
+    def dirty(self) -> set[int]:
+        """The jobs of this read written about since the last one (events, attempts), or all if the rows are not
+        trusted."""
+        return {int(j) for (j,) in self.db.execute("SELECT job_id FROM temp.cand WHERE dirty")}
+
     def _changes(self) -> bool:
-        """Whether this read found anything to write: rows gone stale, rows to keep, jobs to watch or not."""
+        """Whether this read found anything to write: rows gone stale, rows to keep, jobs to watch or not,
+        pricing inputs read again."""
         db = self.db
         if db.execute("SELECT 1 FROM temp.stale UNION ALL SELECT 1 FROM temp.fresh WHERE keep LIMIT 1").fetchone():
+            return True
+        if self._has("live_fresh") and db.execute("SELECT 1 FROM temp.live_fresh LIMIT 1").fetchone():
             return True
         watched = db.execute(
             "SELECT count(*) FROM watch WHERE digest=? AND job_id IN (SELECT job_id FROM temp.cand)", (self.digest,)
@@ -433,7 +470,7 @@ class CostCache:
 
     def _drop_old_digests(self) -> None:
         kept = f"SELECT digest FROM digests ORDER BY used DESC LIMIT {KEPT_DIGESTS}"
-        for table in ("rows", "watch", "sums"):
+        for table in ("rows", "watch", "sums", "live"):
             self.db.execute(f"DELETE FROM {table} WHERE digest NOT IN ({kept})")
         self.db.execute(f"DELETE FROM digests WHERE digest NOT IN ({kept})")
 

@@ -16,18 +16,21 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.cost.cache import CostCache, Filters, Miss, pricing_digest
 from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger, build_ledger, job_cost
 from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
 from gpufleet.cost.rates import RateCard, load_rates
-from gpufleet.cost.usage import job_usages, store_usages
+from gpufleet.cost.usage import attempt_usages, job_usages, store_usages
 from gpufleet.errors import GpufleetError, NotFound, ParameterError
 from gpufleet.fmt import finite_json
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.store import Store
 from gpufleet.paths import private_dir
+
+if TYPE_CHECKING:
+    from gpufleet.cost.live import LiveReader
 
 FLEET_KINDS = (
     EventKind.PLACED,
@@ -311,10 +314,15 @@ def _summarise(
     store: Store, cache: CostCache, filters: Filters, rates: RateCard, *, limit: int | None, with_json: bool
 ) -> CostSummary:
     from gpufleet.cost import cache_read
+    from gpufleet.cost.live import LiveReader
 
     now = time.time()
-    for miss in cache.lookup(filters):
-        _price(store, cache, miss, rates, now, filters.since, with_json=with_json)
+    misses = cache.lookup(filters)
+    live = LiveReader(cache.db, cache.digest)
+    live.read([m.job_id for m in misses if m.attempted], cache.dirty())
+    for miss in misses:
+        _price(live, cache, miss, rates, now, filters.since, with_json=with_json)
+    cache.flush()
     teams, total, count = cache_read.sums(cache, filters, notices=with_json)
     texts = cache_read.texts(cache, filters) if with_json else None
     summary = CostSummary(
@@ -331,23 +339,25 @@ def _summarise(
 
 
 def _price(
-    store: Store, cache: CostCache, miss: Miss, rates: RateCard, now: float, since: float | None, *, with_json: bool
+    live: LiveReader, cache: CostCache, miss: Miss, rates: RateCard, now: float, since: float | None, *, with_json: bool
 ) -> None:
     """Price one job the cache missed and hand it to the cache (a job with no attempt has no row to show).
 
-    Its ``--json`` text is written when it will be kept (it ended) or printed now."""
-    attempts = store.attempts(miss.job_id) if miss.attempted else []
-    if not attempts:  # queued (looked at again next time), or ended without starting (kept as such)
+    Its inputs are those ``live`` read (or kept, brought up to date). Its ``--json`` text is written when it
+    will be kept (it ended) or printed now."""
+    attempts = live.attempts.get(miss.job_id, []) if miss.attempted else []
+    job = live.jobs.get(miss.job_id)
+    if not attempts or job is None:  # queued (looked at again next time), or ended without starting (kept as such)
         if miss.ended:
             cache.add(miss, team="", name="", last_end=0.0, cost=None, shown=False, text="")
         return
-    job = store.job(miss.job_id)
-    usages = job_usages(store, job, now, attempts=attempts)
+    facts = job.facts
+    usages = attempt_usages(facts, attempts, job.usage_events, now, job.tails())
     cost = job_cost(usages, rates)
     shown = since is None or any(u.end >= since or u.outcome == "running" for u in usages)
-    text = job_text(job.id, job.name, cost) if miss.ended or with_json else ""
+    text = job_text(facts.id, facts.name, cost) if miss.ended or with_json else ""
     cache.add(
-        miss, team=job.team, name=job.name, last_end=max(u.end for u in usages), cost=cost, shown=shown, text=text
+        miss, team=facts.team, name=facts.name, last_end=max(u.end for u in usages), cost=cost, shown=shown, text=text
     )
 
 

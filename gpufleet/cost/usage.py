@@ -16,7 +16,7 @@ from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
 from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.rank_phases import STRAGGLER_WAIT, phase_table
 from gpufleet.jobs.states import Outcome
-from gpufleet.jobs.store import Attempt, Event, Job, Store, attempt_gpus
+from gpufleet.jobs.store import Attempt, Event, Job, Store, attempt_gpus, recorded_gpus
 from gpufleet.jobs.store import gpu_count as _count
 
 
@@ -301,8 +301,30 @@ def killed_attempt(attempt: Attempt, mine: Sequence[Event]) -> bool:
     return not any(e.data.get("status") == "requeue" for e in ends)
 
 
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the ledger reads of a job: who it is, and what its spec asks for where the events do not say.
+
+    The cost cache keeps these for a running job (:mod:`gpufleet.cost.live`), so that pricing it again
+    does not validate its whole spec again.
+    """
+
+    id: int
+    name: str
+    team: str
+    gpu_type: str
+    provider: str
+    spot: bool
+    total_gpus: int
+
+    @classmethod
+    def of(cls, job: Job) -> JobFacts:
+        spec = job.spec
+        return cls(job.id, job.name, job.team, spec.resources.gpu_type, spec.provider, spec.spot, spec.total_gpus)
+
+
 def attempt_usage(
-    job: Job,
+    job: Job | JobFacts,
     attempt: Attempt,
     events: Sequence[Event],
     now: float,
@@ -369,24 +391,24 @@ def attempt_usage(
         since = min(max(train_start.ts if train_start is not None else start, start), end)
         idle_s = _idle_tail(mine, tail, since, end, finished=outcome == "completed")
     resized = restore is not None and resharded_restore(attempt, mine, events, restore)
-    spec = job.spec
+    facts = job if isinstance(job, JobFacts) else JobFacts.of(job)
     placed = attempt_placement(attempt, events)
     notice_source, notice_lead_s = attempt_notice(attempt.n, events)
     short_handed_steps, samples_skipped = attempt_short_handed(mine)
     return AttemptUsage(
-        job_id=job.id,
-        job_name=job.name,
-        team=job.team,
+        job_id=facts.id,
+        job_name=facts.name,
+        team=facts.team,
         attempt=attempt.n,
-        gpu_type=placed.get("gpu_type") or spec.resources.gpu_type,
-        provider=placed.get("provider") or spec.provider,
-        spot=placed["spot"] if isinstance(placed.get("spot"), bool) else spec.spot,
+        gpu_type=placed.get("gpu_type") or facts.gpu_type,
+        provider=placed.get("provider") or facts.provider,
+        spot=placed["spot"] if isinstance(placed.get("spot"), bool) else facts.spot,
         offer=placed.get("offer"),
         price_per_gpu_hour=placed.get("price_per_gpu_hour"),
         on_demand_per_gpu_hour=placed.get("on_demand_per_gpu_hour"),
         egress_bytes=placed.get("egress_bytes", 0),
         egress_money=placed.get("egress_money", 0.0),
-        gpus=attempt_gpus(job, attempt, events),
+        gpus=facts.total_gpus if (recorded := recorded_gpus(attempt, events)) is None else recorded,
         start=start,
         end=end,
         outcome=outcome,
@@ -432,7 +454,7 @@ def _idle_tail(mine: Sequence[Event], tail: StepTail, since: float, end: float, 
 
 
 def attempt_usages(
-    job: Job,
+    job: Job | JobFacts,
     attempts: Sequence[Attempt],
     events: Sequence[Event],
     now: float,
@@ -480,7 +502,9 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
 
 
 __all__ = [
+    "PHASES_KEY",
     "USAGE_KINDS",
+    "JobFacts",
     "StepTail",
     "attempt_gpus",
     "attempt_notice",

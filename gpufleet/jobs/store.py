@@ -621,31 +621,7 @@ class Store:
 
     # ---- attempts ------------------------------------------------------------------------
     def _attempt(self, row: sqlite3.Row) -> Attempt:
-        """The attempt a row holds; values of the wrong type (a hand edit) read as harmless ones.
-
-        An outcome gpufleet does not know reads as ``lost`` (nobody can tell how it ended); a start
-        that is not a time as the attempt's end, and an end that is not one as its start: no wall
-        time to bill, rather than one from 1970 or one that never ends.
-        """
-        started_at, ended_at = _time(row["started_at"]), _time(row["ended_at"])
-        if started_at is None:
-            started_at = ended_at or 0.0
-        if ended_at is None and row["ended_at"] is not None:
-            ended_at = started_at
-        outcome = None if row["outcome"] is None else _enum(Outcome, row["outcome"]) or Outcome.LOST
-        pid, exit_code = row["pid"], row["exit_code"]
-        return Attempt(
-            job_id=row["job_id"],
-            n=row["n"],
-            state=str(row["state"]),
-            pid=pid if isinstance(pid, int) else None,
-            started_at=started_at,
-            ended_at=ended_at,
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-            outcome=outcome,
-            sigterm_at=_time(row["sigterm_at"]),
-            kill_at=_time(row["kill_at"]),
-        )
+        return attempt_from_row(row)
 
     def begin_attempt(self, job_id: int, n: int, started_at: float) -> None:
         """Record the intent to launch attempt ``n`` (no PID yet) and the job running, in one transaction.
@@ -770,7 +746,7 @@ class Store:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             args_any += list(kinds)
         rows = self._db.execute(sql + " ORDER BY ts, id", args_any)
-        return [e for e in map(_event, rows) if e is not None]
+        return [e for e in map(event_from_row, rows) if e is not None]
 
     def last_event(self, job_id: int, kind: str) -> Event | None:
         return next(self.newest_events(job_id, (kind,)), None)
@@ -785,7 +761,7 @@ class Store:
             f"SELECT * FROM events WHERE job_id=? AND kind IN ({','.join('?' * len(kinds))}) ORDER BY ts DESC, id DESC",
             (job_id, *kinds),
         )
-        return (e for e in map(_event, rows) if e is not None)
+        return (e for e in map(event_from_row, rows) if e is not None)
 
     def newest_attempt_events(
         self, job_id: int, attempt: int, kinds: Sequence[str], *, source: str, mentions: str | None = None
@@ -797,16 +773,9 @@ class Store:
         reader stops at the first row it can use. ``mentions``: only rows whose stored data holds that
         text (checked by SQLite before the row is parsed), such as a key that few rows carry.
         """
-        sql = (
-            f"SELECT * FROM events WHERE job_id=? AND attempt=? AND typeof(attempt)='integer' AND source=?"
-            f" AND kind IN ({','.join('?' * len(kinds))})"
-        )
-        args: list[Any] = [job_id, attempt, source, *kinds]
-        if mentions is not None:
-            sql += " AND instr(data, ?) > 0"
-            args.append(mentions)
-        rows = self._db.execute(sql + " ORDER BY ts DESC, id DESC", args)
-        return (e for e in map(_event, rows) if e is not None)
+        sql, args = newest_attempt_events_sql(job_id, attempt, kinds, source=source, mentions=mentions)
+        rows = self._db.execute(sql, args)
+        return (e for e in map(event_from_row, rows) if e is not None)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, job_id: int, kind: str, grace: float | None = None) -> None:
@@ -849,7 +818,50 @@ def _integer(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _event(row: sqlite3.Row) -> Event | None:
+def attempt_from_row(row: sqlite3.Row) -> Attempt:
+    """The attempt a row of ``attempts`` holds; values of the wrong type (a hand edit) read as harmless ones.
+
+    An outcome gpufleet does not know reads as ``lost`` (nobody can tell how it ended); a start
+    that is not a time as the attempt's end, and an end that is not one as its start: no wall
+    time to bill, rather than one from 1970 or one that never ends.
+    """
+    started_at, ended_at = _time(row["started_at"]), _time(row["ended_at"])
+    if started_at is None:
+        started_at = ended_at or 0.0
+    if ended_at is None and row["ended_at"] is not None:
+        ended_at = started_at
+    outcome = None if row["outcome"] is None else _enum(Outcome, row["outcome"]) or Outcome.LOST
+    pid, exit_code = row["pid"], row["exit_code"]
+    return Attempt(
+        job_id=row["job_id"],
+        n=row["n"],
+        state=str(row["state"]),
+        pid=pid if isinstance(pid, int) else None,
+        started_at=started_at,
+        ended_at=ended_at,
+        exit_code=exit_code if isinstance(exit_code, int) else None,
+        outcome=outcome,
+        sigterm_at=_time(row["sigterm_at"]),
+        kill_at=_time(row["kill_at"]),
+    )
+
+
+def newest_attempt_events_sql(
+    job_id: int, attempt: int, kinds: Sequence[str], *, source: str, mentions: str | None = None, schema: str = "main"
+) -> tuple[str, list[Any]]:
+    """The query of :meth:`Store.newest_attempt_events` (rows newest first), on the store attached as ``schema``."""
+    sql = (
+        f"SELECT * FROM {schema}.events WHERE job_id=? AND attempt=? AND typeof(attempt)='integer' AND source=?"
+        f" AND kind IN ({','.join('?' * len(kinds))})"
+    )
+    args: list[Any] = [job_id, attempt, source, *kinds]
+    if mentions is not None:
+        sql += " AND instr(data, ?) > 0"
+        args.append(mentions)
+    return sql + " ORDER BY ts DESC, id DESC", args
+
+
+def event_from_row(row: sqlite3.Row) -> Event | None:
     """A stored event, or ``None`` for a row that cannot be one (a hand edit, an older writer): readers skip it.
 
     Its values are as stored: a NaN loss stays NaN, for the reader to show as it sees fit.
@@ -912,6 +924,12 @@ def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
     the ``old_gpus`` of the first ``resized`` event after its start, else the job's spec (which,
     for a job never resized, is what every attempt ran on).
     """
+    recorded = recorded_gpus(attempt, events)
+    return job.spec.total_gpus if recorded is None else recorded
+
+
+def recorded_gpus(attempt: Attempt, events: Sequence[Event]) -> int | None:
+    """:func:`attempt_gpus` from the events alone: ``None`` where they do not say (the spec's count then)."""
     for e in events:
         if e.kind == EventKind.ATTEMPT_START and e.attempt == attempt.n and e.source == "backend":
             recorded = gpu_count(e.data.get("gpus"))
@@ -922,7 +940,7 @@ def attempt_gpus(job: Job, attempt: Attempt, events: Sequence[Event]) -> int:
             before = gpu_count(e.data.get("old_gpus"))
             if before is not None:
                 return before
-    return job.spec.total_gpus
+    return None
 
 
 def latest_step(store: Store, job_id: int) -> int | None:

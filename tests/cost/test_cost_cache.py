@@ -128,13 +128,13 @@ def assert_same_figures(summary: CostSummary, expected: Expected) -> None:
 def priced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ids of the jobs the next reads price from the store (not read from the cache)."""
     seen: list[int] = []
-    real = gather.job_usages
+    real = gather.attempt_usages
 
-    def counting(store: Store, job: Any, *args: Any, **kwargs: Any) -> Any:
+    def counting(job: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(job.id)
-        return real(store, job, *args, **kwargs)
+        return real(job, *args, **kwargs)
 
-    monkeypatch.setattr(gather, "job_usages", counting)
+    monkeypatch.setattr(gather, "attempt_usages", counting)
     return seen
 
 

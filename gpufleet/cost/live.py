@@ -1,0 +1,280 @@
+"""What pricing reads of a job, kept in the cost cache between reads and brought up to date from the events since.
+
+A running job is priced again on every read of ``gpufleet cost`` (its open attempt grows with the
+clock), and what that reads barely changes from one read to the next: its record and spec, its
+events other than steps (:data:`~gpufleet.cost.usage.USAGE_KINDS`), and per attempt its newest step
+and its last phase totals. Read from the store each time, that cost about 0.5 ms a job: half a
+second for a fleet running 1,000 jobs. The cache keeps them per job as a :class:`LiveJob`, as of
+the job's newest event id (:attr:`LiveJob.seen`; event ids only grow), and a read folds in only the
+events written since (incremental ingestion):
+
+- a ``step`` of the runtime: the attempt's newest step, and its phase totals where they are well formed;
+- an event of ``USAGE_KINDS``: added to the job's events, in time order (a ``session_end`` may also
+  carry phase totals);
+- an ``attempt_start``, or an attempt the job was not read with: the job is read again whole (the
+  start sets the world size the phase totals are checked against);
+- anything else: nothing the ledger reads.
+
+A job with nothing written since the last read (the cache's candidates say which) is not queried at
+all; its spec is validated again only when its text changes (a resize); its attempts are read again
+every time, in one query for all the jobs. Everything is read through the cache's connection, in its
+read transaction, so the events folded in and the id they are kept as of come from one snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.cost.ledger import PhaseShares
+from gpufleet.cost.usage import PHASES_KEY, USAGE_KINDS, JobFacts, StepTail, _step, _world_size, phase_shares
+from gpufleet.errors import SpecError
+from gpufleet.jobs.events import EventKind
+from gpufleet.jobs.store import (
+    Attempt,
+    Event,
+    _placeholder_spec,
+    attempt_from_row,
+    event_from_row,
+    newest_attempt_events_sql,
+)
+from gpufleet.spec import parse_spec
+
+Mark = tuple[float, int]
+"""Where an event sits in a job's history: its time, then its id (the order ``Store.events`` reads)."""
+_KINDS = ",".join(f"'{k}'" for k in USAGE_KINDS)
+
+
+@dataclass
+class LiveJob:
+    """One job's pricing inputs, as of its event :attr:`seen`."""
+
+    facts: JobFacts
+    spec_key: str
+    """A digest of the record the facts came from (name, team, spec text)."""
+    seen: int
+    """The newest event id of the job folded in (0: none)."""
+    attempts: tuple[int, ...]
+    """The attempts the job was read with (another one appearing reads it again whole)."""
+    events: list[tuple[int, Event]] = field(default_factory=list)
+    """Its events of ``USAGE_KINDS`` with their ids, in (time, id) order."""
+    steps: dict[int, tuple[Mark, int]] = field(default_factory=dict)
+    """Per attempt: its newest runtime step's mark and step number."""
+    phases: dict[int, tuple[Mark, PhaseShares]] = field(default_factory=dict)
+    """Per attempt: its newest well-formed phase totals and their mark."""
+
+    @property
+    def usage_events(self) -> list[Event]:
+        return [e for _, e in self.events]
+
+    def tails(self) -> dict[int, StepTail]:
+        """Each attempt's :class:`StepTail`, as ``stored_step_tail`` reads it from the store."""
+        out: dict[int, StepTail] = {}
+        for n in {*self.steps, *self.phases}:
+            step = self.steps.get(n)
+            phases = self.phases.get(n)
+            out[n] = StepTail(
+                ts=None if step is None else step[0][0],
+                step=None if step is None else step[1],
+                phases=None if phases is None else phases[1],
+            )
+        return out
+
+    # ---- folding ------------------------------------------------------------------------------
+    def fold(self, rows: Iterable[sqlite3.Row]) -> bool:
+        """Fold in the job's events newer than :attr:`seen` (by id); ``False``: it must be read again whole."""
+        added = False
+        for row in rows:
+            self.seen = max(self.seen, int(row["id"]))
+            kind = row["kind"]
+            if kind == EventKind.ATTEMPT_START:
+                return False
+            if kind != EventKind.STEP and kind not in USAGE_KINDS:
+                continue
+            event = event_from_row(row)
+            if event is None:
+                continue
+            mark = (event.ts, int(row["id"]))
+            if kind in USAGE_KINDS:
+                self.events.append((mark[1], event))
+                added = True
+            if event.source != "runtime" or event.attempt is None:
+                continue
+            if kind == EventKind.STEP:
+                self.step_seen(event, mark)
+            if kind in (EventKind.STEP, EventKind.SESSION_END):
+                self.phases_seen(event, mark)
+        if added:
+            self.events.sort(key=lambda ie: (ie[1].ts, ie[0]))
+        return True
+
+    def step_seen(self, event: Event, mark: Mark) -> None:
+        n = event.attempt
+        assert n is not None
+        held = self.steps.get(n)
+        if held is None or mark > held[0]:
+            self.steps[n] = (mark, _step(event.data, "step"))
+
+    def phases_seen(self, event: Event, mark: Mark) -> None:
+        """Keep ``event``'s phase totals if they are well formed and newer than those kept: the newest
+        well-formed totals, the ones ``first_phases`` finds walking the attempt's events newest first."""
+        n = event.attempt
+        assert n is not None
+        held = self.phases.get(n)
+        if "phase_totals_s" not in event.data or (held is not None and mark <= held[0]):
+            return
+        shares = phase_shares(event.data, _world_size(n, self.usage_events))
+        if shares is not None:
+            self.phases[n] = (mark, shares)
+
+    # ---- kept as text -------------------------------------------------------------------------
+    def dumps(self) -> str:
+        f = self.facts
+        return json.dumps(
+            {
+                "facts": [f.id, f.name, f.team, f.gpu_type, f.provider, f.spot, f.total_gpus],
+                "attempts": list(self.attempts),
+                "events": [[i, e.attempt, e.ts, e.kind, e.source, e.data] for i, e in self.events],
+                "steps": [[n, *mark, step] for n, (mark, step) in self.steps.items()],
+                "phases": [
+                    [n, *mark, s.data_wait_s, s.straggler_wait_s, s.busy_s] for n, (mark, s) in self.phases.items()
+                ],
+            }
+        )
+
+    @classmethod
+    def loads(cls, text: str, spec_key: str, seen: int) -> LiveJob:
+        """What :meth:`dumps` wrote (``ValueError``, ``TypeError`` or ``KeyError`` on anything else)."""
+        d = json.loads(text)
+        i, name, team, gpu_type, provider, spot, gpus = d["facts"]
+        facts = JobFacts(int(i), str(name), str(team), str(gpu_type), str(provider), bool(spot), int(gpus))
+        events = [
+            (int(k), Event(facts.id, a, float(ts), str(kd), str(src), dict(data)))
+            for k, a, ts, kd, src, data in d["events"]
+        ]
+        return cls(
+            facts,
+            spec_key,
+            seen,
+            tuple(int(n) for n in d["attempts"]),
+            events,
+            {int(n): ((float(ts), int(k)), int(step)) for n, ts, k, step in d["steps"]},
+            {
+                int(n): ((float(ts), int(k)), PhaseShares(float(w), float(s), float(b)))
+                for n, ts, k, w, s, b in d["phases"]
+            },
+        )
+
+
+class LiveReader:
+    """One read's pricing inputs for the jobs the cost cache missed: :meth:`read`, then each job's :meth:`job`.
+
+    ``db`` is the cost cache's connection (the store attached as ``s``, the ``live`` table, ``temp.cand``);
+    the jobs read again or brought up to date are left in ``temp.live_fresh`` for the cache to keep.
+    """
+
+    def __init__(self, db: sqlite3.Connection, digest: str) -> None:
+        self.db = db
+        self.digest = digest
+        self.jobs: dict[int, LiveJob] = {}
+        self.attempts: dict[int, list[Attempt]] = {}
+
+    def read(self, job_ids: Sequence[int], dirty: set[int]) -> None:
+        """Read (or bring up to date) the inputs of ``job_ids``; ``dirty``: those written about since the last read."""
+        db = self.db
+        db.execute("DROP TABLE IF EXISTS temp.live_fresh")
+        db.execute("CREATE TEMP TABLE live_fresh (job_id INTEGER PRIMARY KEY, spec_key TEXT, seen INTEGER, body TEXT)")
+        db.execute("DROP TABLE IF EXISTS temp.live_ids")
+        db.execute("CREATE TEMP TABLE live_ids (job_id INTEGER PRIMARY KEY)")
+        db.executemany("INSERT OR IGNORE INTO temp.live_ids VALUES (?)", ((j,) for j in job_ids))
+        cursor = db.cursor()
+        cursor.row_factory = sqlite3.Row
+        for row in cursor.execute(
+            "SELECT a.* FROM s.attempts a JOIN temp.live_ids l ON a.job_id=l.job_id ORDER BY a.job_id, a.n"
+        ):
+            self.attempts.setdefault(int(row["job_id"]), []).append(attempt_from_row(row))
+        kept = {
+            int(j): (str(k), int(s), str(b))
+            for j, k, s, b in db.execute(
+                "SELECT job_id, spec_key, seen, body FROM live WHERE digest=? AND job_id IN temp.live_ids",
+                (self.digest,),
+            )
+        }
+        records = db.execute(
+            "SELECT j.id, j.name, j.team, j.spec FROM s.jobs j JOIN temp.live_ids l ON j.id=l.job_id"
+        ).fetchall()
+        for job_id, name, team, spec in records:
+            key = _spec_key(name, team, spec)
+            attempts = tuple(a.n for a in self.attempts.get(job_id, ()))
+            live = self._kept(kept.get(job_id), key, attempts)
+            if live is not None and job_id not in dirty:
+                self.jobs[job_id] = live
+                continue
+            if live is None or not live.fold(self._rows(job_id, after=live.seen)):
+                facts = live.facts if live is not None and live.spec_key == key else _facts(job_id, name, team, spec)
+                live = self._whole(facts, key, attempts)
+            self.jobs[job_id] = live
+            db.execute("INSERT INTO temp.live_fresh VALUES (?, ?, ?, ?)", (job_id, key, live.seen, live.dumps()))
+
+    def _kept(self, kept: tuple[str, int, str] | None, key: str, attempts: tuple[int, ...]) -> LiveJob | None:
+        """The kept inputs, if they can be brought up to date: read with these attempts, from this record."""
+        if kept is None or kept[0] != key:
+            return None
+        try:
+            live = LiveJob.loads(kept[2], kept[0], kept[1])
+        except (ValueError, TypeError, KeyError):  # written by something else: read it again
+            return None
+        return live if live.attempts == attempts else None
+
+    def _rows(self, job_id: int, *, after: int) -> Iterable[sqlite3.Row]:
+        cursor = self.db.cursor()
+        cursor.row_factory = sqlite3.Row
+        return cursor.execute("SELECT * FROM s.events WHERE job_id=? AND id > ? ORDER BY id", (job_id, after))
+
+    def _whole(self, facts: JobFacts, key: str, attempts: tuple[int, ...]) -> LiveJob:
+        """A job's inputs read from scratch: what ``job_usages`` reads, with the ids to go on from."""
+        db, job_id = self.db, facts.id
+        cursor = db.cursor()
+        cursor.row_factory = sqlite3.Row
+        seen = db.execute("SELECT ifnull(max(id), 0) FROM s.events WHERE job_id=?", (job_id,)).fetchone()[0]
+        live = LiveJob(facts, key, int(seen), attempts)
+        rows = cursor.execute(
+            f"SELECT * FROM s.events WHERE job_id=? AND kind IN ({_KINDS}) ORDER BY ts, id", (job_id,)
+        )
+        live.events = [(int(row["id"]), e) for row in rows if (e := event_from_row(row)) is not None]
+        for n in attempts:
+            sql, args = newest_attempt_events_sql(job_id, n, (EventKind.STEP,), source="runtime", schema="s")
+            for row in cursor.execute(sql, args):
+                if (event := event_from_row(row)) is not None:
+                    live.step_seen(event, (event.ts, int(row["id"])))
+                    break
+            sql, args = newest_attempt_events_sql(
+                job_id, n, (EventKind.STEP, EventKind.SESSION_END), source="runtime", mentions=PHASES_KEY, schema="s"
+            )
+            for row in cursor.execute(sql, args):
+                if (event := event_from_row(row)) is not None:
+                    live.phases_seen(event, (event.ts, int(row["id"])))
+                    if n in live.phases:
+                        break
+        return live
+
+
+def _spec_key(name: Any, team: Any, spec: Any) -> str:
+    return hashlib.sha256(json.dumps([str(name), str(team), str(spec)]).encode()).hexdigest()[:32]
+
+
+def _facts(job_id: int, name: Any, team: Any, spec_text: Any) -> JobFacts:
+    """A job's :class:`JobFacts` from its stored record (a spec that no longer validates reads as ``Store.job``
+    reads it: a placeholder)."""
+    try:
+        spec = parse_spec(json.loads(spec_text), source=f"job {job_id}")
+    except (TypeError, ValueError, RecursionError, SpecError):
+        spec = _placeholder_spec(str(name), str(team))
+    return JobFacts(job_id, str(name), str(team), spec.resources.gpu_type, spec.provider, spec.spot, spec.total_gpus)
+
+
+__all__ = ["LiveJob", "LiveReader"]
