@@ -13,7 +13,7 @@ import os
 import shutil
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,3 +224,24 @@ def restore_environ(saved: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident set size so far, in MiB (``ru_maxrss`` counts KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def traced_mib(fn: Callable[[], object]) -> tuple[float, float]:
+    """Peak and still-held MiB that ``tracemalloc`` saw allocated during ``fn()`` (numpy's arrays included)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        kept = fn()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del kept
+    return peak / 2**20, held / 2**20

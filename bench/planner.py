@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -170,30 +169,11 @@ def spot_hours(job: JobSpec, offer: Offer, hours: float) -> float:
     return hours / (1 - f) if f < 1 else math.inf
 
 
-def peak_rss_mib() -> float:
-    """The process's peak resident set size so far, in MiB (``ru_maxrss`` counts KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
     """``fn()``, and the wall-clock and CPU seconds it took."""
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - wall, time.process_time() - cpu
-
-
-def traced_mib(fn: Callable[[], object]) -> tuple[float, float]:
-    """Peak and still-held MiB that ``tracemalloc`` saw allocated during ``fn()`` (numpy's arrays included)."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        kept = fn()
-        held, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    del kept
-    return peak / 2**20, held / 2**20
 
 
 def count_mismatches(result: Plan, sample: list[JobSpec], reference: list[dict[tuple[str, bool], float]]) -> int:
@@ -233,7 +213,7 @@ def main() -> int:
     catalog = build_catalog(args.offers, rng)
     jobs = build_jobs(args.jobs, catalog, rng)
     sample = jobs[: args.sample]
-    rss_before = peak_rss_mib()
+    rss_before = common.peak_rss_mib()
     walls, cpus, python_walls, python_cpus = [], [], [], []
     result: Plan | None = None
     reference: list[dict[tuple[str, bool], float]] = []
@@ -247,14 +227,14 @@ def main() -> int:
         python_cpus.append(cpu * len(jobs) / len(sample))
         common.progress(f"round {i + 1}/{args.rounds}: plan {walls[-1]:.3f} s ({cpus[-1]:.3f} s CPU)")
     assert result is not None
-    rss_peak = peak_rss_mib()
+    rss_peak = common.peak_rss_mib()
     planned, planned_cpu = common.median(walls), common.median(cpus)
     python_s = common.median(python_walls)
 
     _, explain_s, _ = timed(lambda: [result.decision(job.name).rejected for job in sample])
     explained = sum(len(result.decision(job.name).rejected) for job in sample)
     mismatches = count_mismatches(result, sample, reference)
-    traced = traced_mib(lambda: plan(jobs, catalog)) if args.trace_memory else None
+    traced = common.traced_mib(lambda: plan(jobs, catalog)) if args.trace_memory else None
 
     ok = planned <= TARGET_S and mismatches == 0
     speedup = common.ratio(python_s, planned)

@@ -1,6 +1,6 @@
 """Speed of the fleet simulator: 100,000 jobs over 3 providers x 2 GPU types, one policy at a time.
 
-    .venv/bin/python bench/simulate.py [--json] [--jobs 100000] [--days 20] [--policy cheapest ...]
+    .venv/bin/python bench/simulate.py [--json] [--jobs 100000] [--days 20] [--policy cheapest ...] [--trace-memory]
 
 Target: the whole run of one policy (drawing the jobs and outages, simulating, computing the
 metrics) in at most 30 s on 2 cores. The simulator is one Python thread, so the figure judged is
@@ -11,6 +11,10 @@ to about 70 % with daily peaks above capacity, so queues, quotas, preemptions an
 The baseline, measured in the same run, is a bare ``heapq`` push and pop of as many tuples as the
 simulation has jobs times four (arrival, start, end, requeue): the ratio is the simulator's cost per
 job in units of the cheapest possible event loop.
+
+Memory: the process's peak RSS (``ru_maxrss``) and its rise over the RSS before the first policy
+ran; with ``--trace-memory``, each policy runs once more under ``tracemalloc`` (not timed), which
+gives the peak that policy's run allocated (the drawn scenario, the simulation and its metrics).
 """
 
 from __future__ import annotations
@@ -127,12 +131,20 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--days", type=float, default=20.0)
     p.add_argument("--policy", action="append", choices=list(POLICIES), help="repeat; default: every policy")
+    p.add_argument("--trace-memory", action="store_true", help="run each policy once more under tracemalloc")
     args = p.parse_args()
     cat, model = bench_catalog(), WorkloadModel()
     runs = []
+    rss_before = common.peak_rss_mib()
     for policy in args.policy or list(POLICIES):
         common.progress(f"simulating {args.jobs} jobs over {args.days:g} days with {policy} ...")
         runs.append(run_policy(cat, model, policy, args.jobs, args.days))
+    rss_peak = common.peak_rss_mib()
+    for run in runs if args.trace_memory else ():
+        common.progress(f"tracing the memory of {run['policy']} ...")
+        policy = str(run["policy"])
+        traced = common.traced_mib(lambda: run_policy(cat, model, policy, args.jobs, args.days))  # noqa: B023
+        run["traced_peak_mib"] = traced[0]
     baseline = heap_baseline(4 * args.jobs)
     worst = max(r["cpu_s"] for r in runs)
     ok = worst <= TARGET_S
@@ -147,14 +159,25 @@ def main() -> int:
             f"{r['utilization']:.0%}",
             f"{r['queue_wait_p95_h'] or 0:.2f} h",
             f"{r['preemptions']:,}",
+            f"{r['traced_peak_mib']:.0f} MiB" if "traced_peak_mib" in r else "-",
         ]
         for r in runs
     ]
-    rows.append(["bare heapq loop (baseline)", f"{baseline:.2f} s", "", "", "1x", "", "", "", ""])
+    rows.append(["bare heapq loop (baseline)", f"{baseline:.2f} s", "", "", "1x", "", "", "", "", ""])
     head = ["policy", "CPU", "wall", "jobs/s", "vs heap", "completed", "GPU use", "wait p95", "preempted"]
+    head.append("traced peak")
     title = f"Fleet simulator, {args.jobs:,} jobs over {args.days:g} days, {len(cat.offers)} offers"
     table = common.format_table(title, head, rows)
-    result = {"jobs": args.jobs, "days": args.days, "runs": runs, "baseline_s": baseline, "target_s": TARGET_S}
+    table += f"\npeak RSS {rss_peak:.0f} MiB (+{rss_peak - rss_before:.0f} MiB over the RSS before the first policy)"
+    result = {
+        "jobs": args.jobs,
+        "days": args.days,
+        "runs": runs,
+        "baseline_s": baseline,
+        "target_s": TARGET_S,
+        "peak_rss_mib": rss_peak,
+        "rss_rise_mib": rss_peak - rss_before,
+    }
     verdict = f"slowest policy {worst:.2f} s CPU for {args.jobs:,} jobs (target <= {TARGET_S:g} s)"
     return common.finish(json_mode=args.json, result=result, table=table, verdict=verdict, ok=ok)
 
