@@ -7,8 +7,9 @@ Started without torchrun, it starts itself under ``torch.distributed.run --stand
 on CPU) and prints rank 0's result. Every rank builds the same tinylm (batch 32 split among the
 ranks, context 64), wrapped in ``DistributedDataParallel``, and trains it with two loops in
 turn, step by step (bare, session, session, bare, ...): the bare DDP loop, and the same loop
-reporting to a ``TrainSession`` whose ranks meet every ``--agree-every`` steps (one all-reduce
-and a wait for the slowest rank; no checkpoint inside the timed window). The one all-reduce is
+reporting to a ``TrainSession`` whose ranks meet every ``--agree-every`` steps (one all-reduce,
+read at the next step boundary so it overlaps that step's compute; no checkpoint inside the timed
+window, so no meeting is waited for at once). The one all-reduce is
 also timed on its own. Target: overhead <= 2%, on the median step when the ranks meet at every
 step, on the mean step otherwise (the median would hide the one step in k that pays); the
 all-reduce alone is reported as a share of the bare step.

@@ -18,7 +18,7 @@ from conftest import assert_bitwise_equal
 
 from gpufleet.jobs.events import EventLog, read_events
 from gpufleet.runtime.components.announce import Announcer
-from gpufleet.runtime.group import Group
+from gpufleet.runtime.group import Group, Reduction
 from gpufleet.runtime.memtier import release, tier_need_bytes
 from gpufleet.runtime.memtier.copies import CopyHeader, TierError, decode, encode, header_for
 from gpufleet.runtime.memtier.peer import PeerClient, ensure_keeper, read_record, running_keeper
@@ -299,6 +299,9 @@ class TwinGroup(Group):
         self.meetings.append(len(values))
         return [2 * v for v in values]
 
+    def agree_later(self, values: Sequence[float]) -> Reduction:
+        return Reduction(self.rank, values=self.agree(values))
+
     def gather(self, value: Any) -> list[Any]:
         return [value, value]
 
@@ -352,7 +355,9 @@ def test_a_group_with_a_fixed_interval_snapshots_between_agreements_without_meet
     assert tier is not None and tier.snapshots == 6
     assert seen == {1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1}  # one meeting, at the agreement of step 4
     judged = {step: tier.own.header(step).judged for step in tier.own.steps()}
-    assert judged == {1: False, 2: False, 3: False, 4: True, 5: False, 6: False}
+    # step 4's agreement decides nothing: it is read at step 5, so every copy was taken before its judgement
+    assert judged == {1: False, 2: False, 3: False, 4: False, 5: False, 6: False}
+    assert tier.healthy_through == 4  # ... and the judgement read at step 5 reached the tier
 
 
 def snapshot_tier(place: TierPlace, marks: list[tuple[int, bool]]) -> RamTier:

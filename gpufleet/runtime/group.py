@@ -264,6 +264,31 @@ def _collective(rank: int) -> Iterator[None]:
         ) from None
 
 
+class Reduction:
+    """A sum over the ranks in flight (:meth:`Group.agree_later`), read once with :meth:`wait`.
+
+    It holds the collective's tensor until the sum is read (and ``_RETAINED`` beyond: see there). A
+    rank that drops one unread (its session ends on an error) leaves the tensor to ``_RETAINED`` and
+    waits for nothing: the other ranks may be gone.
+    """
+
+    __slots__ = ("_rank", "_tensor", "_values", "_work")
+
+    def __init__(self, rank: int, tensor: Any = None, work: Any = None, *, values: list[float] | None = None) -> None:
+        self._rank, self._tensor, self._work = rank, tensor, work
+        self._values = values
+
+    def wait(self) -> list[float]:
+        """The sum, once every rank contributed (``PeerLost`` when a rank is gone or stuck, as for any collective)."""
+        work, self._work = self._work, None
+        if work is not None:
+            with _collective(self._rank):
+                work.wait()
+            del work
+            self._values = [float(v) for v in self._tensor.cpu().tolist()]
+        return list(self._values or [])
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
     """This process's place among the ranks of its attempt (``Group()`` is a group of one)."""
@@ -314,6 +339,23 @@ class Group:
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
         return [float(v) for v in self._all_reduce(tensor).cpu().tolist()]
+
+    def agree_later(self, values: Sequence[float]) -> Reduction:
+        """:meth:`agree`, started now and read with :meth:`Reduction.wait` later (one all-reduce, not waited on).
+
+        The sum travels while this rank computes its next step. It is a collective of this group like
+        any other: every rank starts it at the same point of its sequence of collectives.
+        """
+        if not self.distributed:
+            return Reduction(self.rank, values=[float(v) for v in values])
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        _RETAINED.append(tensor)
+        with _collective(self.rank):
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+        return Reduction(self.rank, tensor, work)
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any."""
@@ -516,6 +558,7 @@ __all__ = [
     "WORLD_DEFAULT_MODULES",
     "Group",
     "PeerLost",
+    "Reduction",
     "after_peer_loss",
     "apply_default_timeout",
     "close_sockets_on_exec",

@@ -37,7 +37,7 @@ from gpufleet.jobs.events import EventKind, EventLog
 from gpufleet.jobs.protocol import ENV_STRATEGY
 from gpufleet.runtime.board import PhaseBoard, board_path
 from gpufleet.runtime.checkpoint import CheckpointInfo
-from gpufleet.runtime.components.agreement import PendingStep, RankAgreement
+from gpufleet.runtime.components.agreement import Agreement, PendingStep, RankAgreement
 from gpufleet.runtime.components.announce import Announcer
 from gpufleet.runtime.components.checkpointer import CheckpointManager, LoopPosition, SaveVerdict
 from gpufleet.runtime.components.ckpt_io import RESERVED_NAMES, Stateful, staged, state_registry
@@ -125,6 +125,8 @@ class TrainSession:
         )
         self._guard = PreemptionGuard(handle_signals=handle_signals, distributed=self.group.distributed)
         self._agreement = RankAgreement(self.group, agree_every)
+        self._clock_due = False
+        """A time-based save the ranks agreed on at an agreement read late: taken at the next decision."""
         self._reporter = Reporter(self._voice, self.group, log_every_s, flops_per_token, peak_flops, gpu_sampler)
         self._phases: PhaseClock | None = None
         """Where each step's time goes (``components.phases``); ``phase_timing=False`` (``GPUFLEET_PHASE_TIMING=0``)
@@ -269,8 +271,7 @@ class TrainSession:
 
     def _finish(self) -> None:
         """A session that ends normally ends on a healthy, saved state, or not ``completed`` at all."""
-        if self._agreement.pending:  # the loop was left between two agreements: judge those steps first
-            self._flush(time.monotonic())
+        self._settle(decide=True)  # the loop was left between two agreements: judge those steps first
         if self._guard.requested and (self.total_steps is None or self.step < self.total_steps):
             self._preempt()  # the loop was left early because of SIGTERM: that is a preemption
         bad = self.nonfinite_state()
@@ -323,7 +324,7 @@ class TrainSession:
         The save happens at the next ``report`` (or when the session ends); work inside a step
         that outlasts the grace period is killed with the process. Check this in any loop that
         can take long (evaluation, generation) and ``break``. In a group: what the ranks agreed
-        at the last step boundary, the same on each.
+        in the last agreement read (a step late for one read at the next boundary), the same on each.
         """
         return self._guard.requested
 
@@ -417,46 +418,95 @@ class TrainSession:
                 phases, steps = self._phases.take()
                 self._reporter.note_phases([tuple(phases)], steps, self.step)
             return
-        # A group closes its steps together, at each agreement (every ``agree_every`` steps, and the last).
+        # A group closes its steps together, at each agreement (every ``agree_every`` steps, and the last). An
+        # agreement that decides nothing is read at the next step boundary (``RankAgreement.send``): first that.
+        if not self._receive():
+            return  # a step it judged was rolled back: this one was taken on a state thrown away
         self.step += 1  # provisional until the agreement judges it
         self.data_position += batches
-        # The ranks also meet at every step a checkpoint or an injected fault is due, so those land
-        # on the same steps as for one process; the count is the same on every rank.
+        # The ranks also wait for an agreement at every step a checkpoint, the last step or an injected fault
+        # is due, so those land on the same steps as for one process, on a judged state (the count is the same
+        # on every rank); and at the step after an agreement that asks for a stop or a time-based save.
         every = self.policy.every_steps
         due = (
             (self.total_steps is not None and self.step >= self.total_steps)
             or (every is not None and self.step % every == 0)
             or self.step in (self.inject_preempt_at, self.inject_rollback_at)
             or self._ckpt.snapshot_meets(self.step)
+            or self._guard.requested
+            or self._clock_due
         )
         if not self._agreement.hold(pending, due=due):
-            # checkpoint.memory: a fixed interval's snapshot needs no meeting; the copy says it is not judged yet
-            with self._stall(CHECKPOINT):
-                self._ckpt.snapshot(self._position(), pending.seconds, judged=False)
-            self._step_started = time.monotonic()
-            self._agreement.progress(self.step)
+            self._between(pending.seconds)
             return
-        self._flush(now)
+        if due:
+            self._flush(now)
+            return
+        phases = self._phases.take()[0] if self._phases is not None else []
+        pending_steps = self._agreement.take()
+        self._agreement.send(
+            pending_steps, now, preempt=self._guard.raised_here, seconds_due=self._ckpt.seconds_due(now), phases=phases
+        )
+        self._between(pending.seconds)
+        if self._ckpt.write_done():
+            self._finish_write()
 
-    def _flush(self, now: float) -> None:
+    def _between(self, seconds: float) -> None:
+        """A group's step left unjudged for now: the loop goes on (a due memory snapshot says it is not judged yet)."""
+        with self._stall(CHECKPOINT):
+            self._ckpt.snapshot(self._position(), seconds, judged=False)
+        self._step_started = time.monotonic()
+        self._agreement.progress(self.step)
+
+    def _receive(self) -> bool:
+        """Judge the steps of the agreement in flight, if any (waiting for it); False when one was rolled back.
+
+        The state in memory is already a step further: the agreement judges the steps, and carries a
+        stop or a time-based save to the next decision point, never acting on a state it did not judge.
+        """
+        received = self._agreement.receive()
+        if received is None:
+            return True
+        return self._judge(*received, decide=False)
+
+    def _settle(self, *, decide: bool) -> bool:
+        """Judge every step reported so far, waiting for the ranks; False when one was rolled back.
+
+        Before acting on the state in memory outside a step boundary: the end of the session (which
+        also ``decide``s), a save asked for by the script (which leaves the decisions to the next step).
+        """
+        if not self._receive():
+            return False
+        return not self._agreement.pending or self._flush(time.monotonic(), decide=decide)
+
+    def _flush(self, now: float, *, decide: bool = True) -> bool:
         """The ranks agree on the pending steps (the last one just reported), then judge and close each."""
         pending = self._agreement.take()
-        self.step -= len(pending)  # back to the first pending step: each is counted once judged
-        self.data_position -= sum(p.batches for p in pending)
         phases = self._phases.take()[0] if self._phases is not None else []
         agreed = self._agreement.agree(
             pending, now, preempt=self._guard.raised_here, seconds_due=self._ckpt.seconds_due(now), phases=phases
         )
+        return self._judge(pending, agreed, decide=decide)
+
+    def _judge(self, pending: Sequence[PendingStep], agreed: Agreement, *, decide: bool) -> bool:
+        """Close each agreed step; at a decision point (``decide``) the last one also decides. False: rolled back."""
+        self.step -= len(pending)  # back to the first pending step: each is counted once judged
+        self.data_position -= sum(p.batches for p in pending)
         if self._phases is not None:
             self._phases.add(COLLECTIVE, self._agreement.last_wait)
             self._reporter.note_phases(agreed.rank_phases, len(pending), self.step + len(pending))
         self._guard.note_agreement(agreed.preempt)
-        self._ckpt.note_agreed_due(agreed.seconds_due)
+        if decide:
+            self._ckpt.note_agreed_due(agreed.seconds_due or self._clock_due)
+            self._clock_due = False
+        else:
+            self._clock_due = self._clock_due or agreed.seconds_due
         self._reporter.note_ranks(agreed)
         for i, (step, judged) in enumerate(zip(pending, agreed.steps, strict=True)):
             as_agreed = dataclasses.replace(step, values=judged.losses, tokens=judged.tokens)
-            if not self._close_step(as_agreed, judged.ended, decide=i == len(pending) - 1):
-                return  # rolled back: the steps after the bad one are thrown away
+            if not self._close_step(as_agreed, judged.ended, decide=decide and i == len(pending) - 1):
+                return False  # rolled back: the steps after the bad one are thrown away
+        return True
 
     def _close_step(self, step: PendingStep, now: float, *, decide: bool) -> bool:
         """Judge one step and count it; at a decision point also inject, preempt and save. False: rolled back."""
@@ -561,7 +611,14 @@ class TrainSession:
         self._rollback(self.step, skip_to=self.data_position)
 
     def save(self, reason: str = "manual") -> None:
-        """Write a checkpoint of every stateful object, the step, cursor, plain values and RNG states."""
+        """Write a checkpoint of every stateful object, the step, cursor, plain values and RNG states.
+
+        In a group the steps not yet agreed on are judged first, the ranks waiting for each other: a
+        checkpoint only holds a state the ranks found healthy. Nothing is saved when one of them was
+        rolled back (the loop is back on a saved state).
+        """
+        if self.group.distributed and not self._settle(decide=False):
+            return
         self._save(reason, self.nonfinite_state())
 
     def _run_shape(self) -> RunShape:

@@ -311,11 +311,13 @@ class Distributed(_Frozen):
     hang_floor_seconds: float = Field(default=30.0, gt=0, le=86400)
     """The least time without a step that counts as a hang, whatever the step time."""
     agree_every: int = Field(default=4, ge=1, le=1000)
-    """Steps between two agreements of the ranks (one small all-reduce, and a point where they all
-    wait for the slowest; they also meet at every step a checkpoint is due). Every step is still
-    judged, on the same numbers on every rank, but up to ``agree_every - 1`` steps late: a bad
-    step is rolled back a little later (more steps redone), a preemption waits for the next
-    agreement. 1 decides at every step, for a few % of step time (``bench/dist_step_overhead.py``)."""
+    """Steps between two agreements of the ranks (one small all-reduce; they also meet at every step a
+    checkpoint is due, and wait for each other there). Every step is still judged, on the same numbers
+    on every rank, but up to ``agree_every`` steps late: an agreement that decides nothing is read at
+    the next step boundary, its all-reduce overlapping that step's compute, so a bad step is rolled
+    back a little later (more steps redone) and a preemption waits for the next agreement. A save
+    only ever holds a state the ranks judged healthy. 1 judges every step one step late
+    (``bench/dist_step_overhead.py --agree-every 1``)."""
 
 
 class DataSource(_Frozen):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpufleet.runtime.components.agreement import PendingStep, RankAgreement, step_ends
-from gpufleet.runtime.group import Group
+from gpufleet.runtime.group import Group, Reduction
 
 
 class Clock:
@@ -30,6 +30,9 @@ class RankZeroOfTwo(Group):
 
     def agree(self, values: Sequence[float]) -> list[float]:
         return [a + b for a, b in zip(values, self.other, strict=True)]
+
+    def agree_later(self, values: Sequence[float]) -> Reduction:
+        return Reduction(self.rank, values=self.agree(values))
 
     def gather(self, value: Any) -> list[Any]:
         return [value, self.other_name]
@@ -79,3 +82,33 @@ def test_a_finding_on_another_ranks_shard_is_every_ranks() -> None:
 
 def test_step_ends_count_back_from_now() -> None:
     assert step_ends([step([1.0], seconds=2.0), step([1.0], seconds=3.0)], now=10.0) == [7.0, 10.0]
+
+
+def test_an_agreement_sent_now_is_read_at_the_next_boundary_with_the_same_verdict() -> None:
+    group = RankZeroOfTwo(rank=0, world_size=2, other=(math.nan, 1.0, 6.0, 1.0, 1.0, 0.0, 0.25, 0.0, 0.1))
+    waited = RankAgreement(group, every=1, clock=Clock()).agree(
+        [step([2.0, 3.0], tokens=4)], now=101.0, preempt=False, seconds_due=False
+    )
+    agreement = RankAgreement(group, every=1, clock=Clock())
+    assert agreement.receive() is None  # nothing in flight
+    agreement.send([step([2.0, 3.0], tokens=4)], now=101.0, preempt=False, seconds_due=False)
+    assert agreement.in_flight
+    with pytest.raises(RuntimeError, match="in flight"):  # one at a time: the ranks' collectives stay in order
+        agreement.send([step([1.0])], now=102.0, preempt=False, seconds_due=False)
+    received = agreement.receive()
+    assert received is not None and not agreement.in_flight
+    pending, agreed = received
+    assert [p.values for p in pending] == [[2.0, 3.0]]
+    assert math.isnan(agreed.steps[0].losses[0]) and agreed.steps[0].losses[1] == pytest.approx(2.0)
+    assert (agreed.preempt, agreed.seconds_due, agreed.rank_step_s) == (
+        waited.preempt,
+        waited.seconds_due,
+        waited.rank_step_s,
+    )
+
+
+def test_a_session_ending_on_an_error_drops_the_agreement_in_flight_unread() -> None:
+    agreement = RankAgreement(Group(), every=1, clock=Clock())
+    agreement.send([step([1.0])], now=101.0, preempt=False, seconds_due=False)
+    agreement.close()
+    assert not agreement.in_flight and agreement.receive() is None

@@ -60,11 +60,14 @@ def test_a_nan_on_one_rank_rolls_every_rank_back(tmp_path: Path, agree_every: in
     assert unhealthy["step"] == 6 and unhealthy["micro_batch"] == 1  # the ranks' mean of that micro-batch: NaN
 
 
-@pytest.mark.parametrize(("agree_every", "stop"), [(1, 7), pytest.param(4, 8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("agree_every", "stop"), [(1, 8), pytest.param(4, 8, marks=pytest.mark.slow)])
 def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_saved_step(
     tmp_path: Path, agree_every: int, stop: int
 ) -> None:
-    """SIGTERM during step 7 on rank 1: every rank stops at the next agreement (step 7, or 8 agreeing every 4)."""
+    """SIGTERM during step 7 on rank 1: every rank stops at the same step and saves it (nothing lost).
+
+    Agreeing at every step, step 7's agreement is read at step 8's boundary, which then waits for its
+    own agreement and stops there; agreeing every 4, the agreement of step 8 (a checkpoint is due) stops."""
     assert torchrun("signal", tmp_path, agree_every) != 0  # each rank exited 75; torchrun reports a failure
     first, second = ranks(tmp_path)
     assert first == second and first["step"] == stop
@@ -127,14 +130,14 @@ def backend_steps(home: Path, job: int) -> int:
     return int(spec.args["steps"])
 
 
-def tinylm(strategy: str, name: str) -> Any:
+def tinylm(strategy: str, name: str, agree_every: int = 4) -> Any:
     return parse_spec(
         {
             "name": name,
             "entrypoint": "gpufleet.workloads.tinylm:train",
             "args": {**TINY, "steps": 30},
             "resources": {"nodes": 1, "gpus": 2, "cpus": 2},
-            "distributed": {"strategy": strategy, "timeout_seconds": 120},
+            "distributed": {"strategy": strategy, "timeout_seconds": 120, "agree_every": agree_every},
             "checkpoint": {"every_steps": 5, "grace_seconds": 60},
             "max_restarts": 10,
         }
@@ -146,10 +149,16 @@ def final_state(home: Path, job: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize(
+    ("strategy", "agree_every"),
+    # DDP at the default agreement in `make soak`: FSDP covers it here, DDP agreeing at every step the lag.
+    [pytest.param("ddp", 4, marks=pytest.mark.slow), ("fsdp", 4), pytest.param("ddp", 1, id="ddp-agree-every-step")],
+)
 def test_a_group_preempted_three_times_ends_bit_identical(
-    strategy: str, home: Path, monkeypatch: pytest.MonkeyPatch
+    strategy: str, agree_every: int, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Agreeing at every step, each agreement is read a step late (``RankAgreement.send``): a SIGTERM is
+    acted on one step later, on a step the ranks judged first, and still nothing is lost or changed."""
     monkeypatch.setenv("GPUFLEET_LOG_EVERY_S", "0")
     monkeypatch.setenv("GPUFLEET_LOCAL_SLOTS", "2")
     backend = LocalBackend(home, spawn=False)
@@ -157,7 +166,11 @@ def test_a_group_preempted_three_times_ends_bit_identical(
     try:
         targets = random.Random(13).sample(range(3, 26), 3)
         straight, cut = straight_and_preempted(
-            backend, scheduler, tinylm(strategy, "straight"), tinylm(strategy, "cut"), targets
+            backend,
+            scheduler,
+            tinylm(strategy, "straight", agree_every),
+            tinylm(strategy, "cut", agree_every),
+            targets,
         )
     finally:
         scheduler.shutdown(grace_s=30)
@@ -165,6 +178,14 @@ def test_a_group_preempted_three_times_ends_bit_identical(
     assert job.state == "completed" and job.restarts == 3, job.reason
     assert [a.outcome for a in backend.store.attempts(cut)] == ["preempted"] * 3 + ["completed"]
     assert_bitwise_equal(final_state(home, cut), final_state(home, straight), strategy)
+    steps = backend.store.events(cut, kinds=["step"])
+    for n in (1, 2, 3):  # no step lost: a preempted attempt saved its last step, and the next one went on from it
+        took = [e.data["step"] for e in steps if e.attempt == n]
+        later = [e.data["step"] for e in steps if (e.attempt or 0) > n]
+        saved = [e.data["step"] for e in backend.store.events(cut, kinds=["checkpoint"]) if e.attempt == n]
+        if took:  # (an attempt preempted as it started, its target already passed, takes none)
+            going_on = [took[-1] + 1] if took[-1] < backend_steps(home, cut) else []
+            assert saved and took[-1] == max(saved) and later[:1] == going_on, (n, took[-1], saved, later[:1])
     usages = store_usages(backend.store, job_ids=[cut])
     assert len(usages) == 4 and all(u.gpus == 2 for u in usages)  # GPU-hours = wall x 2 ranks
 
