@@ -6,15 +6,17 @@ A moto S3 server (its server mode, a separate process on 127.0.0.1) holds ``--gi
 bytes in ``--files`` objects. Each round, interleaved, measures on the same disk:
 
 - source read: every object read through s3fs with ``--workers`` readers, bytes dropped;
-- stage: ``gpufleet.data`` staging the bucket cold into a fresh folder under ``--dir`` (hash
-  against the ETag, temporary file, fsync, rename, manifest);
+- stage: ``gpufleet.data`` staging the bucket cold into a fresh folder under ``--dir`` (one
+  ``GetObject`` per object, its bytes hashed against the object's own checksum, temporary file,
+  fsync, rename, manifest);
 - disk: fio's sequential write (1 MiB blocks, direct I/O where the file system takes it) in ``--dir``.
 
 Target (the data-path issue): the median staging rate at least 0.8 of the slower of the medians of
 the other two. The table also gives the CPU-seconds per GiB each path cost this process (the client)
-and the server: on a machine of two cores where the server shares the CPU, staging's extra client
-work (the checksum, the copy into an aligned buffer, the writes and fsyncs) takes CPU from the server,
-and the rates say so.
+and the server: on a machine of two cores where the server shares the CPU, every CPU-second the
+client spends per GiB is taken from the server, and the rates say so. The source read pays for one
+CRC32 too: botocore checks a whole-object read against the object's checksum (these objects are one
+read block each), as staging does once with its own hash.
 """
 
 from __future__ import annotations

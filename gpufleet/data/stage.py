@@ -3,9 +3,10 @@
 For each source of a spec's ``data`` block, :class:`Stager` lists the files (one file, or every file
 under a prefix), then for each file either reuses a verified copy or copies it:
 
-* **checked**: a file is copied to a temporary name in its folder while it is hashed, and renamed
-  to its place only when the bytes read equal the size the store listed and the digest equals the
-  store's own checksum (an S3 ETag of a single-part upload and a GCS ``md5Hash`` are MD5s). Where the
+* **checked**: a file is copied to a temporary name in its folder while it is hashed
+  (:func:`gpufleet.data.transfer.copy_verified`), and renamed to its place only when the bytes read equal
+  the size the store listed and the digest equals the store's own checksum (an S3 object's full-object
+  CRC32 from its ``GetObject`` answer, else a single-part upload's ETag; a GCS ``md5Hash``). Where the
   store gives none, the SHA-256 of the first copy is written to the manifest and later copies are
   checked against the file's identity (size and version: ETag, or modification time) instead;
 * **resumable**: the manifest (one JSON line per verified file, appended as each is renamed) says
@@ -26,89 +27,46 @@ under a prefix), then for each file either reuses a verified copy or copies it:
   to a link-local or cloud metadata address is refused before anything is read
   (:func:`gpufleet.spec.sources.check_resolved_hosts`).
 
-A bad source (nothing listed, no access, a file that changed size during the copy, a checksum
-mismatch, an object key that would land outside its folder) raises :class:`StageError` naming the
-file; whatever was half-copied stays under a temporary name and is removed by the next run.
+A bad source (nothing listed, no access, a file that changed size during the copy, an object replaced
+since it was listed, a checksum mismatch, an object key that would land outside its folder) raises
+:class:`StageError` naming the file; whatever was half-copied stays under a temporary name and is
+removed by the next run.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import fcntl
-import hashlib
 import json
-import mmap
 import os
 import re
 import stat
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.errors import GpufleetError
+from gpufleet.data.transfer import (
+    CHUNK,
+    HASHES,
+    PART,
+    Listed,
+    StageError,
+    copy_verified,
+    new_hash,
+    reason,
+)
 from gpufleet.extras import require
 from gpufleet.spec import DataPolicy, DataSource
 from gpufleet.spec.sources import check_relative, check_resolved_hosts, package_hint, split_source
 
-CHUNK = 8 << 20
-"""Bytes read, hashed and written at a time (and the read-ahead block of a remote file)."""
-PART = ".gfpart-"
-"""Infix of a file being copied: ``.<name>.gfpart-<pid>-<thread>``, renamed when verified."""
 META = ".gpufleet"
 """Folder, inside the job's data folder, of the manifests, the lock and the attempt markers."""
 MD5_RE = re.compile(r"^[0-9a-f]{32}$")
-STORE_MODE = 0o644
-"""Permission bits of a copy of a file whose store has none (an object), before the umask."""
-
-
-class StageError(GpufleetError):
-    """Staging failed: a file named, nothing half-copied left as verified."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, file: str | None = None) -> None:
-        super().__init__(message)
-        self.file = file
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """One file of a source, as its store lists it."""
-
-    rel: str
-    """Path under the destination folder."""
-    path: str
-    """Path on its file system (what ``fs.open`` takes)."""
-    url: str
-    size: int
-    version: str
-    """What changes when the file does: the ETag, else the modification time."""
-    algo: str | None = None
-    """The store's own checksum of the content, the cheapest to check: ``crc32`` (an S3 full-object
-    checksum), ``sha256``, ``sha1`` or ``md5`` (an S3 single-part ETag, a GCS md5Hash); ``None``: none."""
-    digest: str | None = None
-    """That checksum in hex."""
-    md5: str | None = None
-    """The content's MD5 when the store gives it: what names a blob of the shared cache."""
-    protocol: str = "file"
-    mode: int | None = None
-    """The source file's permission bits (a local file); ``None`` where the store has none."""
-
-    @property
-    def identity(self) -> str:
-        return f"{self.url}|{self.size}|{self.version}"
-
-    @property
-    def copy_mode(self) -> int:
-        """The widest permission bits a copy of this file may have: the source's own, else :data:`STORE_MODE`."""
-        return STORE_MODE if self.mode is None else self.mode
 
 
 @dataclass(slots=True)
@@ -202,7 +160,7 @@ def open_source(source: DataSource) -> tuple[Any, str, str]:
         fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
         fs.invalidate_cache()
     except Exception as err:  # noqa: BLE001 - a file system that cannot start: say which, and why
-        raise StageError(f"cannot open {source.source}: {_reason(err)}", file=source.source) from None
+        raise StageError(f"cannot open {source.source}: {reason(err)}", file=source.source) from None
     return fs, protocol, path.rstrip("/") if protocol != "file" else path
 
 
@@ -243,7 +201,7 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
     except FileNotFoundError:
         raise StageError(f"data source {source.source} does not exist (no such key, prefix or file)") from None
     except Exception as err:  # noqa: BLE001 - credentials, network, permissions: the store's own words
-        raise StageError(f"cannot list data source {source.source}: {_reason(err)}", file=source.source) from None
+        raise StageError(f"cannot list data source {source.source}: {reason(err)}", file=source.source) from None
     listed: list[Listed] = []
     for path, meta in found.items():
         if meta.get("type", "file") != "file" or path.endswith("/"):
@@ -277,79 +235,6 @@ def list_source(source: DataSource) -> tuple[Any, list[Listed]]:
         raise StageError(f"data source {source.source} holds no files", file=source.source)
     listed.sort(key=lambda item: item.rel)
     return fs, listed
-
-
-S3_CHECKSUMS = (("ChecksumCRC32", "crc32"), ("ChecksumSHA256", "sha256"), ("ChecksumSHA1", "sha1"))
-"""S3's full-object checksums this module can check, cheapest first (CRC32 with zlib: about three
-times the speed of MD5 here, and verifying is what bounds a copy on a machine of few cores)."""
-
-
-def _with_checksum(item: Listed, found: dict[str, Any] | None) -> Listed:
-    """``item`` with the first full-object checksum of a ``HeadObject`` answer this module can check."""
-    if found is None or found.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
-        return item
-    for field_name, algo in S3_CHECKSUMS:
-        value = found.get(field_name)
-        if isinstance(value, str) and "-" not in value:
-            with contextlib.suppress(ValueError):
-                return replace(item, algo=algo, digest=base64.b64decode(value, validate=True).hex())
-    return item
-
-
-def prefetch_checksums(fs: Any, listed: list[Listed]) -> dict[str, Future[dict[str, Any] | None]]:
-    """Ask S3 for each object's own full-object checksum (``HeadObject`` with ``ChecksumMode``), in the background.
-
-    SDKs store a CRC32 (or a CRC64NVME, a CRC32C, a SHA) with every object they upload; an object without
-    one this module can check (older uploads, composite multipart checksums) keeps the ETag's MD5, or
-    none. The requests go out at once, in listing order, on fsspec's event loop, while the workers copy:
-    a worker waits only for its own file's answer. Empty for other stores.
-    """
-    if not listed or listed[0].protocol not in ("s3", "s3a"):
-        return {}
-    import asyncio
-
-    limit = asyncio.Semaphore(16)  # bound to fsspec's loop at its first use
-
-    async def head(item: Listed) -> dict[str, Any] | None:
-        bucket, key, version = fs.split_path(item.path)
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}
-        if version:
-            kwargs["VersionId"] = version
-        try:
-            async with limit:
-                return dict(await fs._call_s3("head_object", **kwargs))
-        except Exception:  # noqa: BLE001 - no checksum then: the ETag (or a manifest) checks the copy
-            return None
-
-    return {item.path: asyncio.run_coroutine_threadsafe(head(item), fs.loop) for item in listed}
-
-
-class _Crc32:
-    """``zlib.crc32`` behind hashlib's interface (S3's CRC32 is the same polynomial)."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: bytes) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def hexdigest(self) -> str:
-        return f"{self.value:08x}"
-
-
-def new_hash(algo: str) -> Any:
-    """A hasher for a checksum name this module writes: ``crc32``, or any of hashlib's."""
-    return _Crc32() if algo == "crc32" else hashlib.new(algo)
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    name = type(err).__name__
-    if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return f"{text}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile) for the job"
-    if isinstance(err, PermissionError):
-        return f"access denied ({text}): check the job's credentials"
-    return text[:300]
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,7 +294,7 @@ def default_cache(home: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# Copying one file
+# Files on disk: hashes, modes, temporary names, links
 # --------------------------------------------------------------------------------------------
 
 
@@ -436,134 +321,6 @@ def _stat_key(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_size, st.st_mtime_ns
-
-
-ALIGN = 4096
-"""O_DIRECT writes: buffer address, file offset and length a multiple of this (any logical block size up to 4 KiB)."""
-
-
-_THREAD = threading.local()
-
-
-def _aligned_buffer() -> mmap.mmap:
-    """This thread's page-aligned buffer of ``CHUNK`` bytes, made once: a fresh one per file would fault in
-    (and zero) every page again, a cost as large as the copy itself."""
-    buffer: mmap.mmap | None = getattr(_THREAD, "buffer", None)
-    if buffer is None:
-        buffer = _THREAD.buffer = mmap.mmap(-1, CHUNK)
-    return buffer
-
-
-class _Sink:
-    """The file a copy is written to: with ``O_DIRECT`` where the file system takes it, else through the page cache.
-
-    Direct I/O skips the kernel's copy into the page cache, which here costs as much CPU as reading from
-    the store (the copy halves on two busy cores); a chunk is copied once into an aligned buffer and the
-    disk reads it from there. The first unaligned chunk (the file's tail, a short read) turns ``O_DIRECT``
-    off for the rest of the file, as does a file system that accepts the flag at open and refuses the write.
-    """
-
-    def __init__(self, path: Path, mode: int = STORE_MODE) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        direct = getattr(os, "O_DIRECT", 0)
-        self.fd = -1
-        self.buffer: mmap.mmap | None = None
-        if direct:
-            with contextlib.suppress(OSError):
-                self.fd = os.open(path, flags | direct, mode)
-                self.buffer = _aligned_buffer()
-        if self.fd < 0:
-            self.fd = os.open(path, flags, mode)
-        held = stat.S_IMODE(os.fstat(self.fd).st_mode)
-        if held & ~mode:  # a file left under this name: O_CREAT kept its old mode
-            os.fchmod(self.fd, held & mode)
-
-    def write(self, chunk: bytes) -> None:
-        n = len(chunk)
-        if self.buffer is not None and n <= CHUNK and n % ALIGN == 0:
-            view = memoryview(self.buffer)
-            try:
-                view[:n] = chunk
-                try:
-                    self._write_all(view[:n])
-                    return
-                except OSError as err:
-                    if err.errno != errno.EINVAL:
-                        raise
-            finally:
-                view.release()
-        if self.buffer is not None:
-            self._buffered()
-        self._write_all(memoryview(chunk))
-
-    def _buffered(self) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
-        self.buffer = None
-
-    def _write_all(self, data: memoryview) -> None:
-        done = 0
-        while done < len(data):
-            done += os.write(self.fd, data[done:])
-
-    def close(self, *, sync: bool) -> None:
-        try:
-            if sync:
-                os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
-            self.buffer = None
-
-
-def copy_verified(fs: Any, item: Listed, folder: Path, progress: Callable[[int], None]) -> tuple[Path, str, str]:
-    """Copy ``item`` into ``folder`` under a temporary name, hashing as it goes; check size and digest.
-
-    Returns ``(temporary path, algorithm, digest)``: the caller renames it into place. On any
-    failure the temporary file is removed and ``StageError`` names the file.
-    """
-    algo = item.algo or "sha256"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{item.rel.rsplit('/', 1)[-1][:180]}{PART}{os.getpid()}-{threading.get_ident()}"
-    h = new_hash(algo)
-    read = 0
-    try:
-        with fs.open(item.path, "rb", block_size=CHUNK, cache_type="none") as src:
-            out = _Sink(tmp, item.copy_mode)
-            try:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    read += len(chunk)
-                    progress(len(chunk))
-                    if read > item.size:
-                        break
-            except BaseException:
-                out.close(sync=False)
-                raise
-            out.close(sync=True)
-    except StageError:
-        tmp.unlink(missing_ok=True)
-        raise
-    except Exception as err:  # noqa: BLE001 - the store's or the disk's error, with the file it hit
-        tmp.unlink(missing_ok=True)
-        words = _reason(err)
-        if "checksum" in words.lower():
-            words = f"checksum mismatch reported by the client ({words})"
-        raise StageError(f"{item.url}: copy failed: {words}", file=item.url) from None
-    if read != item.size:
-        tmp.unlink(missing_ok=True)
-        raise StageError(
-            f"{item.url} changed size during the copy: listed {item.size:,} bytes, read "
-            f"{read:,}{' or more' if read > item.size else ''}",
-            file=item.url,
-        )
-    digest = str(h.hexdigest())
-    if item.digest is not None and digest != item.digest:
-        tmp.unlink(missing_ok=True)
-        raise StageError(
-            f"{item.url}: checksum mismatch: the store says {algo} {item.digest}, the bytes read hash to {digest}",
-            file=item.url,
-        )
-    return tmp, algo, digest
 
 
 def _sweep_parts(folder: Path) -> None:
@@ -608,7 +365,6 @@ class Stager:
         self._done = 0
         self._total = 0
         self._lock = threading.Lock()
-        self._heads: dict[str, Future[dict[str, Any] | None]] = {}
 
     def _advance(self, n: int) -> None:
         with self._lock:
@@ -646,7 +402,6 @@ class Stager:
         if shared:
             _sweep_parts(self.cache_root / "blobs")
         one = self._one_shared if shared else self._one_scratch
-        self._heads = {} if shared else prefetch_checksums(fs, listed)  # shared blobs are named by the MD5
         try:
             with ThreadPoolExecutor(max_workers=self.policy.workers, thread_name_prefix="gpufleet-stage") as pool:
                 futures = {pool.submit(one, fs, item, dest, manifest): item for item in listed}
@@ -666,24 +421,21 @@ class Stager:
                         future.cancel()
                     raise
         finally:
-            for pending in self._heads.values():
-                pending.cancel()
-            self._heads = {}
             manifest.close()
 
     # -- scratch: files in the job's folder, one manifest per destination --------------------
 
     def _one_scratch(self, fs: Any, item: Listed, dest: Path, manifest: Manifest) -> tuple[bool, str]:
-        head = self._heads.get(item.path)
-        if head is not None:
-            item = _with_checksum(item, head.result())
         final = dest / item.rel
         entry = manifest.entries.get(item.rel)
         algo = item.algo or "sha256"
         stat = _stat_key(final)
         if stat is not None and stat[0] == item.size:
             narrow_mode(final, item.copy_mode)
-            if entry is not None and entry.get("identity") == item.identity and entry.get("algo") == algo:
+            if entry is not None and entry.get("identity") == item.identity and entry.get("algo") in HASHES:
+                # The same object (its ETag is in the identity), checked at its copy by the checksum the
+                # copy found (the object's own CRC32 comes only with its content): check it again by that.
+                algo = str(entry["algo"])
                 if self.policy.verify == "stat" and [entry.get("size"), entry.get("mtime_ns")] == list(stat):
                     return False, algo
                 if _hash_file(final, algo) == entry.get("digest"):
@@ -742,7 +494,7 @@ class Stager:
                         index.add(item.identity, blob=name, size=stat[0], mtime_ns=stat[1])
                     _place(blob, dest / item.rel)
                     return False, algo
-        tmp, algo, digest = copy_verified(fs, item, blobs / ".incoming", self._advance)
+        tmp, algo, digest = copy_verified(fs, item, blobs / ".incoming", self._advance, store_checksum=False)
         name = f"{algo}-{digest}"
         blob = blobs / digest[:2] / name
         blob.parent.mkdir(parents=True, exist_ok=True)
@@ -792,6 +544,5 @@ __all__ = [
     "list_source",
     "locked",
     "open_source",
-    "prefetch_checksums",
     "stage_for_attempt",
 ]
