@@ -2,7 +2,8 @@
 
 A JobSpec's ``data`` block lists sources (a local path, ``s3://bucket/prefix``, any fsspec URL) and
 the folder each lands in under ``$GPUFLEET_DATA_DIR``. :mod:`gpufleet.data.stage` copies them, in
-parallel and checked, once per attempt; :mod:`gpufleet.data.stage_in` is what every rank runs first.
+parallel and checked, once per attempt (one object's checked copy is :mod:`gpufleet.data.transfer`);
+:mod:`gpufleet.data.stage_in` is what every rank runs first.
 
 Floor 8 of the layers (the Layout in docs/architecture.md): imports only the leaves (errors, paths,
 yamlio, fmt, units, ...), spec/, tables.py, jobs/, estimate/, iobench/, telemetry/, runtime/, cost/.
