@@ -94,8 +94,13 @@ def _schema(path: Path) -> dict[str, list[tuple[str, str, int]]]:
 
 
 def test_migration_list_matches_schema_version() -> None:
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 3
-    assert [m.__name__ for m in MIGRATIONS] == ["_create_tables", "_add_backend_ref", "_index_jobs"]
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 4
+    assert [m.__name__ for m in MIGRATIONS] == [
+        "_create_tables",
+        "_add_backend_ref",
+        "_index_jobs",
+        "_index_open_requests",
+    ]
 
 
 def test_a_page_of_jobs_is_read_through_the_jobs_indexes(tmp_path: Path) -> None:
@@ -105,6 +110,7 @@ def test_a_page_of_jobs_is_read_through_the_jobs_indexes(tmp_path: Path) -> None
         for sql, args in (
             ("SELECT COUNT(*) FROM jobs WHERE team=?", ("a",)),
             ("SELECT * FROM jobs WHERE state IN (?) ORDER BY id DESC LIMIT 50", ("queued",)),
+            ("SELECT 1 FROM requests WHERE handled_at IS NULL LIMIT 1", ()),
         )
     }
     assert all("USING" in plan and "INDEX" in plan for plan in plans.values()), plans
@@ -212,3 +218,22 @@ def test_states_and_outcomes_equal_their_strings() -> None:
     assert TERMINAL == ("completed", "failed", "cancelled")
     assert json.dumps({"state": JobState.RUNNING, "outcome": Outcome.LOST}) == '{"state": "running", "outcome": "lost"}'
     assert f"{Outcome.REQUEUED}" == "requeued"
+
+
+def test_the_queue_is_walked_a_page_at_a_time_in_serving_order(tmp_path: Path) -> None:
+    """Priority first, then age, across pages; jobs that start between two pages are not given again."""
+    store = Store(tmp_path / "state.db")
+    db = store._db
+    for i in range(1, 12):
+        db.execute(
+            "INSERT INTO jobs (id, name, team, priority, backend, state, spec, submitted_at, updated_at)"
+            " VALUES (?, ?, 't', ?, 'local', 'queued', '{}', 0, 0)",
+            (i, f"j{i}", i % 3),
+        )
+    db.execute("UPDATE jobs SET state='completed' WHERE id=11")
+    order = sorted(range(1, 11), key=lambda i: (-(i % 3), i))
+    assert list(store.queued_ids(page=3)) == order == list(store.queued_ids())
+    walk = store.queued_ids(page=3)
+    first = [next(walk) for _ in range(3)]
+    db.execute("UPDATE jobs SET state='running' WHERE id IN (?, ?)", (first[0], order[5]))
+    assert first + list(walk) == [i for i in order if i != order[5]]
