@@ -17,6 +17,9 @@ The real server then runs as a subprocess (``python -m gpufleet.cli serve --no-t
 --webhook-secret-file SECRET`` on a free loopback port), with a monitor file naming one model whose
 retraining JobSpec is the toy workload. Two measurements:
 
+- cold: one GET of each route in turn, as soon as the server answers: what the first viewer waits for
+  (the server's first ``/api/cost`` prices every job its cost cache lacks, all of them in a new home),
+  reported apart, so that the load below measures the server as it runs;
 - load: ``--requests`` GETs from ``--clients`` threads, each on one keep-alive connection, spread
   evenly and shuffled over ``/``, ``/api/fleet``, ``/api/jobs``, ``/api/jobs/{id}`` (a random job)
   and ``/api/cost``: per route and overall, the count, the errors (non-200 answers and exceptions),
@@ -34,7 +37,8 @@ retraining JobSpec is the toy workload. Two measurements:
   with the half-open connections and the uploads (status, bytes it let in), and whether it still
   answers ``GET /api/jobs`` at the end.
 
-Target: no error under load (calm and hostile), exactly one 202, exactly one retraining job, a peak RSS
+Target: no error under load (calm and hostile), a calm p95 and p99 within ``P95_TARGET_MS`` and
+``P99_TARGET_MS`` (set for the default 200 jobs), exactly one 202, exactly one retraining job, a peak RSS
 under ``RSS_TARGET`` times the calm run's, a server that still answers.
 """
 
@@ -86,6 +90,9 @@ HOSTILE_ROUTES = ("/api/registry/x/promote", "/hooks/alerts")
 UPLOAD_CHUNK = 256 << 10
 RSS_TARGET = 1.5
 """The hostile run's peak RSS may be at most this many times the calm run's."""
+P95_TARGET_MS = 50.0
+P99_TARGET_MS = 150.0
+"""The calm load's overall latency percentiles at 200 jobs (issue 34)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +369,16 @@ def client(port: int, work: Sequence[tuple[str, str]], out: list[Sample]) -> Non
         conn.close()
 
 
+def first_answers(port: int) -> dict[str, dict[str, Any]]:
+    """One GET of each route, in turn (job 1 for ``/api/jobs/{id}``): its status and milliseconds."""
+    out = {}
+    for route in ROUTES:
+        t0 = time.perf_counter()
+        status = get(port, route.replace("{id}", "1"))
+        out[route] = {"status": status, "ms": (time.perf_counter() - t0) * 1000}
+    return out
+
+
 def load(port: int, requests: int, clients: int, jobs: int) -> tuple[list[Sample], float]:
     """``requests`` GETs shared by ``clients`` threads: the samples and the wall time they took."""
     rng = random.Random(1)
@@ -601,6 +618,7 @@ def main(argv: Sequence[str]) -> int:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live scheduler's lock: none is started
             proc, port = start_server(home, monitor, folder / "webhook.secret", folder / "serve.log", args.cache)
             try:
+                cold = first_answers(port)
                 common.progress(f"server up on port {port}: {args.requests} requests from {args.clients} clients")
                 samples, load_s = load(port, args.requests, args.clients, args.jobs)
                 calm_memory = memory_kib(proc.pid)
@@ -634,7 +652,7 @@ def main(argv: Sequence[str]) -> int:
     per_route = {r: figures([s for s in samples if s.route == r]) for r in ROUTES}
     overall = figures(samples)
     missing = args.requests - len(samples)
-    errors = overall["errors"] + missing
+    errors = overall["errors"] + missing + sum(1 for c in cold.values() if c["status"] != 200)
     statuses = Counter("error" if status is None else str(status) for status, _ in replies)
     accepted = [reply for status, reply in replies if status == 202]
     rate = len(samples) / load_s
@@ -664,6 +682,7 @@ def main(argv: Sequence[str]) -> int:
         "clients": args.clients,
         "load_seconds": load_s,
         "requests_per_s": rate,
+        "cold": cold,
         "routes": per_route,
         "overall": overall,
         "missing": missing,
@@ -686,17 +705,23 @@ def main(argv: Sequence[str]) -> int:
         ["route", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "max ms"],
         [*(row(r, f) for r, f in per_route.items()), row("all", overall)],
     )
+    first = ", ".join(f"{r} {c['ms']:,.0f} ms" + ("" if c["status"] == 200 else f" ({c['status']})")
+                      for r, c in cold.items())  # fmt: skip
+    table += f"\nfirst answers, one at a time, before the load: {first}"
     table += "\n\n" + hostile_table(overall, hostile_result)
     shown = ", ".join(f"{n} x {s}" for s, n in sorted(statuses.items()))
     verdict = (
         f"{errors} error(s) in {args.requests} requests, {rough_errors} beside hostile clients (p99 x "
         f"{hostile_result['p99_ratio']:.2f}, peak RSS x {rss_ratio:.2f}, "
-        f"{'still answers' if answers_at_end else 'NO LONGER ANSWERS'}); {args.deliveries} identical deliveries "
-        f"answered {shown}, {len(retrain_jobs)} retraining job(s) (target: no error, RSS under x{RSS_TARGET:g}, "
-        "one 202, one job)"
+        f"{'still answers' if answers_at_end else 'NO LONGER ANSWERS'}); p95 {overall['p95_ms']:,.1f} ms, "
+        f"p99 {overall['p99_ms']:,.1f} ms; {args.deliveries} identical deliveries "
+        f"answered {shown}, {len(retrain_jobs)} retraining job(s) (target: no error, p95 <= {P95_TARGET_MS:g} ms, "
+        f"p99 <= {P99_TARGET_MS:g} ms, RSS under x{RSS_TARGET:g}, one 202, one job)"
     )
+    fast = overall["p95_ms"] <= P95_TARGET_MS and overall["p99_ms"] <= P99_TARGET_MS
     ok = (
         errors == 0
+        and fast
         and rough_errors == 0
         and rss_ratio < RSS_TARGET
         and answers_at_end

@@ -67,7 +67,8 @@ def serve_command(
         float,
         typer.Option(
             "--cache",
-            help="Seconds the job list, fleet and cost views may be reused (0: rebuild each).",
+            help="Seconds the job list, fleet and cost views may be reused (0: rebuild each); a view in use is "
+            "rebuilt in the background shortly before it expires, so it is never served older.",
             min=0,
             max=3600,
         ),

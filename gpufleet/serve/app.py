@@ -15,7 +15,11 @@ submit the retraining job the monitor file names for the model, once per key.
 
 The pages (``/``, ``/jobs/{id}``, ``/cost``, ``/quality``) are static HTML and one script that reads
 the API, so what a person sees is what a program gets. Every route reads the store afresh, so the
-server needs no restart when jobs come and go, and a route never holds the store between requests.
+server needs no restart when jobs come and go: each thread keeps one connection in autocommit mode
+(:mod:`gpufleet.serve.stores`), which sees every commit and holds no transaction between requests.
+The heavy views are built at most once per ``--cache`` seconds (:class:`ViewCache`) and kept as the
+encoded bytes served (:mod:`gpufleet.serve.body`): a request that finds one fresh is answered on the
+event loop, without a thread, a validation or an encoding.
 The page of a job that is not there (or of an id that is no job id) is a 404 page saying so, with the
 way back to the fleet; the API still answers such a request with its JSON 404.
 
@@ -29,6 +33,7 @@ does not answer 503 (504 when it was waited for), with the body ``{"detail": mes
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -46,11 +51,13 @@ from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import JOBS_PAGE, Store
 from gpufleet.paths import has_store, state_db
 from gpufleet.serve.auth import action_refusal
+from gpufleet.serve.body import JsonEncoder, json_response
 from gpufleet.serve.cache import ViewCache
 from gpufleet.serve.fleet_view import fleet_view
 from gpufleet.serve.guard import MAX_BODY_BYTES, Guard, accepted_hosts
 from gpufleet.serve.limits import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from gpufleet.serve.series import series_view
+from gpufleet.serve.stores import forget_thread_stores, thread_store
 from gpufleet.serve.timeline import Bucket
 
 with required("fastapi", "serve", "gpufleet serve"):
@@ -109,7 +116,8 @@ class ServeConfig:
 
 
 def _store(home: Path) -> Store | None:
-    return Store(state_db(home)) if has_store(home) else None
+    """The home's store as this thread keeps it (:mod:`gpufleet.serve.stores`): never to be closed by a route."""
+    return thread_store(state_db(home))
 
 
 def _job_store(home: Path, job_id: int) -> Store:
@@ -121,6 +129,20 @@ def _job_store(home: Path, job_id: int) -> Store:
     except NotFound:
         raise NotFound(f"no job {job_id} in this home (GET /api/jobs lists them)") from None
     return store
+
+
+def cost_view(home: Path, *, team: str | None, since: float | None, period: str) -> dict[str, Any]:
+    """``gpufleet cost --json`` of ``team``'s jobs that ran since ``since`` (``None``: all), with the ``period`` asked.
+
+    Ended jobs are read from the cost cache (:func:`gpufleet.cost.gather.cost_summary`), so a build costs the
+    jobs that changed, not the jobs there are."""
+    from gpufleet.cost.gather import cost_summary
+
+    store = _store(home)
+    if store is None:
+        return {"currency": None, "total": None, "teams": {}, "jobs": [], "note": None, "period": period}
+    summary = cost_summary(store, team=team, since=since, limit=0, with_json=True)
+    return {**summary.to_dict(), "period": period}
 
 
 def quality_homes(home: Path) -> list[tuple[str, Path]]:
@@ -176,7 +198,10 @@ STATIC_FILES = frozenset(
 """The files ``/static/{name}`` serves: the package's own, listed once; any other name is a 404, never a path."""
 
 
+@functools.cache
 def _static(name: str) -> str:
+    """A file of the package's ``static`` folder (only :data:`STATIC_FILES` and ``page.html`` are asked for),
+    read once: every page is this template, and the fleet page is asked for every few seconds by each viewer."""
     return resources.files("gpufleet.serve").joinpath("static", name).read_text(encoding="utf-8")
 
 
@@ -221,6 +246,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     home = cfg.home
     cache = ViewCache(cfg.cache_s)
     stop = threading.Event()
+    warmed = threading.Event()
+    warmed.set()  # cleared while the server warms up (its lifespan), if it does
     receiver = _receiver(cfg)
 
     @asynccontextmanager
@@ -233,12 +260,16 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
             monitor = StandingMonitor(load_monitor_config(cfg.monitor), home)
             threads.append(threading.Thread(target=monitor.run_forever, args=(stop,), daemon=True, name="monitor"))
+        warmed.clear()
+        threads.append(threading.Thread(target=_warm_up, args=(home, warmed), daemon=True, name="warm-up"))
         for t in threads:
             t.start()
         yield
         stop.set()
+        cache.close()
         for t in threads:
-            t.join(timeout=10)
+            if t.name != "warm-up":  # it only reads, and may take long on a large store: not waited for
+                t.join(timeout=10)
 
     app = FastAPI(
         title="gpufleet",
@@ -270,7 +301,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     # ---- pages ----------------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def fleet_page() -> HTMLResponse:
+    async def fleet_page() -> HTMLResponse:  # no I/O: answered on the event loop, no thread
         return _page("gpufleet: fleet", "fleet", cfg)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
@@ -285,19 +316,19 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         return _page(f"gpufleet: job {number}", "job", cfg, job=number)
 
     @app.get("/cost", response_class=HTMLResponse, include_in_schema=False)
-    def cost_page() -> HTMLResponse:
+    async def cost_page() -> HTMLResponse:  # no I/O: answered on the event loop, no thread
         return _page("gpufleet: cost", "cost", cfg)
 
     @app.get("/quality", response_class=HTMLResponse, include_in_schema=False)
-    def quality_page() -> HTMLResponse:
+    async def quality_page() -> HTMLResponse:  # no I/O: answered on the event loop, no thread
         return _page("gpufleet: quality", "quality", cfg)
 
     @app.get("/sweeps", response_class=HTMLResponse, include_in_schema=False)
-    def sweeps_page() -> HTMLResponse:
+    async def sweeps_page() -> HTMLResponse:  # no I/O: answered on the event loop, no thread
         return _page("gpufleet: sweeps", "sweeps", cfg)
 
     @app.get("/api/docs", response_class=HTMLResponse, include_in_schema=False)
-    def api_docs_page() -> HTMLResponse:
+    async def api_docs_page() -> HTMLResponse:
         return _page("gpufleet: API", "apidocs", cfg)
 
     @app.get("/docs", include_in_schema=False)
@@ -321,23 +352,36 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         store = _store(home)  # not cached: a cache entry per unknown team is what a stream of them must not grow
         return store is not None and store.count_jobs(team=team) > 0
 
+    async def cached_json(key: tuple[Any, ...], build: Callable[[], bytes], team: str | None = None) -> Response:
+        """The encoded view of ``key``: from the cache on the event loop while it is fresh (rebuilt ahead of its
+        expiry meanwhile), else built (or waited for, while another request builds it) in a thread of the pool;
+        a view of an unknown ``team`` is not kept."""
+        body: bytes | None = cache.fresh(key, build)
+        if body is None:
+            body = await run_in_threadpool(lambda: cache.get(key, build) if known_team(team) else build())
+        return json_response(body)
+
+    jobs_json = JsonEncoder(lambda: JobsView)
+    job_json = JsonEncoder(job_view_model, exclude_unset=True)
+    fleet_json = JsonEncoder(lambda: FleetPage, exclude_unset=True)
+    any_json = JsonEncoder(lambda: dict[str, Any])
+
     @app.get("/api/jobs", tags=["jobs"], summary="gpufleet jobs --json", response_model=JobsView)
-    def api_jobs(
+    async def api_jobs(
         team: Team = None,
         state: JobState | None = None,
         limit: Limit = JOBS_PAGE,
         offset: Offset = 0,
-    ) -> dict[str, Any]:
+    ) -> Response:
         from gpufleet.views import jobs_view
 
         wanted = None if state is None else str(state)
         page = None if limit == 0 else limit
 
-        def build() -> dict[str, Any]:
-            return jobs_view(_store(home), team=team, state=wanted, limit=page, offset=offset)
+        def build() -> bytes:
+            return jobs_json(jobs_view(_store(home), team=team, state=wanted, limit=page, offset=offset))
 
-        key = ("jobs", team, wanted, page, offset)
-        return cache.get(key, build) if known_team(team) else build()
+        return await cached_json(("jobs", team, wanted, page, offset), build, team)
 
     @app.get(
         "/api/jobs/{job_id}",
@@ -346,10 +390,13 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         response_model=job_view_model(),
         response_model_exclude_unset=True,
     )
-    def api_job(job_id: JobId) -> dict[str, Any]:
+    async def api_job(job_id: JobId) -> Response:
         from gpufleet.views import job_view
 
-        return job_view(_job_store(home, job_id), home, job_id)
+        def build() -> bytes:
+            return job_json(job_view(_job_store(home, job_id), home, job_id))
+
+        return json_response(await run_in_threadpool(build))
 
     @app.get(
         "/api/jobs/{job_id}/series", tags=["jobs"], summary="Loss, tokens/s and MFU per logged step; progress and ETA"
@@ -414,28 +461,28 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         response_model=FleetPage,
         response_model_exclude_unset=True,
     )
-    def api_fleet() -> dict[str, Any]:
-        return cache.get(("fleet",), lambda: fleet_view(home))
+    async def api_fleet() -> Response:
+        return await cached_json(("fleet",), lambda: fleet_json(fleet_view(home, _store(home))))
 
-    @app.get("/api/cost", tags=["cost"], summary="gpufleet cost --json, optionally over a period")
-    def api_cost(
+    @app.get(
+        "/api/cost",
+        tags=["cost"],
+        summary="gpufleet cost --json, optionally over a period",
+        response_model=dict[str, Any],
+    )
+    async def api_cost(
         team: Team = None, period: Annotated[str, Query(max_length=MAX_QUERY_CHARS)] = "all"
-    ) -> dict[str, Any]:
-        from gpufleet.cost.gather import cost_summary
-
+    ) -> Response:
         if period not in PERIODS:
             raise HTTPException(422, f"period={period!r}: use one of {', '.join(PERIODS)}")
-        store = _store(home)
-        if store is None:
-            return {"currency": None, "total": None, "teams": {}, "jobs": [], "note": None, "period": period}
         seconds = PERIODS[period]
 
-        def build() -> dict[str, Any]:
+        def build() -> bytes:
+            warmed.wait()  # the warm-up prices what the cost cache lacks: a request waits for it, not doing it again
             since = None if seconds is None else time.time() - seconds
-            summary = cost_summary(store, team=team, since=since, limit=0, with_json=True)  # ended jobs: cached rows
-            return {**summary.to_dict(), "period": period}
+            return any_json(cost_view(home, team=team, since=since, period=period))
 
-        return cache.get(("cost", team, period), build) if known_team(team) else build()
+        return await cached_json(("cost", team, period), build, team)
 
     @app.get(
         "/api/cost/timeline",
@@ -596,15 +643,39 @@ def _receiver(cfg: ServeConfig) -> Any:
     return AlertReceiver(cfg.webhook_secret, handler, journal=journal, key_ttl_s=KEY_TTL_S)
 
 
+def _warm_up(home: Path, done: threading.Event) -> None:
+    """Bring the cost cache up to date and build each heavy view once, as the server starts; then set ``done``.
+
+    The first ``GET /api/cost`` would otherwise price every job the cost cache lacks (all of them on a
+    first start: seconds at 200 jobs, minutes at 100,000) while every viewer that asked waits, and the
+    first of each view pays for the imports and first reads of its code. The views built here are not
+    kept (the cache holds what was asked for); the cost cache (``cache/cost.db``) is. Requests for the
+    cost wait for ``done`` rather than price the same jobs a second time.
+    """
+    from gpufleet.views import jobs_view
+
+    try:
+        if has_store(home):
+            cost_view(home, team=None, since=None, period="all")
+            done.set()
+            fleet_view(home, _store(home))
+            jobs_view(_store(home))
+    except Exception as err:  # noqa: BLE001 - a request meets the same problem and answers it
+        log.debug("warming up failed: %s", err)
+    finally:
+        done.set()
+        forget_thread_stores()
+
+
 def _sync_loop(home: Path, stop: threading.Event, every_s: float = 5.0) -> None:
     """Refresh remote schedulers' jobs into the store while the server runs; one line per new problem."""
     from gpufleet.backends import sync_remote
 
     said = ""
     while not stop.wait(every_s):
-        store = _store(home)
-        if store is None:
+        if not has_store(home):
             continue
+        store = Store(state_db(home))  # its own, closed after each pass: the routes' are theirs
         try:
             sync_remote(home, store)
             said = ""

@@ -60,14 +60,24 @@ RECENT_JOBS = 100
 """The jobs updated last whose events are read for the recent ones."""
 
 
-def fleet_view(home: Path) -> dict[str, Any]:
+def fleet_view(home: Path, store: Store | None = None) -> dict[str, Any]:
     """The fleet page's data: counts by state and team, the listed jobs, the queue and why each job waits, the
-    pools and the GPUs in use, recent events."""
+    pools and the GPUs in use, recent events. ``store``: the home's, open (the server keeps one per thread);
+    ``None``: opened here for the call, where the home has one."""
     from gpufleet.views import Capacity, FleetStatus
 
     now = time.time()
     fleet = FleetStatus.read(home)
-    found, held = _from_store(home, now) if has_store(home) else (copy.deepcopy(NO_JOBS), {})
+    if store is not None:
+        found, held = _from_store(store, now)
+    elif has_store(home):
+        own = Store(state_db(home))
+        try:
+            found, held = _from_store(own, now)
+        finally:
+            own.close()
+    else:
+        found, held = copy.deepcopy(NO_JOBS), {}
     capacity = Capacity.read(home, fleet, list(held.values()))
     return {**found, "fleet": fleet.to_json(), "capacity": capacity.to_json(), "generated_at": now}
 
@@ -84,32 +94,27 @@ NO_JOBS: dict[str, Any] = {
 """The page's store part where the home has no store yet (a read never creates one)."""
 
 
-def _from_store(home: Path, now: float) -> tuple[dict[str, Any], dict[int, tuple[str, int]]]:
+def _from_store(store: Store, now: float) -> tuple[dict[str, Any], dict[int, tuple[str, int]]]:
     """The page's store part, and each running job's backend and GPUs held."""
     from gpufleet.views import FleetJobRow, QueueRow
 
-    store = Store(state_db(home))
-    try:
-        states, teams = job_counts(store)
-        held = held_gpus(store)
-        listed = listed_jobs(store)
-        rows = [FleetJobRow.read(store, j, now, held=held.get(j.id, (j.backend, 0))[1]) for j in listed]
-        queued = sorted((j for j in listed if j.state == JobState.QUEUED), key=lambda j: (-j.priority, j.id))
-        found = {
-            "jobs": [r.to_json() for r in rows],
-            "jobs_total": sum(states.values()),
-            "states": dict(states),
-            "teams": {t: dict(c) for t, c in sorted(teams.items())},
-            "queue": [
-                QueueRow(id=j.id, name=j.name, team=j.team, priority=j.priority, reason=j.reason).to_json()
-                for j in queued
-            ],
-            "queue_total": states.get(JobState.QUEUED, 0),
-            "recent": recent_events(store, RECENT_EVENTS, RECENT_JOBS),
-        }
-        return found, held
-    finally:
-        store.close()
+    states, teams = job_counts(store)
+    held = held_gpus(store)
+    listed = listed_jobs(store)
+    rows = [FleetJobRow.read(store, j, now, held=held.get(j.id, (j.backend, 0))[1]) for j in listed]
+    queued = sorted((j for j in listed if j.state == JobState.QUEUED), key=lambda j: (-j.priority, j.id))
+    found = {
+        "jobs": [r.to_json() for r in rows],
+        "jobs_total": sum(states.values()),
+        "states": dict(states),
+        "teams": {t: dict(c) for t, c in sorted(teams.items())},
+        "queue": [
+            QueueRow(id=j.id, name=j.name, team=j.team, priority=j.priority, reason=j.reason).to_json() for j in queued
+        ],
+        "queue_total": states.get(JobState.QUEUED, 0),
+        "recent": recent_events(store, RECENT_EVENTS, RECENT_JOBS),
+    }
+    return found, held
 
 
 _STATES = frozenset(JobState)
