@@ -12,7 +12,9 @@ sha256 hashed while written and fsynced, rank 0 commits ``manifest.json`` after 
 on rank 0 from a barrier until every rank returns the committed manifest; and rank 0 alone runs
 ``dd if=/dev/zero bs=1M conv=fsync`` of the same size into the same folder (timed by dd's own
 figure), the other ranks waiting. Files are deleted (and ``sync`` called) after every run; one
-untimed round of each comes first. Target: median save rate >= 0.8 x median dd rate.
+untimed round of each comes first. Target: median save rate >= 0.95 x median dd rate. The spread
+is the lowest and highest of the per-round ratios (each save against the dd run just before it),
+reported with the medians: on a shared machine one slow round moves a single ratio a long way.
 
 ``--dir`` (default: a temporary folder in ``$GPUFLEET_HOME``, ``~/.gpufleet``, or the nearest
 folder above it that exists) decides the filesystem, which is reported.
@@ -36,7 +38,7 @@ from typing import Any
 import _common as common
 import torch
 
-TARGET_RATIO = 0.8
+TARGET_RATIO = 0.95
 LAYERS = 8
 MIB = 1024 * 1024
 WORK_ENV = "GPUFLEET_BENCH_DIST_SAVE_DIR"
@@ -209,6 +211,8 @@ def run_rank(total_bytes: int, repeats: int, work: Path) -> int:
     cpu = {name: common.median([s.cpu_s for s in samples]) for name, samples in runs.items()}
     best = {name: max(s.mibps for s in samples) for name, samples in runs.items()}
     vs_dd = {name: common.ratio(rate[name], rate["dd"]) for name in runs}
+    per_round = [common.ratio(s.mibps, d.mibps) for s, d in zip(runs["save"], runs["dd"], strict=True)]
+    spread = (min(per_round), max(per_round))
     best_vs_dd = {name: common.ratio(best[name], best["dd"]) for name in runs}
     ok = vs_dd["save"] >= TARGET_RATIO
     cores = len(os.sched_getaffinity(0))
@@ -239,6 +243,7 @@ def run_rank(total_bytes: int, repeats: int, work: Path) -> int:
         + ", ".join(f"rank {r} {b / MIB:.1f} MiB" for r, b in shards.items())
         + f"; rank files {rank_files / 1024:.1f} KiB; {len(manifest.files)} files in all"
         + f"\nits CPU alone caps save_sharded at {ceiling:.0f} MiB/s on {cores} free cores"
+        + f"\nsave/dd per round: {' '.join(f'{r:.2f}' for r in per_round)} (spread {spread[0]:.2f}-{spread[1]:.2f})"
     )
     result: dict[str, Any] = {
         "benchmark": "dist_save_throughput",
@@ -262,11 +267,15 @@ def run_rank(total_bytes: int, repeats: int, work: Path) -> int:
             }
             for name, samples in runs.items()
         },
+        "ratio_per_round": [common.finite_or_none(r) for r in per_round],
+        "ratio_spread": {"min": common.finite_or_none(spread[0]), "max": common.finite_or_none(spread[1])},
         "cores": cores,
         "save_cpu_ceiling_mibps": common.finite_or_none(ceiling),
         "target": {"ratio_save_vs_dd_min": TARGET_RATIO},
     }
-    verdict = f"save_sharded/dd = {vs_dd['save']:.2f} (target >= {TARGET_RATIO})"
+    verdict = (
+        f"save_sharded/dd = {vs_dd['save']:.2f}, per round {spread[0]:.2f}-{spread[1]:.2f} (target >= {TARGET_RATIO})"
+    )
     common.write_rank_result(result=result, table=table, verdict=verdict, ok=ok)
     return 0
 
