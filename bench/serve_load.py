@@ -38,7 +38,8 @@ retraining JobSpec is the toy workload. Two measurements:
   answers ``GET /api/jobs`` at the end.
 
 Target: no error under load (calm and hostile), a calm p95 and p99 within ``P95_TARGET_MS`` and
-``P99_TARGET_MS`` (set for the default 200 jobs), exactly one 202, exactly one retraining job, a peak RSS
+``P99_TARGET_MS`` (set for the default 200 jobs, and judged only up to ``LATENCY_JOBS``: a larger home's
+figures are stated, not judged), exactly one 202, exactly one retraining job, a peak RSS
 under ``RSS_TARGET`` times the calm run's, a server that still answers.
 """
 
@@ -92,6 +93,8 @@ RSS_TARGET = 1.5
 """The hostile run's peak RSS may be at most this many times the calm run's."""
 P95_TARGET_MS = 50.0
 P99_TARGET_MS = 150.0
+LATENCY_JOBS = 200
+"""The home size the latency targets are set for (``--jobs 10000`` states its figures)."""
 """The calm load's overall latency percentiles at 200 jobs (issue 34)."""
 
 
@@ -710,15 +713,21 @@ def main(argv: Sequence[str]) -> int:
     table += f"\nfirst answers, one at a time, before the load: {first}"
     table += "\n\n" + hostile_table(overall, hostile_result)
     shown = ", ".join(f"{n} x {s}" for s, n in sorted(statuses.items()))
+    judged = args.jobs <= LATENCY_JOBS
+    latency = (
+        f"p95 <= {P95_TARGET_MS:g} ms, p99 <= {P99_TARGET_MS:g} ms"
+        if judged
+        else f"latency stated, judged at {LATENCY_JOBS} jobs"
+    )
     verdict = (
         f"{errors} error(s) in {args.requests} requests, {rough_errors} beside hostile clients (p99 x "
         f"{hostile_result['p99_ratio']:.2f}, peak RSS x {rss_ratio:.2f}, "
         f"{'still answers' if answers_at_end else 'NO LONGER ANSWERS'}); p95 {overall['p95_ms']:,.1f} ms, "
         f"p99 {overall['p99_ms']:,.1f} ms; {args.deliveries} identical deliveries "
-        f"answered {shown}, {len(retrain_jobs)} retraining job(s) (target: no error, p95 <= {P95_TARGET_MS:g} ms, "
-        f"p99 <= {P99_TARGET_MS:g} ms, RSS under x{RSS_TARGET:g}, one 202, one job)"
+        f"answered {shown}, {len(retrain_jobs)} retraining job(s) (target: no error, {latency}, "
+        f"RSS under x{RSS_TARGET:g}, one 202, one job)"
     )
-    fast = overall["p95_ms"] <= P95_TARGET_MS and overall["p99_ms"] <= P99_TARGET_MS
+    fast = not judged or (overall["p95_ms"] <= P95_TARGET_MS and overall["p99_ms"] <= P99_TARGET_MS)
     ok = (
         errors == 0
         and fast

@@ -224,21 +224,24 @@ class AttemptUsage:
             "startup": _seconds(self.startup_s),
         }
 
-    def _scale(self) -> float:
+    def _scale(self, overheads: dict[str, float] | None = None) -> float:
         """Measured overheads can exceed the wall (clock skew, sacct's whole seconds): shrink them to fit."""
-        spent = sum(self._overheads().values())
+        spent = sum((self._overheads() if overheads is None else overheads).values())
         return self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
 
-    def seconds(self) -> dict[str, float]:
-        """Wall seconds by bucket; ``useful`` absorbs the rest and is never negative."""
-        scale = self._scale()
-        out = {k: v * scale for k, v in self._overheads().items()}
+    def seconds(self, overheads: dict[str, float] | None = None) -> dict[str, float]:
+        """Wall seconds by bucket; ``useful`` absorbs the rest and is never negative.
+
+        ``overheads``: :meth:`_overheads`, when the caller has them (pricing an attempt reads them once)."""
+        overheads = self._overheads() if overheads is None else overheads
+        scale = self._scale(overheads)
+        out = {k: v * scale for k, v in overheads.items()}
         out["useful"] = max(0.0, self.wall_s - sum(out.values()))
         return out
 
-    def _goodput_measured(self) -> dict[str, float]:
+    def _goodput_measured(self, overheads: dict[str, float] | None = None) -> dict[str, float]:
         """The goodput buckets measured in time, unscaled: the older buckets split further, plus idle."""
-        old = self._overheads()
+        old = self._overheads() if overheads is None else overheads
         queued = min(_seconds(self.queued_s), old["startup"])
         idle = max(_seconds(self.idle_s), _seconds(self.shutdown_s))
         in_startup = idle if self.first_step is None else _seconds(self.shutdown_s)
@@ -258,13 +261,13 @@ class AttemptUsage:
             "idle": idle,
         }
 
-    def goodput_seconds(self) -> dict[str, float]:
+    def goodput_seconds(self, overheads: dict[str, float] | None = None) -> dict[str, float]:
         """Wall seconds in each of ``GOODPUT_BUCKETS``, summing to ``wall_s`` (see the module doc).
 
         Measured buckets that together exceed the wall are shrunk to fit, as ``seconds()`` does; the
         training time left is split by ``phases``, and ``compute`` is the remainder, never negative.
         """
-        measured = self._goodput_measured()
+        measured = self._goodput_measured(overheads)
         spent = math.fsum(measured.values())
         scale = self.wall_s / spent if spent > self.wall_s and spent > 0 else 1.0
         parts = {k: v * scale for k, v in measured.items()}
@@ -275,14 +278,14 @@ class AttemptUsage:
         out["compute"] = max(0.0, self.wall_s - math.fsum(out.values()))
         return out
 
-    def preemption_seconds(self) -> dict[str, float]:
+    def preemption_seconds(self, overheads: dict[str, float] | None = None) -> dict[str, float]:
         """Wall seconds of each bucket that were spent because of a preemption (see the module doc).
 
         Each part is clamped to its bucket and scaled like ``seconds()``, so the overhead never
         exceeds the wall time, nor any bucket's share of it.
         """
         preempted = self.outcome in PREEMPTED_OUTCOMES
-        buckets = self._overheads()
+        buckets = self._overheads() if overheads is None else overheads
         lost = buckets["lost"] - _seconds(self.rollback_lost_s) if preempted else 0.0
         startup = buckets["startup"] if self.after_preemption else _seconds(self.shutdown_s) if preempted else 0.0
         restore = buckets["restore"] - _seconds(self.rollback_restore_s) if self.after_preemption else 0.0
@@ -294,7 +297,7 @@ class AttemptUsage:
             "staging": staging,
             "startup": startup,
         }
-        scale = self._scale()
+        scale = self._scale(buckets)
         return {k: min(max(0.0, part), buckets[k]) * scale for k, part in parts.items()}
 
 
@@ -481,8 +484,9 @@ def attempt_price(usage: AttemptUsage, rates: RateCard) -> float | None:
 
 def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     """Price one attempt. An attempt with no rate is counted in hours and listed as unpriced."""
-    hours = {k: v * usage.gpus / 3600.0 for k, v in usage.seconds().items()}
-    preemption = {k: v * usage.gpus / 3600.0 for k, v in usage.preemption_seconds().items()}
+    overheads = usage._overheads()  # the same for the three splits below: read once
+    hours = {k: v * usage.gpus / 3600.0 for k, v in usage.seconds(overheads).items()}
+    preemption = {k: v * usage.gpus / 3600.0 for k, v in usage.preemption_seconds(overheads).items()}
     total = sum(hours.values())
     price = attempt_price(usage, rates)
     on_demand = (
@@ -494,7 +498,7 @@ def attempt_cost(usage: AttemptUsage, rates: RateCard) -> Cost:
     egress = usage.egress_money if math.isfinite(usage.egress_money) and usage.egress_money > 0 else 0.0
     return Cost(
         gpu_hours=hours,
-        goodput_gpu_seconds={k: v * usage.gpus for k, v in usage.goodput_seconds().items()},
+        goodput_gpu_seconds={k: v * usage.gpus for k, v in usage.goodput_seconds(overheads).items()},
         preemption_gpu_hours=preemption,
         preemption_money=sum(preemption.values()) * price if price is not None else 0.0,
         money=(total * price if price is not None else 0.0) + egress,

@@ -193,8 +193,10 @@ class LiveReader:
         db.executemany("INSERT OR IGNORE INTO temp.live_ids VALUES (?)", ((j,) for j in job_ids))
         cursor = db.cursor()
         cursor.row_factory = sqlite3.Row
+        # CROSS JOIN: from the few jobs asked for into the store's tables by key (SQLite would scan the store's
+        # tables otherwise, not knowing how small the temporary one is).
         for row in cursor.execute(
-            "SELECT a.* FROM s.attempts a JOIN temp.live_ids l ON a.job_id=l.job_id ORDER BY a.job_id, a.n"
+            "SELECT a.* FROM temp.live_ids l CROSS JOIN s.attempts a ON a.job_id=l.job_id ORDER BY a.job_id, a.n"
         ):
             self.attempts.setdefault(int(row["job_id"]), []).append(attempt_from_row(row))
         kept = {
@@ -205,7 +207,7 @@ class LiveReader:
             )
         }
         records = db.execute(
-            "SELECT j.id, j.name, j.team, j.spec FROM s.jobs j JOIN temp.live_ids l ON j.id=l.job_id"
+            "SELECT j.id, j.name, j.team, j.spec FROM temp.live_ids l CROSS JOIN s.jobs j ON j.id=l.job_id"
         ).fetchall()
         for job_id, name, team, spec in records:
             key = _spec_key(name, team, spec)
