@@ -650,9 +650,9 @@ def _warm_up(home: Path, done: threading.Event) -> None:
     first start: seconds at 200 jobs, minutes at 100,000) while every viewer that asked waits, and the
     first of each view pays for the imports and first reads of its code. The views built here are not
     kept (the cache holds what was asked for); the cost cache (``cache/cost.db``) is. Requests for the
-    cost wait for ``done`` (set once every view was built once) rather than price the same jobs a second time. The cost's whole JSON is not
-    built here: at 100,000 jobs that is seconds of CPU taken from the first requests, for a view that
-    may never be asked for.
+    cost wait for ``done`` (set once every view was built once) rather than price the same jobs a second
+    time. The cost's whole JSON is not built here: at 100,000 jobs that is seconds of CPU taken from the
+    first requests, for a view that may never be asked for.
     """
     from gpufleet.cost.gather import cost_summary
     from gpufleet.views import jobs_view
