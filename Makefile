@@ -110,6 +110,7 @@ bench: dev tools
 	$(BIN)/python bench/serve_load.py
 	$(BIN)/python bench/cli_startup.py
 	$(BIN)/python bench/growth.py
+	$(BIN)/python bench/scheduler_queue.py
 
 # The fault table: ten faults (SIGTERM, kill -9 or SIGSTOP of a rank, a NaN, corrupt RAM and disk copies, the
 # scheduler or the memory keeper killed, a lost node) against a 2-rank DDP job, each row bit-exact against an
