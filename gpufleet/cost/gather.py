@@ -365,6 +365,7 @@ __all__ = [
     "FLEET_KINDS",
     "CostReport",
     "CostSummary",
+    "attempt_usages",
     "cost_report",
     "cost_summary",
     "fleet_event_text",
