@@ -105,10 +105,13 @@ def _check_writable_folder(path: Path, flag: str) -> None:
 
 
 def check_output_dir(path: Path, flag: str) -> Path:
-    """``path``, refused (naming ``flag``) when it, or a folder above it, exists and is not a folder."""
+    """``path``, refused (naming ``flag``) when it, or a folder above it, exists and is not a folder, or is a
+    link to nothing (which no folder can be made at)."""
     for part in (*reversed(path.parents), path):
+        what = "it" if part == path else f"{part}, a folder above it,"
+        if part.is_symlink() and not part.exists():
+            raise UsageError(f"{flag} {path}: {what} is a link to nothing; give a folder for the output")
         if part.exists() and not part.is_dir():
-            what = "it" if part == path else f"{part}, a folder above it,"
             raise UsageError(f"{flag} {path}: {what} is a file, not a folder; give a folder for the output")
     return path
 

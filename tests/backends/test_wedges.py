@@ -260,12 +260,13 @@ def small_disk(tmp_path: Path) -> Any:
 
 
 def fill(disk: Path) -> Path:
+    """Write zeros until the disk is full. Unbuffered: a buffered file would keep the part of its last write the
+    disk refused and fail again when closed, depending on how full the disk was to begin with."""
     filler = disk / "filler"
-    with filler.open("wb") as fh:
+    with filler.open("wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(b"\0" * 65536)
-                fh.flush()
         except OSError:
             pass
     return filler

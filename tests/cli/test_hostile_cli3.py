@@ -174,6 +174,19 @@ def test_cost_out_under_a_file(
     assert plain.read_text() == "x"
 
 
+@pytest.mark.parametrize("command", [["cost"], ["observe", "report"]])
+def test_an_output_folder_that_is_a_link_to_nothing(
+    command: list[str], home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No folder can be made where a link points nowhere: one line naming the flag, not a traceback."""
+    dangling = tmp_path / "out"
+    dangling.symlink_to(tmp_path / "missing" / "x")
+    code, _, err = run_cli(capsys, monkeypatch, *command, "--out", str(dangling))
+    assert code == 2
+    assert "--out" in _one_error(err) and "link to nothing" in err
+    assert dangling.is_symlink() and not (tmp_path / "missing").exists()
+
+
 def test_cost_note_never_renames_over_a_fifo(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
