@@ -269,7 +269,7 @@ def cost_summary(
     for where in (path, path, None) if path is not None else (None,):
         try:
             with _open_cache(where, store.path, digest) as cache:
-                return _summarise(store, cache, filters, rates, limit=limit, with_json=with_json)
+                return _summarise(cache, filters, rates, limit=limit, with_json=with_json)
         except sqlite3.DatabaseError as err:
             if where is not None and not _busy(err):  # damaged, or of another version: start it again
                 for suffix in ("", "-wal", "-shm"):
@@ -311,7 +311,7 @@ def _busy(err: sqlite3.DatabaseError) -> bool:
 
 
 def _summarise(
-    store: Store, cache: CostCache, filters: Filters, rates: RateCard, *, limit: int | None, with_json: bool
+    cache: CostCache, filters: Filters, rates: RateCard, *, limit: int | None, with_json: bool
 ) -> CostSummary:
     from gpufleet.cost import cache_read
     from gpufleet.cost.live import LiveReader

@@ -465,6 +465,7 @@ def attempt_usages(
     ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out.
     """
     ordered = sorted(attempts, key=lambda a: a.n)
+    job = job if isinstance(job, JobFacts) else JobFacts.of(job)  # read once, not per attempt
     out: list[AttemptUsage] = []
     for i, attempt in enumerate(ordered):
         after = i > 0 and (ordered[i - 1].outcome or "") in PREEMPTED_OUTCOMES
