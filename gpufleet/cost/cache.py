@@ -11,7 +11,8 @@ number of jobs. It is never a source of truth:
   is rebuilt from the store; where it cannot be written at all the figures are computed without it;
 - **staleness rule** (docs/cost.md): a job's row is used while the job has ended (completed, failed
   or cancelled, every attempt closed) and nothing was written about it since it was priced: no
-  event (the events table's ids only grow), no attempt row, and its record (state, times, restarts,
+  event (the events table's ids only grow), no attempt row added or changed (the store's triggers log
+  each job whose attempts change in place, ``attempt_edits``), and its record (state, times, restarts,
   name, team) the one it was priced from, with the same pricing digest. Anything else prices it
   again: a late event, a changed rate card, a gpufleet upgrade. Queued and running jobs, and jobs
   new since the last read, are looked at on every read (the *watch* list), and priced if they have
@@ -42,7 +43,7 @@ from gpufleet.cost.ledger import BUCKETS, GOODPUT_BUCKETS, PREEMPTION_BUCKETS, C
 from gpufleet.cost.rates import RateCard
 from gpufleet.jobs.store import TERMINAL
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bumped when what a row holds changes; part of every pricing digest and checked against the file."""
 
 FINGERPRINT = ("updated_at", "submitted_at", "state", "restarts", "events_offset", "name", "team")
@@ -65,19 +66,8 @@ COST_COLUMNS = (*SUMMED, "unpriced", "notices")
 ROW_COLUMNS = ("job_id", "team", "name", "last_end", *COST_COLUMNS)
 """A job, its team and name, when its last attempt ended, and its cost."""
 
-_KEPT_SUMS = (*SUMMED, "att_sig")
-_ADD = ", ".join(f"{c}={c}+new.{c}" for c in _KEPT_SUMS)
-_SUB = ", ".join(f"{c}={c}-old.{c}" for c in _KEPT_SUMS)
-ATTEMPT_SIGNATURE = (
-    "((CAST(a.started_at * 1000 AS INTEGER) % 1000000007) * 31 + (CAST(ifnull(a.ended_at, -1) * 1000 AS INTEGER)"
-    " % 1000000007) * 37 + ifnull(CAST(a.exit_code AS INTEGER) % 1000003, 7) * 41 + CAST(a.n AS INTEGER) * 43"
-    " + length(ifnull(a.outcome, '')) * 47 + ifnull(unicode(substr(a.outcome, 2)), 0) * 53"
-    " + length(ifnull(a.state, '')) * 59) % 1000000007"
-)
-"""One attempt row as a number (its times to the millisecond, exit code, number, outcome and state): the sum
-over a job's attempts is the job's attempt signature, kept with its row. The sum over every cached job's
-attempts is kept too (exact: integers), so one pass over the attempts table tells whether any of them
-changed in place (a rewritten time, say), which no event id shows."""
+_ADD = ", ".join(f"{c}={c}+new.{c}" for c in SUMMED)
+_SUB = ", ".join(f"{c}={c}-old.{c}" for c in SUMMED)
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS digests (digest TEXT PRIMARY KEY, used REAL NOT NULL, seen TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS watch (digest TEXT NOT NULL, job_id INTEGER NOT NULL, PRIMARY KEY (digest, job_id))",
@@ -87,7 +77,7 @@ _SCHEMA = (
     team TEXT NOT NULL, name TEXT NOT NULL, last_end REAL NOT NULL,
     {", ".join(f"{c} REAL NOT NULL" for c in REAL)},
     {", ".join(f"{c} INTEGER NOT NULL" for c in INTEGER)},
-    unpriced TEXT, notices TEXT, att_sig INTEGER NOT NULL,
+    unpriced TEXT, notices TEXT,
     UNIQUE (digest, job_id))""",
     "CREATE INDEX IF NOT EXISTS rows_money ON rows (digest, money DESC, job_id) WHERE attempts > 0",
     "CREATE INDEX IF NOT EXISTS rows_killed ON rows (digest, job_id) WHERE killed > 0",
@@ -95,7 +85,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS rows_notices ON rows (digest, job_id) WHERE notices IS NOT NULL",
     "CREATE TABLE IF NOT EXISTS frags (rid INTEGER PRIMARY KEY, json TEXT NOT NULL)",
     f"""CREATE TABLE IF NOT EXISTS sums (digest TEXT NOT NULL, team TEXT NOT NULL, n INTEGER NOT NULL,
-    {", ".join(f"{c} NOT NULL DEFAULT 0" for c in _KEPT_SUMS)}, PRIMARY KEY (digest, team))""",
+    {", ".join(f"{c} NOT NULL DEFAULT 0" for c in SUMMED)}, PRIMARY KEY (digest, team))""",
     f"""CREATE TRIGGER IF NOT EXISTS rows_in AFTER INSERT ON rows WHEN new.attempts > 0 BEGIN
     INSERT OR IGNORE INTO sums (digest, team, n) VALUES (new.digest, new.team, 0);
     UPDATE sums SET n=n+1, {_ADD} WHERE digest=new.digest AND team=new.team; END""",
@@ -106,7 +96,7 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS live (digest TEXT NOT NULL, job_id INTEGER NOT NULL, spec_key TEXT NOT NULL,
     seen INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (digest, job_id))""",
 )
-_FRESH_COLUMNS = 1 + len(FINGERPRINT) + 2 + 3 + len(COST_COLUMNS) + 2
+_FRESH_COLUMNS = 1 + len(FINGERPRINT) + 2 + 3 + len(COST_COLUMNS) + 1
 KEPT_DIGESTS = 3
 """Pricings whose rows are kept (the shipped card, a team's own ``--rates``, ...); older ones are dropped."""
 LARGEST = 2.0**60
@@ -202,8 +192,6 @@ class Miss:
     """Completed, failed or cancelled with every attempt closed: its row may be kept."""
     attempted: bool = True
     """It has attempts (a job that never started costs nothing: nothing to read)."""
-    attempt_signature: int = 0
-    """Its attempts' :data:`ATTEMPT_SIGNATURE` sum (and count), as read when it was found missing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +204,9 @@ class Filters:
     """Only jobs with an attempt that ended at or after it (or still running)."""
 
 
-Seen = tuple[int, int, int]
-"""The last event id, attempt row id and job id a digest's rows account for."""
-UNSEEN: Seen = (-1, -1, -1)
+Seen = tuple[int, int, int, int]
+"""The last event id, attempt row id, job id and attempt edit (``attempt_edits.seq``) a digest's rows account for."""
+UNSEEN: Seen = (-1, -1, -1, -1)
 
 
 class CostCache:
@@ -273,7 +261,12 @@ class CostCache:
         db = self.db
         db.execute("BEGIN")
         self._seen = self._read_seen()
-        self._now_seen = (self._max("s.events", "id"), self._max("s.attempts", "rowid"), self._max("s.jobs", "id"))
+        self._now_seen = (
+            self._max("s.events", "id"),
+            self._max("s.attempts", "rowid"),
+            self._max("s.jobs", "id"),
+            self._max("s.attempt_edits", "seq"),
+        )
         self.trusted = self._seen != UNSEEN and all(a >= b for a, b in zip(self._now_seen, self._seen, strict=True))
         self._candidates()
         ended = (
@@ -283,8 +276,7 @@ class CostCache:
         match = " AND ".join(f"r.fp_{c} IS j.{c}" for c in FINGERPRINT)
         rows = db.execute(
             f"SELECT c.job_id, j.id IS NOT NULL, {', '.join(f'j.{c}' for c in FINGERPRINT)}, ifnull({ended}, 0),"
-            f" (SELECT count(*) * 1000000007 + ifnull(sum({ATTEMPT_SIGNATURE}), 0) FROM s.attempts a"
-            " WHERE a.job_id=c.job_id),"
+            " EXISTS (SELECT 1 FROM s.attempts a WHERE a.job_id=c.job_id),"
             f" r.rid, r.rid IS NOT NULL AND NOT c.dirty AND {match} AND {ended} AND ?"
             " FROM temp.cand c LEFT JOIN s.jobs j ON j.id=c.job_id LEFT JOIN rows r ON r.digest=? AND r.job_id=c.job_id"
             " ORDER BY c.job_id",
@@ -292,7 +284,7 @@ class CostCache:
         ).fetchall()
         wanted = None if filters.job_ids is None else set(filters.job_ids)
         misses, stale, unpriced = [], [], []
-        for job_id, exists, *fingerprint, is_ended, signature, rid, valid in (tuple(r) for r in rows):
+        for job_id, exists, *fingerprint, is_ended, attempted, rid, valid in (tuple(r) for r in rows):
             fp = tuple(fingerprint)
             if valid:
                 continue
@@ -303,7 +295,7 @@ class CostCache:
             unpriced.append((job_id,))
             team = fp[FINGERPRINT.index("team")]
             if (not filters.team or team == filters.team) and (wanted is None or job_id in wanted):
-                misses.append(Miss(job_id, fp, bool(is_ended), signature >= 1000000007, signature))
+                misses.append(Miss(job_id, fp, bool(is_ended), bool(attempted)))
         db.executemany("INSERT OR IGNORE INTO temp.stale VALUES (?)", stale)
         db.executemany("INSERT INTO temp.unpriced VALUES (?)", unpriced)
         return misses
@@ -314,8 +306,8 @@ class CostCache:
             seen = json.loads(row[0])
         except (TypeError, ValueError):
             return UNSEEN
-        ok = isinstance(seen, list) and len(seen) == 3 and all(isinstance(v, int) and v >= 0 for v in seen)
-        return (seen[0], seen[1], seen[2]) if ok else UNSEEN
+        ok = isinstance(seen, list) and len(seen) == 4 and all(isinstance(v, int) and v >= 0 for v in seen)
+        return (seen[0], seen[1], seen[2], seen[3]) if ok else UNSEEN
 
     def _max(self, table: str, column: str) -> int:
         value = self.db.execute(f"SELECT max({column}) FROM {table}").fetchone()[0]
@@ -334,43 +326,17 @@ class CostCache:
         db.execute(
             f"""CREATE TEMP TABLE fresh (job_id INTEGER PRIMARY KEY, {", ".join(f"fp_{c}" for c in FINGERPRINT)},
             keep INTEGER NOT NULL, shown INTEGER NOT NULL, team TEXT NOT NULL, name TEXT NOT NULL,
-            last_end REAL NOT NULL, {", ".join(COST_COLUMNS)}, att_sig INTEGER NOT NULL, json TEXT NOT NULL)"""
+            last_end REAL NOT NULL, {", ".join(COST_COLUMNS)}, json TEXT NOT NULL)"""
         )
         if not self.trusted:
             db.execute("INSERT INTO temp.cand SELECT id, 1 FROM s.jobs")
             return
-        events, attempts, jobs = self._seen
+        events, attempts, jobs, edits = self._seen
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.events WHERE id > ?", (events,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempts WHERE rowid > ?", (attempts,))
+        db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempt_edits WHERE seq > ?", (edits,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT id, 0 FROM s.jobs WHERE id > ?", (jobs,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 0 FROM watch WHERE digest=?", (self.digest,))
-        if not self._attempts_unchanged():
-            db.execute(
-                "INSERT OR REPLACE INTO temp.cand SELECT r.job_id, 1 FROM rows r WHERE r.digest=? AND r.attempts > 0"
-                " AND r.att_sig IS NOT (SELECT count(*) * 1000000007 + ifnull(sum("
-                f"{ATTEMPT_SIGNATURE}), 0) FROM s.attempts a WHERE a.job_id=r.job_id)",
-                (self.digest,),
-            )
-
-    def _attempts_unchanged(self) -> bool:
-        """Whether the attempts of every job outside ``temp.cand`` are those its row was priced from: their
-        signatures now (every attempt's, less the candidates') against the sum the cache kept (less theirs).
-
-        Jobs outside the candidates all have rows (the others are watched), so this is one pass over the
-        attempts table; only when it differs are the rows compared one by one."""
-        db = self.db
-        signature = f"count(*) * 1000000007 + ifnull(sum({ATTEMPT_SIGNATURE}), 0)"
-        now = db.execute(f"SELECT {signature} FROM s.attempts a").fetchone()[0]
-        now -= db.execute(
-            f"SELECT {signature} FROM s.attempts a WHERE a.job_id IN (SELECT job_id FROM temp.cand)"
-        ).fetchone()[0]
-        kept = db.execute("SELECT ifnull(sum(att_sig), 0) FROM sums WHERE digest=?", (self.digest,)).fetchone()[0]
-        kept -= db.execute(
-            "SELECT ifnull(sum(att_sig), 0) FROM rows WHERE digest=? AND attempts > 0"
-            " AND job_id IN (SELECT job_id FROM temp.cand)",
-            (self.digest,),
-        ).fetchone()[0]
-        return bool(now == kept)
 
     def add(
         self, miss: Miss, *, team: str, name: str, last_end: float, cost: Cost | None, shown: bool, text: str
@@ -381,7 +347,7 @@ class CostCache:
         values, sane = cost_values(Cost() if cost is None else cost)
         keep = miss.ended and sane
         row = (miss.job_id, *miss.fingerprint, int(keep), int(shown and cost is not None), team, name, last_end)
-        self._added.append((*row, *values, miss.attempt_signature, text))
+        self._added.append((*row, *values, text))
 
     def flush(self) -> None:
         """Write the jobs :meth:`add` priced into ``temp.fresh``, in one statement (what the reads then see)."""
@@ -401,9 +367,7 @@ class CostCache:
             db.execute("COMMIT")  # nothing new: no write, no lock
             return True
         digest = self.digest
-        fields = ", ".join(
-            ("job_id", *(f"fp_{c}" for c in FINGERPRINT), "team", "name", "last_end", *COST_COLUMNS, "att_sig")
-        )
+        fields = ", ".join(("job_id", *(f"fp_{c}" for c in FINGERPRINT), "team", "name", "last_end", *COST_COLUMNS))
         try:
             if not self.trusted:
                 db.execute("DELETE FROM rows WHERE digest=?", (digest,))
@@ -476,7 +440,6 @@ class CostCache:
 
 
 __all__ = [
-    "ATTEMPT_SIGNATURE",
     "CACHE_VERSION",
     "COST_COLUMNS",
     "FINGERPRINT",

@@ -94,13 +94,42 @@ def _schema(path: Path) -> dict[str, list[tuple[str, str, int]]]:
 
 
 def test_migration_list_matches_schema_version() -> None:
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 4
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 5
     assert [m.__name__ for m in MIGRATIONS] == [
         "_create_tables",
         "_add_backend_ref",
         "_index_jobs",
         "_index_open_requests",
+        "_log_attempt_edits",
     ]
+
+
+def test_an_attempt_changed_in_place_is_logged_with_a_growing_number(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "state.db"
+    _old_database(path, OLD_SCHEMA)  # attempts written before the log existed: none logged by the migration
+    Store(path).close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT * FROM attempt_edits").fetchall() == []
+        db.execute(
+            "INSERT INTO jobs SELECT 2, name, team, priority, backend, state, spec, submitted_at, updated_at,"
+            " restarts, reason, env, events_offset, backend_ref FROM jobs WHERE id=1"
+        )
+        db.execute("INSERT INTO attempts (job_id, n, state, started_at) VALUES (2, 1, 'running', 10.0)")
+        assert db.execute("SELECT * FROM attempt_edits").fetchall() == []  # a new row shows in the rowid
+        db.execute("UPDATE attempts SET ended_at = ended_at + 1 WHERE job_id = 1 AND n = 2")  # as by hand
+        db.execute("UPDATE attempts SET state = 'ended', ended_at = 12.0 WHERE job_id = 2")
+        db.execute("UPDATE attempts SET exit_code = 0 WHERE job_id = 1 AND n = 1")
+        assert db.execute("SELECT job_id, seq FROM attempt_edits ORDER BY seq").fetchall() == [(2, 2), (1, 3)]
+        db.execute("DELETE FROM attempts WHERE job_id = 2")
+        db.execute("UPDATE attempts SET job_id = 2 WHERE job_id = 1 AND n = 1")  # moved: both jobs changed
+        assert db.execute("SELECT job_id, seq FROM attempt_edits ORDER BY seq").fetchall() == [(1, 5), (2, 6)]
+        plan = " ".join(
+            str(r[-1]) for r in db.execute("EXPLAIN QUERY PLAN SELECT job_id FROM attempt_edits WHERE seq > 3")
+        )
+        assert "attempt_edits_seq" in plan
+    finally:
+        db.close()
 
 
 def test_a_page_of_jobs_is_read_through_the_jobs_indexes(tmp_path: Path) -> None:
