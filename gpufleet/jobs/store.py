@@ -118,12 +118,25 @@ def _log_attempt_edits(db: sqlite3.Connection) -> None:
         db.execute(f"CREATE TRIGGER IF NOT EXISTS {name} {when} BEGIN {log.format(row)} END")
 
 
+_ACTIVE = f"state NOT IN ({', '.join(repr(str(s)) for s in TERMINAL)})"
+"""Not ended, as SQL with the states written out: what lets SQLite use the partial index ``jobs_active``."""
+
+
+def _index_active_jobs(db: sqlite3.Connection) -> None:
+    """6: a partial index of the jobs not ended, by backend, which every command that reads the store asks about
+    each backend (:meth:`Store.has_active`, before it syncs a remote scheduler): without it that question
+    read the whole jobs table for each backend with no job (40 ms a backend at 100,000 jobs). Small: it holds only
+    the jobs queued or running."""
+    db.execute(f"CREATE INDEX IF NOT EXISTS jobs_active ON jobs(backend) WHERE {_ACTIVE}")
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _create_tables,
     _add_backend_ref,
     _index_jobs,
     _index_open_requests,
     _log_attempt_edits,
+    _index_active_jobs,
 )
 """Migration ``N`` (``MIGRATIONS[N - 1]``) takes a database from version ``N - 1`` to ``N``.
 
@@ -627,10 +640,9 @@ class Store:
         return row[0] if row is not None and isinstance(row[0], str) else None
 
     def has_active(self, backend: str) -> bool:
-        """Whether any job of ``backend`` has not ended (one indexed query, no spec parsing)."""
-        marks = ",".join("?" * len(TERMINAL))
-        sql = f"SELECT 1 FROM jobs WHERE backend=? AND state NOT IN ({marks}) LIMIT 1"
-        return self._db.execute(sql, (backend, *TERMINAL)).fetchone() is not None
+        """Whether any job of ``backend`` has not ended (one query of the partial index ``jobs_active``)."""
+        sql = f"SELECT 1 FROM jobs WHERE backend=? AND {_ACTIVE} LIMIT 1"
+        return self._db.execute(sql, (backend,)).fetchone() is not None
 
     def set_job_state(self, job_id: int, state: str, reason: str | None = None, restarts: int | None = None) -> None:
         with self.transaction() as db:

@@ -94,13 +94,14 @@ def _schema(path: Path) -> dict[str, list[tuple[str, str, int]]]:
 
 
 def test_migration_list_matches_schema_version() -> None:
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 5
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 6
     assert [m.__name__ for m in MIGRATIONS] == [
         "_create_tables",
         "_add_backend_ref",
         "_index_jobs",
         "_index_open_requests",
         "_log_attempt_edits",
+        "_index_active_jobs",
     ]
 
 
@@ -140,9 +141,11 @@ def test_a_page_of_jobs_is_read_through_the_jobs_indexes(tmp_path: Path) -> None
             ("SELECT COUNT(*) FROM jobs WHERE team=?", ("a",)),
             ("SELECT * FROM jobs WHERE state IN (?) ORDER BY id DESC LIMIT 50", ("queued",)),
             ("SELECT 1 FROM requests WHERE handled_at IS NULL LIMIT 1", ()),
+            (f"SELECT 1 FROM jobs WHERE backend=? AND {store_module._ACTIVE} LIMIT 1", ("slurm",)),
         )
     }
     assert all("USING" in plan and "INDEX" in plan for plan in plans.values()), plans
+    assert "jobs_active" in plans[f"SELECT 1 FROM jobs WHERE backend=? AND {store_module._ACTIVE} LIMIT 1"]
 
 
 def test_fresh_database_is_created_at_the_latest_version(tmp_path: Path) -> None:
