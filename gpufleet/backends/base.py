@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from gpufleet.errors import Conflict, GpufleetError, ParameterError, StoreError, UsageError
 from gpufleet.jobs.events import EventKind, read_events_checked
@@ -24,7 +24,9 @@ from gpufleet.jobs.protocol import check_environment
 from gpufleet.jobs.states import JobState
 from gpufleet.jobs.store import TERMINAL, Job, Store
 from gpufleet.paths import events_file, job_dir, private_dir, state_db
-from gpufleet.spec import JobSpec, parse_spec
+
+if TYPE_CHECKING:  # the spec's models are built when a spec is first read
+    from gpufleet.spec import JobSpec
 
 B = TypeVar("B", bound="type[Backend]")
 _REGISTRY: dict[str, type[Backend]] = {}
@@ -117,6 +119,8 @@ def resized_spec(spec: JobSpec, *, gpus: int, nodes: int | None, source: str, on
     fields["resources"] = {**fields["resources"], "gpus": gpus, "nodes": nodes}
     if spec.distributed is not None and world < 2:
         fields["distributed"] = None if one_process else {**fields["distributed"], "one_rank": True}
+    from gpufleet.spec import parse_spec
+
     return parse_spec(fields, source=source)
 
 

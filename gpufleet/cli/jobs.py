@@ -20,10 +20,10 @@ from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_
 from gpufleet.jobs.states import JobState
 from gpufleet.outfiles import check_output_dir
 from gpufleet.paths import checkpoints_dir, gpufleet_home
-from gpufleet.spec import JobSpec, load_spec
 from gpufleet.views import JOBS_PAGE, JobView, job_summary, jobs_view, log_view
 
 if TYPE_CHECKING:
+    from gpufleet.spec import JobSpec
     from gpufleet.views import JobRow
 
 
@@ -114,6 +114,7 @@ def _checked_spec(spec_path: Path, backend: str, gpu_source: str | None) -> tupl
     """The spec as submit reads it, its entrypoint checked: refused for a backend on this machine, else warned."""
     from gpufleet.errors import SpecError
     from gpufleet.jobs.preflight import entrypoint_problem, entrypoint_warning
+    from gpufleet.spec import load_spec
 
     spec = load_spec(spec_path)
     if gpu_source is not None:

@@ -42,7 +42,6 @@ from gpufleet.jobs.store import (
     event_from_row,
     newest_attempt_events_sql,
 )
-from gpufleet.spec import parse_spec
 
 Mark = tuple[float, int]
 """Where an event sits in a job's history: its time, then its id (the order ``Store.events`` reads)."""
@@ -272,6 +271,8 @@ def _spec_key(name: Any, team: Any, spec: Any) -> str:
 def _facts(job_id: int, name: Any, team: Any, spec_text: Any) -> JobFacts:
     """A job's :class:`JobFacts` from its stored record (a spec that no longer validates reads as ``Store.job``
     reads it: a placeholder)."""
+    from gpufleet.spec import parse_spec  # only for a job read whole: most reads validate no spec
+
     try:
         spec = parse_spec(json.loads(spec_text), source=f"job {job_id}")
     except (TypeError, ValueError, RecursionError, SpecError):

@@ -18,14 +18,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpufleet.errors import Conflict, NotFound, SpecError, StoreError, UsageError
 from gpufleet.jobs.events import MAX_TS, EventKind
 from gpufleet.jobs.states import JobState as JobState  # re-exported: where jobs are defined
 from gpufleet.jobs.states import Outcome as Outcome
 from gpufleet.paths import private_dir
-from gpufleet.spec import JobSpec, parse_spec
+
+if TYPE_CHECKING:  # the spec's models are built when a spec is first read, not by every command that opens the store
+    from gpufleet.spec import JobSpec
 
 JOBS_PAGE = 50
 """Jobs a listing shows by default: the newest ones (``gpufleet jobs --limit/--all``, ``GET /api/jobs?limit=``)."""
@@ -480,6 +482,8 @@ class Store:
                 raise NotFound(f"no job {job_id} in {self.path} (list them with `gpufleet jobs`)")
             if row["state"] in TERMINAL:
                 raise Conflict(f"job {job_id} is already {row['state']}: an ended job keeps the spec it ran with")
+            from gpufleet.spec import parse_spec
+
             if parse_spec(json.loads(row["spec"]), source=f"job {job_id}") != old:
                 raise Conflict(
                     f"job {job_id} was resized by another command meanwhile: see `gpufleet show {job_id}`, "
@@ -502,6 +506,8 @@ class Store:
         if state is None:
             problem = f"its stored state {str(row['state'])[:40]!r} is not a job state"
         try:
+            from gpufleet.spec import parse_spec
+
             spec = parse_spec(json.loads(row["spec"]), source=f"job {row['id']}")
         except (TypeError, ValueError, RecursionError, SpecError) as err:
             spec = _placeholder_spec(row["name"], row["team"])
@@ -937,6 +943,8 @@ def event_from_row(row: sqlite3.Row) -> Event | None:
 
 def _stored_spec(spec: JobSpec) -> str:
     """``spec`` as the jobs table holds it, refused when it would not read back as itself."""
+    from gpufleet.spec import parse_spec
+
     stored = spec.model_dump_json()
     if parse_spec(json.loads(stored), source=f"job {spec.name!r} as stored") != spec:
         raise SpecError(
@@ -948,6 +956,8 @@ def _stored_spec(spec: JobSpec) -> str:
 
 def _placeholder_spec(name: str, team: str) -> JobSpec:
     """A valid stand-in for a job whose stored spec no longer validates (it is shown, never run)."""
+    from gpufleet.spec import parse_spec
+
     fields = {"name": name, "team": team, "entrypoint": "gpufleet.broken:spec"}
     try:
         return parse_spec(fields)
