@@ -87,30 +87,7 @@ fuzz: dev
 	  $(FUZZ_ARGS)
 
 bench: dev tools
-	$(BIN)/python bench/checkpoint_save.py
-	$(BIN)/python bench/step_overhead.py
-	$(BIN)/python bench/preemption_loss.py
-	$(BIN)/python bench/metrics_overhead.py
-	$(BIN)/python bench/dcgm_scrape.py
-	$(BIN)/python bench/planner.py
-	$(BIN)/python bench/simulate.py
-	$(BIN)/python bench/drift_vs_evidently.py
-	$(BIN)/python bench/estimate_vs_nannyml.py
-	$(BIN)/python bench/mmd.py
-	$(BIN)/python bench/false_alarms.py
-	$(BIN)/python bench/dist_step_overhead.py
-	$(BIN)/python bench/dist_save_throughput.py
-	$(BIN)/python bench/dist_preemption_loss.py
-	$(BIN)/python bench/dist_async_save.py
-	$(BIN)/python bench/rank_phases.py
-	$(BIN)/python bench/goodput.py
-	$(BIN)/python bench/sweep_overhead.py
-	$(BIN)/python bench/stage_throughput.py
-	$(BIN)/python bench/rl_actors.py
-	$(BIN)/python bench/serve_load.py
-	$(BIN)/python bench/cli_startup.py
-	$(BIN)/python bench/growth.py
-	$(BIN)/python bench/scheduler_queue.py
+	$(BIN)/python bench/run_all.py
 
 # The fault table: ten faults (SIGTERM, kill -9 or SIGSTOP of a rank, a NaN, corrupt RAM and disk copies, the
 # scheduler or the memory keeper killed, a lost node) against a 2-rank DDP job, each row bit-exact against an
