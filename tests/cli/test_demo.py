@@ -74,6 +74,7 @@ def follow_a_job(tmp_path: Path, *, terminal: bool) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow  # make soak: 95 s of a real-time scenario; tests/backends/test_local_fleet.py covers its parts
 @pytest.mark.timeout(600)
 def test_fleet_demo_borrows_reclaims_fails_over_and_prices_the_move(home: Path) -> None:
     env = {**os.environ, "GPUFLEET_HOME": str(home)}

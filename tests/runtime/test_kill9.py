@@ -1,6 +1,6 @@
 """``kill -9`` at random moments, in training and in saving: restore always finds a valid checkpoint.
 
-30 trials by default; ``GPUFLEET_KILL_TRIALS=200`` (``make soak``) runs 200. Children are forked
+15 trials by default; ``GPUFLEET_KILL_TRIALS=200`` (``make soak``) runs 200. Children are forked
 from a fork server that imported torch but never ran a parallel region, so each trial costs
 milliseconds, not an interpreter start.
 """
@@ -21,7 +21,7 @@ import torch
 from gpufleet.runtime import CheckpointDir, TrainSession
 from gpufleet.spec import CheckpointPolicy
 
-TRIALS = int(os.environ.get("GPUFLEET_KILL_TRIALS", "30"))
+TRIALS = int(os.environ.get("GPUFLEET_KILL_TRIALS", "15"))
 
 
 class Marker:
