@@ -18,9 +18,9 @@ from gpufleet.cli.options import JobArg, JsonOpt, check_path_name, existing_stor
 from gpufleet.cli.render import console, duration, emit_json, err_console, event_detail, print_cost, table
 from gpufleet.errors import NotFound, ParameterError, UsageError, parameters_as_flags
 from gpufleet.jobs.states import JobState
+from gpufleet.jobs.store import JOBS_PAGE
 from gpufleet.outfiles import check_output_dir
 from gpufleet.paths import checkpoints_dir, gpufleet_home
-from gpufleet.views import JOBS_PAGE, JobView, job_summary, jobs_view, log_view
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -58,6 +58,8 @@ def submit(
     store = open_store()
     if not wait:
         if json_out:
+            from gpufleet.views import job_summary  # the views' models are built by the commands that show them
+
             emit_json(job_summary(store, store.job(job_id)))
         else:
             console.print(
@@ -212,6 +214,8 @@ def jobs(
     """
     store = existing_store()  # a home without a store has no jobs: listing them creates none
     page = None if every or limit == 0 else limit
+    from gpufleet.views import jobs_view
+
     view = jobs_view(store, team=team, state=state, limit=page, offset=offset)
     rows = view["jobs"]
     if json_out:
@@ -285,6 +289,8 @@ def show(job_id: JobArg, json_out: JsonOpt = False) -> None:
     """One job: its attempts, notable events and checkpoints."""
     store = job_store(job_id)
     job = store.job(job_id)
+    from gpufleet.views import JobView
+
     detail = JobView.read(store, gpufleet_home(), job_id)
     view = detail.to_json()
     memory = None
@@ -378,6 +384,8 @@ def logs(
 ) -> None:
     """Print an attempt's stdout and stderr."""
     store = job_store(job_id)
+    from gpufleet.views import log_view
+
     view = log_view(store, gpufleet_home(), job_id, attempt, LOG_MAX_BYTES)
     n, path, text, size = view["attempt"], view["path"], view["log"], view["size"]
     if size > LOG_MAX_BYTES and not json_out:
@@ -605,7 +613,6 @@ __all__ = [
     "cancel",
     "cost",
     "hold",
-    "job_summary",
     "jobs",
     "logs",
     "preempt",
