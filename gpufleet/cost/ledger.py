@@ -109,7 +109,12 @@ def _seconds(value: float) -> float:
     Times come from a job's own event log and from schedulers' clocks: an infinity or a NaN there
     must not become a bill (nor NaN in a report), and a sum of bounded parts stays finite.
     """
-    return 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_TS)
+    # min(max(value, 0.0), MAX_TS) with NaN as 0, spelt as comparisons: the ledger calls it some 20 times an
+    # attempt, and the builtins' calls were a tenth of pricing a running fleet. The same value in every case
+    # (-0.0 included: max() returns its first argument on a tie).
+    if value != value or value < 0.0:
+        return 0.0
+    return MAX_TS if value > MAX_TS else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,10 +530,54 @@ def _notices(usage: AttemptUsage) -> tuple[NoticeLead, ...]:
 
 
 def _total(costs: Iterable[Cost]) -> Cost:
-    out = Cost()
-    for cost in costs:
-        out = out + cost
-    return out
+    """``Cost() + a + b + ...``, built once: each figure is added in the same order from zero (so the same
+    floats), the unpriced keys united and sorted, the notices joined in order. Adding ``Cost`` objects built
+    one whole ``Cost`` per term, a third of pricing a job again."""
+    hours = dict.fromkeys(BUCKETS, 0.0)
+    preempted = dict.fromkeys(PREEMPTION_BUCKETS, 0.0)
+    goodput = dict.fromkeys(GOODPUT_BUCKETS, 0.0)
+    preemption_money = money = on_demand_money = egress_money = 0.0
+    attempts = preemptions = killed = steps_redone = egress_bytes = short_handed = skipped = 0
+    unpriced: set[str] = set()
+    notices: tuple[NoticeLead, ...] = ()
+    for c in costs:
+        for k in BUCKETS:
+            hours[k] += c.gpu_hours[k]
+        for k in PREEMPTION_BUCKETS:
+            preempted[k] += c.preemption_gpu_hours[k]
+        for k in GOODPUT_BUCKETS:
+            goodput[k] += c.goodput_gpu_seconds[k]
+        preemption_money += c.preemption_money
+        money += c.money
+        on_demand_money += c.on_demand_money
+        egress_money += c.egress_money
+        attempts += c.attempts
+        preemptions += c.preemptions
+        killed += c.killed
+        steps_redone += c.steps_redone
+        egress_bytes += c.egress_bytes
+        short_handed += c.short_handed_steps
+        skipped += c.samples_skipped
+        unpriced.update(c.unpriced)
+        notices += c.notices
+    return Cost(
+        gpu_hours=hours,
+        preemption_gpu_hours=preempted,
+        preemption_money=preemption_money,
+        money=money,
+        on_demand_money=on_demand_money,
+        attempts=attempts,
+        preemptions=preemptions,
+        killed=killed,
+        steps_redone=steps_redone,
+        unpriced=tuple(sorted(unpriced)),
+        egress_money=egress_money,
+        egress_bytes=egress_bytes,
+        notices=notices,
+        short_handed_steps=short_handed,
+        samples_skipped=skipped,
+        goodput_gpu_seconds=goodput,
+    )
 
 
 @dataclass(frozen=True, slots=True)

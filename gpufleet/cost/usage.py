@@ -23,6 +23,8 @@ from gpufleet.jobs.store import gpu_count as _count
 def _num(data: dict[str, Any], key: str, default: float = 0.0) -> float:
     """A finite number from an event's data, else ``default``: the runtime's event log is written by user code."""
     value = data.get(key)
+    if type(value) is float:  # the usual case, first: a ledger reads some ten per attempt
+        return value if value - value == 0.0 else default  # inf - inf and nan - nan are nan: not finite
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default
     try:
