@@ -9,6 +9,7 @@ import random
 from gpufleet.cost import ledger
 from gpufleet.cost.ledger import BUCKETS, GOODPUT_BUCKETS, PREEMPTION_BUCKETS, Cost, NoticeLead
 from gpufleet.cost.usage import _num
+from gpufleet.jobs.events import MAX_TS
 
 
 def _random_cost(rng: random.Random) -> Cost:
@@ -46,8 +47,8 @@ def test_a_job_total_is_the_chained_sum_of_its_attempts() -> None:
 
 
 def test_seconds_and_numbers_are_the_clamped_finite_values() -> None:
-    for value in (0.0, -0.0, 2.5, -1.0, math.inf, -math.inf, math.nan, 1e300, ledger.MAX_TS, 5e-324, 7):
-        expected = 0.0 if math.isnan(value) else min(max(value, 0.0), ledger.MAX_TS)
+    for value in (0.0, -0.0, 2.5, -1.0, math.inf, -math.inf, math.nan, 1e300, MAX_TS, 5e-324, 7):
+        expected = 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_TS)
         assert repr(ledger._seconds(value)) == repr(expected), value
 
     class Sub(float):
