@@ -130,7 +130,7 @@ def test_two_ranks_complete_and_a_preempted_pair_resumes_bit_identical(backend: 
     # Paced so the preemption lands mid-run on a loaded machine too (the pace changes no number): unpaced, the
     # 120 steps take about a second, and a preemption asked for at step 30 could find the job done.
     paced = tinylm_ddp("cut")
-    cut = backend.submit(paced.copy_with(args={**paced.args, "step_seconds": 0.1}))
+    cut = backend.submit(paced.copy_with(args={**paced.args, "step_seconds": 0.05}))
     follow(backend, at_step(backend, cut, 10))
     backend.preempt(cut)
     follow(backend, ended(backend, cut))
