@@ -809,6 +809,17 @@ class Store:
         rows = self._db.execute(sql + " ORDER BY ts, id", args_any)
         return [e for e in map(event_from_row, rows) if e is not None]
 
+    def events_after(self, job_id: int, after: int, kinds: Sequence[str]) -> list[tuple[int, Event | None]]:
+        """The job's events of ``kinds`` stored after event id ``after``, each with its id, in (time, id) order.
+
+        Ids only grow, so a reader that keeps the last id it saw reads each event once (a sweep following its
+        trials' metrics). A row that does not read as an event comes as ``None``, its id still counted."""
+        rows = self._db.execute(
+            f"SELECT * FROM events WHERE job_id=? AND id>? AND kind IN ({','.join('?' * len(kinds))}) ORDER BY ts, id",
+            (job_id, after, *kinds),
+        )
+        return [(int(row["id"]), event_from_row(row)) for row in rows]
+
     def last_event(self, job_id: int, kind: str) -> Event | None:
         return next(self.newest_events(job_id, (kind,)), None)
 

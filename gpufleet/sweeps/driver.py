@@ -10,6 +10,11 @@ is cancelled and the trial ends ``PRUNED``. A job that completes ends its trial 
 last value; one that fails, or never logs the metric, fails its trial with the reason, and the
 sweep stops after ``max_failures`` of them instead of burning its budget.
 
+The driver shares the machine with the trials it runs, so a pass costs what is new since the last one:
+the study is read again only after the driver wrote to it (it is the study's only writer while it runs),
+and each job's metric events are read once (:class:`~gpufleet.sweeps.values.MetricReader`). A pass that
+finds nothing new is one query of the job and one of its events per running trial.
+
 The study lives in an Optuna RDB storage (SQLite under ``$GPUFLEET_HOME/sweeps/<name>/`` by
 default), and each trial records its job's name before the job is submitted and its id after, so
 a driver killed at any point (``kill -9``) and started again adopts the trials it left running,
@@ -20,10 +25,9 @@ goes on: the study ends with exactly the requested number of finished-or-pruned 
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +43,12 @@ from gpufleet.paths import private_dir
 from gpufleet.spec import JobSpec
 from gpufleet.sweeps.feature import PRUNED
 from gpufleet.sweeps.spec import SweepSpec
+from gpufleet.sweeps.values import MetricReader, metric_values
 
 with required("optuna", "sweeps", "gpufleet sweep"):
     import optuna
     import sqlalchemy.exc
+    from optuna.study import StudyDirection
     from optuna.trial import FrozenTrial, TrialState
 
 JOB_NAME = "gpufleet_job_name"
@@ -52,7 +58,6 @@ FAILURE = "gpufleet_failure"
 LOST = "gpufleet_lost"
 """A trial the driver asked for but never submitted (it was killed in between): not counted."""
 PRUNED_AT = "gpufleet_pruned_at"
-METRIC_KINDS = (EventKind.EVAL, EventKind.METRICS, EventKind.STEP)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -165,22 +170,6 @@ def trial_job_name(sweep: SweepSpec, number: int) -> str:
     return f"{sweep.name[:52]}-t{number:04d}"
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def metric_values(store: Store, job_id: int, metric: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of every finite value of ``metric`` the job logged, in the order it logged them."""
-    out = []
-    for e in sorted(store.events(job_id, kinds=METRIC_KINDS), key=lambda e: e.ts):
-        value, step = _number(e.data.get(metric)), e.data.get("step")
-        if value is not None and isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            out.append((step, value))
-    return out
-
-
 def total_steps(store: Store, job_id: int) -> int | None:
     """The steps the job's session said it runs (``session_start``'s ``total_steps``)."""
     start = store.last_event(job_id, EventKind.SESSION_START)
@@ -231,25 +220,34 @@ class SweepDriver:
         self.study = study if study is not None else open_study(home, sweep, base)
         self.stopping: dict[int, str] = {}
         """Jobs of pruned trials, until they have stopped: the reason to give them then."""
+        self.values = MetricReader(self.store, sweep.objective.metric)
+        """The objective's values the running trials' jobs logged, each event read once."""
 
     # ---- the study's view ---------------------------------------------------------------------
     def trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
 
-    def progress(self) -> Progress:
+    def progress(self, trials: Sequence[FrozenTrial] | None = None) -> Progress:
+        """Counts, best value and spending, from ``trials`` as read (the study's now when not given).
+
+        The best value is taken from the trials in hand rather than ``study.best_value``, which is one more
+        query to the storage for a figure the list already holds."""
         p = Progress()
-        trials = self.trials()
+        trials = self.trials() if trials is None else trials
+        values = []
         for t in trials:
             if t.state == TrialState.COMPLETE:
                 p.finished += 1
+                if t.value is not None:
+                    values.append(t.value)
             elif t.state == TrialState.PRUNED:
                 p.pruned += 1
             elif t.state == TrialState.RUNNING:
                 p.running += 1
             elif t.state == TrialState.FAIL and FAILURE in t.user_attrs:
                 p.failed += 1
-        if p.finished:
-            p.best = self.study.best_value
+        if values:
+            p.best = max(values) if self.study.direction == StudyDirection.MAXIMIZE else min(values)
         jobs = [int(t.user_attrs[JOB_ID]) for t in trials if JOB_ID in t.user_attrs]
         if jobs and (self.sweep.budget.gpu_hours is not None or self.sweep.budget.money is not None):
             p.gpu_hours, p.money = spent(self.store, jobs)
@@ -269,11 +267,16 @@ class SweepDriver:
                 raise
 
     # ---- one pass -----------------------------------------------------------------------------
-    def recover(self) -> None:
-        """Adopt the trials a previous driver left running; fail the one it never submitted."""
-        for t in self.trials():
+    def recover(self, trials: Sequence[FrozenTrial] | None = None) -> bool:
+        """Adopt the trials a previous driver left running; fail the one it never submitted.
+
+        ``trials``: the study's trials as last read (read now when not given). ``True`` when it wrote to the study.
+        """
+        wrote = False
+        for t in self.trials() if trials is None else trials:
             if t.state != TrialState.RUNNING or JOB_ID in t.user_attrs:
                 continue
+            wrote = True
             name = t.user_attrs.get(JOB_NAME)
             found = [j for j in self.store.jobs() if j.name == name] if name else []
             if found:
@@ -281,31 +284,40 @@ class SweepDriver:
             else:
                 self.study._storage.set_trial_user_attr(t._trial_id, LOST, "the driver stopped before submitting it")
                 self._tell(t.number, state=TrialState.FAIL)
+        return wrote
 
-    def follow(self) -> None:
-        """Report new values, prune, and end the trials whose jobs ended."""
-        for t in self.trials():
+    def follow(self, trials: Sequence[FrozenTrial] | None = None) -> bool:
+        """Report new values, prune, and end the trials whose jobs ended; ``True`` when it wrote to the study.
+
+        ``trials``: the study's trials as last read (read now when not given).
+        """
+        wrote = False
+        for t in self.trials() if trials is None else trials:
             if t.state == TrialState.RUNNING and JOB_ID in t.user_attrs:
-                self._follow(t, self.store.job(int(t.user_attrs[JOB_ID])))
+                wrote = self._follow(t, self.store.job(int(t.user_attrs[JOB_ID]))) or wrote
+        return wrote
 
-    def _follow(self, frozen: FrozenTrial, job: Job) -> None:
-        trial = optuna.Trial(self.study, frozen._trial_id)
+    def _follow(self, frozen: FrozenTrial, job: Job) -> bool:
         seen = max(frozen.intermediate_values, default=-1)
-        values = metric_values(self.store, job.id, self.sweep.objective.metric)
-        fresh = False
-        for step, value in values:
+        fresh = []
+        for step, value in self.values.new(job.id):
             if step > seen:
+                fresh.append((step, value))
+                seen = step
+        trial = None
+        if fresh:  # an ``optuna.Trial`` reads the trial from the storage: only made when there is news for it
+            trial = optuna.Trial(self.study, frozen._trial_id)
+            for step, value in fresh:
                 trial.report(value, step)
-                seen, fresh = step, True
         if job.state not in TERMINAL:
-            last = total_steps(self.store, job.id)
-            done = last is not None and seen >= last  # its last value: it is ending, not worth stopping
-            if fresh and not done and self.sweep.pruner.kind != "none" and trial.should_prune():
+            if trial is not None and self._may_prune(job, seen) and trial.should_prune():
                 self._prune(frozen, job, seen)
-            return
-        if job.state == JobState.COMPLETED and values:
-            self._tell(frozen.number, values[-1][1])
-            return
+            return trial is not None
+        last = self.values.last(job.id)
+        self.values.forget(job.id)  # its trial ends here
+        if job.state == JobState.COMPLETED and last is not None:
+            self._tell(frozen.number, last)
+            return True
         if job.state == JobState.COMPLETED:
             why = (
                 f"the trial never logged {self.sweep.objective.metric!r}: "
@@ -315,6 +327,14 @@ class SweepDriver:
             why = f"job {job.id} {job.state}" + (f": {job.reason}" if job.reason else "")
         self.study._storage.set_trial_user_attr(frozen._trial_id, FAILURE, why)
         self._tell(frozen.number, state=TrialState.FAIL)
+        return True
+
+    def _may_prune(self, job: Job, step: int) -> bool:
+        """A pruner is set and ``step`` is not the job's last (its value then is the end: not worth stopping for)."""
+        if self.sweep.pruner.kind == "none":
+            return False
+        last = total_steps(self.store, job.id)
+        return last is None or step < last
 
     def _prune(self, frozen: FrozenTrial, job: Job, step: int) -> None:
         try:
@@ -324,6 +344,7 @@ class SweepDriver:
         value = frozen.intermediate_values.get(step)
         self.store.add_event(job.id, PRUNED, sweep=self.sweep.name, trial=frozen.number, step=step, value=value)
         self.stopping[job.id] = f"pruned by sweep {self.sweep.name} at step {step}"
+        self.values.forget(job.id)
         self.study._storage.set_trial_user_attr(frozen._trial_id, PRUNED_AT, step)
         self._tell(frozen.number, state=TrialState.PRUNED)
 
@@ -347,9 +368,12 @@ class SweepDriver:
             return f"money budget spent ({p.money:.3g} of {b.money:g})"
         return None
 
-    def launch(self, p: Progress) -> None:
+    def launch(self, p: Progress) -> int:
+        """Ask and submit trials while there is room; how many it asked (each one a write to the study)."""
+        asked = 0
         while p.running < self.sweep.parallelism and p.finished + p.pruned + p.running < self.target():
             trial = self.study.ask()
+            asked += 1
             params = suggest(trial, self.sweep)
             name = trial_job_name(self.sweep, trial.number)
             trial.set_user_attr(JOB_NAME, name)  # before the job exists: a restarted driver finds it by name
@@ -361,31 +385,39 @@ class SweepDriver:
                 self._tell(trial, state=TrialState.FAIL)
                 p.failed += 1
                 if p.failed >= self.sweep.max_failures:
-                    return
+                    return asked
                 continue
             trial.set_user_attr(JOB_ID, job_id)
             p.running += 1
+        return asked
 
     def run(self, *, once: bool = False) -> Progress:
         """Launch, follow and end trials until the budget is met (or failures stop it).
 
         ``once``: one pass (adopt, follow, launch what fits) and return, for a driver run from cron.
         """
-        self.recover()
+        trials: list[FrozenTrial] | None = self.trials()  # the study as last read; only this driver writes to it
+        if self.recover(trials):
+            trials = None
         while True:
             try:
                 self.backend.sync()  # the trials' scheduler only: the home's other jobs are not the sweep's
             except UsageError as err:  # e.g. the local scheduler had died: a new one was started, say so
                 print(f"gpufleet: sweep {self.sweep.name}: {err}", file=sys.stderr, flush=True)
             self.settle()
-            self.follow()
-            p = self.progress()
+            if trials is None:
+                trials = self.trials()
+            if self.follow(trials):
+                trials = self.trials()
+            p = self.progress(trials)
             p.stop = self.stop_reason(p)
             if p.stop is not None and p.failed >= self.sweep.max_failures and p.running:
                 self._cancel_running()  # the trials fail for a reason they share: stop spending on them
+                trials = None
                 continue
             if p.stop is None:
-                self.launch(p)
+                if self.launch(p):
+                    trials = None
                 p.stop = self.stop_reason(p)
             if self.on_tick is not None:
                 self.on_tick(self, p)
