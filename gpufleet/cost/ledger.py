@@ -414,28 +414,7 @@ class Cost:
         return self.preemption_overhead_gpu_hours / total if total > 0 else 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(
-            gpu_hours={k: self.gpu_hours[k] + other.gpu_hours[k] for k in BUCKETS},
-            preemption_gpu_hours={
-                k: self.preemption_gpu_hours[k] + other.preemption_gpu_hours[k] for k in PREEMPTION_BUCKETS
-            },
-            preemption_money=self.preemption_money + other.preemption_money,
-            money=self.money + other.money,
-            on_demand_money=self.on_demand_money + other.on_demand_money,
-            attempts=self.attempts + other.attempts,
-            preemptions=self.preemptions + other.preemptions,
-            killed=self.killed + other.killed,
-            steps_redone=self.steps_redone + other.steps_redone,
-            unpriced=tuple(sorted(set(self.unpriced) | set(other.unpriced))),
-            egress_money=self.egress_money + other.egress_money,
-            egress_bytes=self.egress_bytes + other.egress_bytes,
-            notices=self.notices + other.notices,
-            short_handed_steps=self.short_handed_steps + other.short_handed_steps,
-            samples_skipped=self.samples_skipped + other.samples_skipped,
-            goodput_gpu_seconds={
-                k: self.goodput_gpu_seconds[k] + other.goodput_gpu_seconds[k] for k in GOODPUT_BUCKETS
-            },
-        )
+        return _sum(self, (other,))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -530,17 +509,24 @@ def _notices(usage: AttemptUsage) -> tuple[NoticeLead, ...]:
 
 
 def _total(costs: Iterable[Cost]) -> Cost:
-    """``Cost() + a + b + ...``, built once: each figure is added in the same order from zero (so the same
-    floats), the unpriced keys united and sorted, the notices joined in order. Adding ``Cost`` objects built
-    one whole ``Cost`` per term, a third of pricing a job again."""
-    hours = dict.fromkeys(BUCKETS, 0.0)
-    preempted = dict.fromkeys(PREEMPTION_BUCKETS, 0.0)
-    goodput = dict.fromkeys(GOODPUT_BUCKETS, 0.0)
-    preemption_money = money = on_demand_money = egress_money = 0.0
-    attempts = preemptions = killed = steps_redone = egress_bytes = short_handed = skipped = 0
-    unpriced: set[str] = set()
-    notices: tuple[NoticeLead, ...] = ()
-    for c in costs:
+    """``Cost() + a + b + ...``, built once (:func:`_sum`)."""
+    return _sum(Cost(), costs)
+
+
+def _sum(first: Cost, rest: Iterable[Cost]) -> Cost:
+    """``first + a + b + ...`` built once: each figure added in order (the floats of the chained ``+``), the
+    unpriced keys united and sorted, the notices joined in order. Chaining ``+`` built one whole ``Cost`` per
+    term, a third of pricing a job again; ``+`` itself is this with one term, so the two never differ."""
+    hours = {k: first.gpu_hours[k] for k in BUCKETS}
+    preempted = {k: first.preemption_gpu_hours[k] for k in PREEMPTION_BUCKETS}
+    goodput = {k: first.goodput_gpu_seconds[k] for k in GOODPUT_BUCKETS}
+    preemption_money, money = first.preemption_money, first.money
+    on_demand_money, egress_money = first.on_demand_money, first.egress_money
+    attempts, preemptions, killed, steps_redone = first.attempts, first.preemptions, first.killed, first.steps_redone
+    egress_bytes, short_handed, skipped = first.egress_bytes, first.short_handed_steps, first.samples_skipped
+    unpriced = set(first.unpriced)
+    notices = first.notices
+    for c in rest:
         for k in BUCKETS:
             hours[k] += c.gpu_hours[k]
         for k in PREEMPTION_BUCKETS:

@@ -295,14 +295,7 @@ def _write_rank_file(path: Path, data: bytes) -> FileEntry:
     5-8 ms after the shards, on every save's critical path; in a thread of its own, started before
     DCP's planning, they overlap it.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        view, written = memoryview(data), 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(path, lambda fh: fh.write(data), atomic=False)
     return FileEntry(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
 
 
