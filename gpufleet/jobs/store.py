@@ -809,6 +809,14 @@ class Store:
         rows = self._db.execute(sql + " ORDER BY ts, id", args_any)
         return [e for e in map(event_from_row, rows) if e is not None]
 
+    def event_count(self, job_id: int, *, at_most: int) -> int:
+        """How many events the job has, counted no further than ``at_most`` (the work is bounded by it, not by the
+        job: the count walks the ``(job_id, ts)`` index alone)."""
+        row = self._db.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM events WHERE job_id=? LIMIT ?)", (job_id, max(0, at_most))
+        ).fetchone()
+        return int(row[0])
+
     def events_after(self, job_id: int, after: int, kinds: Sequence[str]) -> list[tuple[int, Event | None]]:
         """The job's events of ``kinds`` stored after event id ``after``, each with its id, in (time, id) order.
 
