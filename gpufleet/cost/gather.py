@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.cost.cache import CostCache, Filters, Miss, pricing_digest
-from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger, build_ledger, job_cost
-from gpufleet.cost.note import NoteEvent, NotePaths, write_cost_note
+from gpufleet.cost.ledger import AttemptUsage, Cost, Ledger, build_ledger
 from gpufleet.cost.rates import RateCard, load_rates
 from gpufleet.cost.usage import attempt_usages, job_usages, store_usages
 from gpufleet.errors import GpufleetError, NotFound, ParameterError
@@ -31,6 +30,7 @@ from gpufleet.paths import private_dir
 
 if TYPE_CHECKING:
     from gpufleet.cost.live import LiveReader
+    from gpufleet.cost.note import NoteEvent, NotePaths
 
 FLEET_KINDS = (
     EventKind.PLACED,
@@ -65,6 +65,8 @@ def fleet_event_text(kind: str, d: Mapping[str, Any], attempt: int | None) -> st
 
 def note_events(store: Store, job_ids: Sequence[int]) -> list[NoteEvent]:
     """The moments a reader of a cost note wants marked: preemptions, rollbacks, resumes."""
+    from gpufleet.cost.note import NoteEvent  # a note's own: `gpufleet cost` without --out never loads it
+
     out: list[NoteEvent] = []
     for job_id in job_ids:
         for e in store.events(
@@ -229,6 +231,8 @@ def cost_report(
         if out.exists() and not out.is_dir():
             raise ParameterError("{out} is a file: give a folder for the cost note", out=str(out))
         ids = sorted(names)
+        from gpufleet.cost.note import write_cost_note
+
         note = write_cost_note(
             out,
             usages,
@@ -322,6 +326,7 @@ def _summarise(
     live.read([m.job_id for m in misses if m.attempted], cache.dirty())
     for miss in misses:
         _price(live, cache, miss, rates, now, filters.since, with_json=with_json)
+    live.keep()
     cache.flush()
     teams, total, count = cache_read.sums(cache, filters, notices=with_json)
     texts = cache_read.texts(cache, filters) if with_json else None
@@ -352,13 +357,11 @@ def _price(
             cache.add(miss, team="", name="", last_end=0.0, cost=None, shown=False, text="")
         return
     facts = job.facts
-    usages = attempt_usages(facts, attempts, job.usage_events, now, job.tails())
-    cost = job_cost(usages, rates)
-    shown = since is None or any(u.end >= since or u.outcome == "running" for u in usages)
+    cost, last_end, shown = job.price(attempts, rates, now, since)
+    if job.closed is not None and job.closed.fresh:
+        live.changed.add(facts.id)  # its ended attempts priced now: kept with its inputs
     text = job_text(facts.id, facts.name, cost) if miss.ended or with_json else ""
-    cache.add(
-        miss, team=facts.team, name=facts.name, last_end=max(u.end for u in usages), cost=cost, shown=shown, text=text
-    )
+    cache.add(miss, team=facts.team, name=facts.name, last_end=last_end, cost=cost, shown=shown, text=text)
 
 
 __all__ = [

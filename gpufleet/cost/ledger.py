@@ -576,9 +576,12 @@ class Ledger:
     currency: str
 
 
-def job_cost(usages: Sequence[AttemptUsage], rates: RateCard) -> Cost:
-    """One job's row of the ledger: its attempts' costs added in order, as :func:`build_ledger` adds them."""
-    return _total(attempt_cost(u, rates) for u in usages)
+def job_cost(usages: Sequence[AttemptUsage], rates: RateCard, *, first: Cost | None = None) -> Cost:
+    """One job's row of the ledger: its attempts' costs added in order, as :func:`build_ledger` adds them.
+
+    ``first``: what the job's earlier attempts came to (this function's result for them): the sum goes on from
+    it, and is the same to the last bit as pricing every attempt (each figure is added in order)."""
+    return _sum(Cost() if first is None else first, (attempt_cost(u, rates) for u in usages))
 
 
 def build_ledger(usages: Sequence[AttemptUsage], rates: RateCard) -> Ledger:

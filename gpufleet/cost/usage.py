@@ -461,15 +461,20 @@ def attempt_usages(
     events: Sequence[Event],
     now: float,
     tails: Mapping[int, StepTail] | None = None,
+    *,
+    skip: int = 0,
 ) -> list[AttemptUsage]:
     """Every attempt of one job, each told whether the attempt before it was preempted.
 
-    ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out.
+    ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out. ``skip``: leave out
+    the first ``skip`` attempts (in number order; priced already), the next one still told about the one before.
     """
     ordered = sorted(attempts, key=lambda a: a.n)
     job = job if isinstance(job, JobFacts) else JobFacts.of(job)  # read once, not per attempt
     out: list[AttemptUsage] = []
     for i, attempt in enumerate(ordered):
+        if i < skip:
+            continue
         after = i > 0 and (ordered[i - 1].outcome or "") in PREEMPTED_OUTCOMES
         tail = None if tails is None else tails.get(attempt.n, StepTail())
         out.append(attempt_usage(job, attempt, events, now, after_preemption=after, tail=tail))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import attempt_events, run_cli
 
-from gpufleet.cost import gather
+from gpufleet.cost import live, usage
 from gpufleet.cost.gather import CostSummary, cost_report, cost_summary
 from gpufleet.cost.ledger import Cost
 from gpufleet.jobs.store import Attempt, Outcome, Store
@@ -128,13 +128,13 @@ def assert_same_figures(summary: CostSummary, expected: Expected) -> None:
 def priced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ids of the jobs the next reads price from the store (not read from the cache)."""
     seen: list[int] = []
-    real = gather.attempt_usages
+    real = usage.attempt_usages
 
     def counting(job: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(job.id)
         return real(job, *args, **kwargs)
 
-    monkeypatch.setattr(gather, "attempt_usages", counting)
+    monkeypatch.setattr(live, "attempt_usages", counting)
     return seen
 
 

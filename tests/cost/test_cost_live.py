@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_cost_cache import NOW, Expected, add_attempt, assert_same_figures, spec
 
-from gpufleet.cost import live
+from gpufleet.cost import live, usage
 from gpufleet.cost.gather import cost_summary
 from gpufleet.jobs.store import Store
 
@@ -150,3 +150,34 @@ def test_a_job_that_ends_is_priced_from_its_kept_inputs_brought_up_to_date(store
     )
     check(store)
     assert whole == []
+
+
+def test_ended_attempts_are_priced_once_until_the_job_is_written_about(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job 2's first attempt (preempted) is kept priced: a read prices only its open attempt, and adds it to what
+    the first came to, with the figures of a read from scratch; an event or a change to the attempt prices it
+    again."""
+    skipped: dict[int, list[int]] = {}
+    real = usage.attempt_usages
+
+    def counting(facts: Any, *args: Any, skip: int = 0, **kwargs: Any) -> Any:
+        skipped.setdefault(facts.id, []).append(skip)
+        return real(facts, *args, skip=skip, **kwargs)
+
+    monkeypatch.setattr(live, "attempt_usages", counting)
+    check(store)
+    assert skipped == {1: [0], 2: [0], 3: [0]}  # nothing kept yet: every attempt priced
+    changes: list[tuple[bool, Any]] = [
+        (False, lambda: None),  # nothing written: the kept price
+        (True, lambda: store.add_runtime_events(2, steps(2, 2, 7600.0, 40, 3), 9)),  # steps of its open attempt
+        (False, lambda: None),
+        (True, lambda: store.add_event(2, "checkpoint", attempt=1, ts=7050.0, step=4, seconds=30.0)),  # a late one
+        (True, lambda: store.update_attempt(2, 1, ended_at=7080.0)),  # attempt 1 changed in place (attempt_edits)
+        (False, lambda: None),
+    ]
+    for written, change in changes:
+        skipped.clear()
+        change()
+        check(store)
+        assert skipped[2] == ([0] if written else [1])  # written about: its ended attempt priced again
