@@ -210,6 +210,33 @@ def process_times(argv: Sequence[str], runs: int, env: dict[str, str]) -> tuple[
     return median(walls), median(cpus)
 
 
+def interleaved_times(
+    cases: Sequence[tuple[str, Sequence[str], dict[str, str]]], runs: int
+) -> dict[str, tuple[float, float]]:
+    """:func:`process_times` of each ``(name, argv, env)``, run in ``runs`` interleaved rounds (each case once a
+    round, after one untimed run of each): a machine whose speed drifts during the runs moves every case alike,
+    so the cases compare with each other."""
+    import resource
+    import subprocess
+    import time
+
+    for _, argv, env in cases:
+        first = subprocess.run(list(argv), env=env, capture_output=True, text=True)
+        if first.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed: {first.stderr.strip()[-300:]}")
+    walls: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+    cpus: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+    for _ in range(runs):
+        for name, argv, env in cases:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            walls[name].append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {name: (median(walls[name]), median(cpus[name])) for name, _, _ in cases}
+
+
 def set_environ(values: dict[str, str]) -> dict[str, str | None]:
     """Set ``values`` in this process's environment; returns the old values (``None``: unset) to restore."""
     saved = {name: os.environ.get(name) for name in values}

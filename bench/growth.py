@@ -10,11 +10,12 @@ each (the first ones preempted), and per job ``--steps`` step events plus a chec
 takes minutes to write) and reused by the next run; ``--fresh`` writes them again.
 
 Timed for each size, the way a person runs them (a fresh process each time, bytecode cached; the
-median wall and CPU time of ``--runs``): ``gpufleet jobs``, ``jobs --json``, ``cost``, ``show ID``
-(a job in the middle); the p95 of ``GET /api/jobs?limit=50`` (and by team) and of ``GET /api/fleet`` on
-``gpufleet serve --cache 0``; one local scheduler round (``tick``, no slot free) over the queue; and the
-home's size on disk per job. Target: every command within
-``--target`` seconds (0.5 s) at the largest size; the table shows how each grows from size to size
+median wall and CPU time of ``--runs`` interleaved rounds): ``gpufleet jobs``, ``jobs --json``, ``cost``,
+``show ID`` (a job in the middle), and at the largest size, in the same rounds, ``jobs`` and ``cost`` in an
+empty home (the floor: what start-up costs in the machine's state of the moment); the p95 of
+``GET /api/jobs?limit=50`` (and by team) and of ``GET /api/fleet`` on ``gpufleet serve --cache 0``; one local
+scheduler round (``tick``, no slot free) over the queue; and the home's size on disk per job. Target: every
+command within ``--target`` seconds (0.5 s) at the largest size; the table shows how each grows from size to size
 (x10 jobs: a ratio near 1 is flat, near 10 is linear).
 """
 
@@ -242,6 +243,11 @@ def scheduler_tick_s(home: Path, runs: int) -> float:
     return common.median(times)
 
 
+FLOOR = ("jobs", "cost")
+"""Commands also timed in an empty home, in the same rounds as the largest size: start-up, imports and drawing,
+which no store makes faster (the growth a store adds is the difference)."""
+
+
 def commands(n_jobs: int) -> Iterator[tuple[str, list[str]]]:
     yield "jobs", ["jobs"]
     yield "jobs --json", ["jobs", "--json"]
@@ -295,14 +301,22 @@ def main() -> int:
     env = {**os.environ, "COLUMNS": "120", "PYTHONPYCACHEPREFIX": str(HOMES / "pycache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     figures: dict[int, dict[str, Any]] = {}
+    empty = HOMES / "empty"  # the floor: the same commands where there is no job at all
+    empty.mkdir(parents=True, exist_ok=True)
+    floor: dict[str, dict[str, float]] = {}
     for n in sizes:
         home = home_for(n, args.steps, args.fresh)
         env["GPUFLEET_HOME"] = str(home)
         row: dict[str, Any] = {"disk_bytes_per_job": disk_bytes(home) / n, "commands": {}}
-        for name, argv in commands(n):
-            common.progress(f"{n:,} jobs: gpufleet {' '.join(argv)}")
-            wall, cpu = common.process_times([*GPUFLEET, *argv], args.runs, env)
-            row["commands"][name] = {"wall": wall, "cpu": cpu}
+        cases = [(name, [*GPUFLEET, *argv], dict(env)) for name, argv in commands(n)]
+        if n == sizes[-1]:  # timed in the same rounds: what the machine's state adds to every command
+            cases += [(f"floor {name}", [*GPUFLEET, name], {**env, "GPUFLEET_HOME": str(empty)}) for name in FLOOR]
+        common.progress(f"{n:,} jobs: {', '.join(name for name, _, _ in cases)} ({args.runs} interleaved rounds)")
+        for name, (wall, cpu) in common.interleaved_times(cases, args.runs).items():
+            if name.startswith("floor "):
+                floor[name.removeprefix("floor ")] = {"wall": wall, "cpu": cpu}
+            else:
+                row["commands"][name] = {"wall": wall, "cpu": cpu}
         row["scheduler_tick_s"] = scheduler_tick_s(home, args.runs * 4)
         common.progress(f"{n:,} jobs: GET {', '.join(API_PATHS.values())} ({args.api_runs} each)")
         row["api_p95"] = api_p95(home, args.api_runs, env, API_PATHS)
@@ -332,6 +346,7 @@ def main() -> int:
         cells.append(f"{figures[n]['disk_bytes_per_job'] / 1024:.1f}")
         rows.append(cells)
     result = {
+        "floor": floor,
         "runs": args.runs,
         "steps_per_job": args.steps,
         "target_s": args.target,
@@ -350,7 +365,9 @@ def main() -> int:
             rows,
         ),
         verdict=f"slowest command at {sizes[-1]:,} jobs: {slowest:.3f} s (target {args.target:.3f} s); "
-        f"paged API p95 {api_slowest * 1000:.1f} ms (target {args.api_target * 1000:.0f} ms)",
+        f"paged API p95 {api_slowest * 1000:.1f} ms (target {args.api_target * 1000:.0f} ms); "
+        f"in the same rounds, with no job at all: "
+        + ", ".join(f"{name} {v['wall']:.3f} s" for name, v in floor.items()),
         ok=ok,
     )
 

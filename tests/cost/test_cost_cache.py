@@ -13,6 +13,7 @@ import pytest
 from conftest import attempt_events, run_cli
 
 from gpufleet.cost import live, usage
+from gpufleet.cost.cache import CostCache
 from gpufleet.cost.gather import CostSummary, cost_report, cost_summary
 from gpufleet.cost.ledger import Cost
 from gpufleet.jobs.store import Attempt, Outcome, Store
@@ -301,3 +302,50 @@ def test_the_command_lists_the_costliest_jobs(
     assert json.loads(out)["jobs"] == expected.jobs and json.loads(out).keys() == expected.dict.keys()
     code, _, err = run_cli(capsys, monkeypatch, "cost", "--limit", "-1")
     assert code == 2 and "--limit" in err and "Traceback" not in err
+
+
+def test_a_queued_job_is_looked_at_again_only_once_something_is_written_about_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job 5 waits (no attempt): once watched, a read passes it over until its record or its attempts change; when
+    it starts (an attempt and its record written, no event yet) the next read prices it."""
+    clock = [NOW]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    looked: list[list[int]] = []
+    real = CostCache.lookup
+
+    def spying(self: CostCache, filters: Any) -> Any:
+        misses = real(self, filters)
+        looked.append([m.job_id for m in misses])
+        return misses
+
+    monkeypatch.setattr(CostCache, "lookup", spying)
+    check = lambda: assert_same_figures(cost_summary(store, with_json=True), report_of(store))  # noqa: E731
+    check()
+    clock[0] += 10.0
+    store.add_job(spec("later", "nlp"), "local")  # job 8: new
+    check()
+    clock[0] += 10.0
+    check()  # the running job 4, and job 8, written at the latest time seen (a tie is looked at again)
+    assert looked[-1] == [4, 8]
+    clock[0] += 10.0
+    store.set_job_state(6, "completed")  # another job's record written (priced again), at a later time
+    check()
+    assert looked[-1] == [4, 6, 8]
+    clock[0] += 10.0
+    check()  # 8 is passed over now: nothing written about it since it was looked at
+    assert looked[-1] == [4]
+    clock[0] += 10.0
+    store.begin_attempt(5, 1, clock[0] - 5.0)  # job 5 started: its record and an attempt written, no event
+    check()
+    assert looked[-1] == [4, 5]
+    clock[0] += 10.0
+    check()
+    assert looked[-1] == [4, 5]  # running now: priced at every read
+    clock[0] += 10.0
+    store.set_job_state(8, "cancelled")  # its record written, nothing else: looked at, kept as ended
+    check()
+    assert looked[-1] == [4, 5, 8]
+    clock[0] += 10.0
+    check()
+    assert looked[-1] == [4, 5]
