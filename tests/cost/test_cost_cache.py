@@ -320,7 +320,10 @@ def test_a_queued_job_is_looked_at_again_only_once_something_is_written_about_it
         return misses
 
     monkeypatch.setattr(CostCache, "lookup", spying)
-    check = lambda: assert_same_figures(cost_summary(store, with_json=True), report_of(store))  # noqa: E731
+
+    def check() -> None:
+        assert_same_figures(cost_summary(store, with_json=True), report_of(store))
+
     check()
     clock[0] += 10.0
     store.add_job(spec("later", "nlp"), "local")  # job 8: new
