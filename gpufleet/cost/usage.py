@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
@@ -249,7 +249,11 @@ def attempt_queued(attempt: Attempt, mine: Sequence[Event], end: float) -> float
     attempt without such an event (local, or a script that never ran) shows none.
     """
     first = min((e.ts for e in mine if e.kind == EventKind.ATTEMPT_START), default=None)
-    return 0.0 if first is None else max(0.0, min(first, end) - attempt.started_at)
+    return _queued(first, attempt.started_at, end)
+
+
+def _queued(first_start: float | None, started_at: float, end: float) -> float:
+    return 0.0 if first_start is None else max(0.0, min(first_start, end) - started_at)
 
 
 def _size_changed(old: Any, new: Any) -> bool:
@@ -339,13 +343,89 @@ def attempt_usage(
     ``after_preemption`` says the attempt before this one was preempted (``job_usages`` knows the
     attempts; this function sees one): its start-up and restore then count as preemption overhead.
     The wall is the attempt's ``started_at``..``ended_at`` as its backend recorded it (for Slurm,
-    sacct's Start and End); events outside it are clamped in, so no bucket outgrows the wall.
-    ``tail``: what its step events hold, when ``events`` leaves them out (``job_usages`` reads only
-    ``USAGE_KINDS``); without it, taken from ``events``.
+    sacct's Start and End); events outside it are clamped in, so no bucket outgrows the wall; an
+    attempt still open ends at ``now``. ``tail``: what its step events hold, when ``events`` leaves
+    them out (``job_usages`` reads only ``USAGE_KINDS``); without it, taken from ``events``.
     """
+    reading = attempt_reading(job, attempt, events, after_preemption=after_preemption, tail=tail)
+    return reading.at(attempt.ended_at if attempt.ended_at is not None else now)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReading:
+    """What an attempt's events say, read once: :meth:`at` gives its :class:`AttemptUsage` ending at a time.
+
+    Only a few figures depend on when the attempt ends (its wall, the start-up of an attempt that never
+    reached a step, the work lost and the shut-down after the last checkpoint, the idle tail, the GPUs held
+    before the processes ran); the rest is in :attr:`usage`, read from the events. An attempt still open
+    is priced at the current time at every read of ``gpufleet cost``: the cost cache keeps its reading
+    (:mod:`gpufleet.cost.live`), so a read where nothing was written about the job does not read its
+    events again.
+    """
+
+    usage: AttemptUsage
+    """Every figure but those :meth:`at` sets (``end``, ``startup_s``, ``lost_s``, ``shutdown_s``, ``idle_s``,
+    ``queued_s``)."""
+    started_at: float
+    staging_s: float
+    train_start: float | None
+    """When its first step began (``train_start``), ``None`` if it never did."""
+    restore_s: float
+    """Its restore at start, out of the start-up (rollbacks' restores apart)."""
+    session_ends: tuple[float, ...]
+    """When its sessions ended (``session_end``), in the events' order."""
+    last_step_at: float | None
+    """When its newest step was logged."""
+    first_start: float | None
+    """Its earliest ``attempt_start`` (the processes running), ``None`` if none."""
+    loses_work: bool
+    """It ended neither completed nor running after it trained: work after its last checkpoint is lost."""
+
+    def at(self, end: float) -> AttemptUsage:
+        """Its usage if it ended at ``end``: the figures :func:`attempt_usage` gives."""
+        u, start = self.usage, self.started_at
+        if self.train_start is None:
+            startup_s = max(0.0, end - start - self.staging_s)  # never reached the first step: all of it was start-up
+        else:
+            first = min(max(self.train_start, start), end)
+            startup_s = max(0.0, first - start - self.restore_s - self.staging_s)
+        lost_s, shutdown_s = u.lost_s, 0.0
+        if self.loses_work:
+            assert self.train_start is not None
+            durable = min(max(u.checkpoints, default=self.train_start), end)
+            # A session that ended on purpose after its last checkpoint trained nothing after it:
+            # from there to the process exit is shut-down, not lost work.
+            ended = [t for t in self.session_ends if t >= durable]
+            stop = min(ended[0], end) if ended else end
+            lost_s += max(0.0, stop - durable)
+            shutdown_s = max(0.0, end - stop)
+            startup_s += shutdown_s
+            idle_s = shutdown_s
+        else:
+            since = min(max(self.train_start if self.train_start is not None else start, start), end)
+            idle_s = _idle_tail(self.session_ends, self.last_step_at, since, end, finished=u.outcome == "completed")
+        return replace(
+            u,
+            end=end,
+            startup_s=startup_s,
+            lost_s=lost_s,
+            shutdown_s=shutdown_s,
+            idle_s=idle_s,
+            queued_s=_queued(self.first_start, start, end),
+        )
+
+
+def attempt_reading(
+    job: Job | JobFacts,
+    attempt: Attempt,
+    events: Sequence[Event],
+    *,
+    after_preemption: bool = False,
+    tail: StepTail | None = None,
+) -> AttemptReading:
+    """What ``attempt``'s events say (see :func:`attempt_usage`, which ends it at its end or the current time)."""
     tail = step_tail(attempt.n, events) if tail is None else tail
     start = attempt.started_at
-    end = attempt.ended_at if attempt.ended_at is not None else now
     outcome = attempt.outcome or "running"
     mine = [e for e in events if e.attempt == attempt.n and e.source == "runtime"]
     restore = next((e for e in mine if e.kind == EventKind.RESTORE and e.data.get("cause") != "rollback"), None)
@@ -357,17 +437,10 @@ def attempt_usage(
     # Ranks on several nodes stage at the same time: the attempt waited for the slowest.
     staged = [e for e in mine if e.kind in (EventKind.DATA_STAGED, EventKind.DATA_STAGE_FAILED)]
     staging_s = max((_seconds(e.data, "seconds") for e in staged), default=0.0)
-    if train_start is None:
-        startup_s = max(0.0, end - start - staging_s)  # never reached the first step: all of it was start-up
-        first_step = None
-    else:
-        first = min(max(train_start.ts, start), end)
-        startup_s = max(0.0, first - start - (_seconds(restore.data, "seconds") if restore else 0.0) - staging_s)
-        first_step = _step(train_start.data, "step")
+    first_step = None if train_start is None else _step(train_start.data, "step")
     checkpoint_s = sum(_seconds(e.data, "seconds") for e in checkpoints)
     preempt_save_s = sum(_seconds(e.data, "seconds") for e in checkpoints if e.data.get("reason") == "preempt")
-    rollback_lost_s = lost_s = sum(_seconds(e.data, "redone_seconds") for e in rollbacks)
-    shutdown_s = 0.0
+    rollback_lost_s = sum(_seconds(e.data, "redone_seconds") for e in rollbacks)
     last_step = _last_step(tail, mine, first_step)
     steps_done, steps_redone, segment_start = 0, 0, first_step or 0
     for e in rollbacks:
@@ -377,27 +450,16 @@ def attempt_usage(
         segment_start = to_step
     if last_step is not None:
         steps_done += max(0, last_step - segment_start)
-    if outcome not in ("completed", "running") and train_start is not None:
-        durable = min(max([e.ts for e in checkpoints], default=train_start.ts), end)
-        # A session that ended on purpose after its last checkpoint trained nothing after it:
-        # from there to the process exit is shut-down, not lost work.
-        ended = [e.ts for e in mine if e.kind == EventKind.SESSION_END and e.ts >= durable]
-        stop = min(ended[0], end) if ended else end
-        lost_s += max(0.0, stop - durable)
-        shutdown_s = max(0.0, end - stop)
-        startup_s += shutdown_s
+    loses_work = outcome not in ("completed", "running") and train_start is not None
+    if loses_work:
         durable_step = _step(checkpoints[-1].data, "step") if checkpoints else segment_start
         steps_redone += max(0, (last_step or 0) - durable_step)
-        idle_s = shutdown_s
-    else:
-        since = min(max(train_start.ts if train_start is not None else start, start), end)
-        idle_s = _idle_tail(mine, tail, since, end, finished=outcome == "completed")
     resized = restore is not None and resharded_restore(attempt, mine, events, restore)
     facts = job if isinstance(job, JobFacts) else JobFacts.of(job)
     placed = attempt_placement(attempt, events)
     notice_source, notice_lead_s = attempt_notice(attempt.n, events)
     short_handed_steps, samples_skipped = attempt_short_handed(mine)
-    return AttemptUsage(
+    usage = AttemptUsage(
         job_id=facts.id,
         job_name=facts.name,
         team=facts.team,
@@ -412,14 +474,13 @@ def attempt_usage(
         egress_money=placed.get("egress_money", 0.0),
         gpus=facts.total_gpus if (recorded := recorded_gpus(attempt, events)) is None else recorded,
         start=start,
-        end=end,
+        end=start,
         outcome=outcome,
         killed=killed_attempt(attempt, mine),
-        startup_s=startup_s,
         restore_s=restore_s,
         staging_s=staging_s,
         checkpoint_s=checkpoint_s,
-        lost_s=lost_s,
+        lost_s=rollback_lost_s,
         steps_done=steps_done,
         steps_redone=steps_redone,
         first_step=first_step,
@@ -427,7 +488,6 @@ def attempt_usage(
         checkpoints=tuple(e.ts for e in checkpoints),
         rollbacks=tuple(e.ts for e in rollbacks),
         after_preemption=after_preemption,
-        shutdown_s=shutdown_s,
         preempt_save_s=preempt_save_s,
         rollback_lost_s=rollback_lost_s,
         rollback_restore_s=rollback_restore_s,
@@ -435,23 +495,34 @@ def attempt_usage(
         notice_lead_s=notice_lead_s,
         short_handed_steps=short_handed_steps,
         samples_skipped=samples_skipped,
-        queued_s=attempt_queued(attempt, mine, end),
-        idle_s=idle_s,
         resize_restore_s=_seconds(restore.data, "seconds") if restore is not None and resized else 0.0,
         phases=tail.phases,
     )
+    return AttemptReading(
+        usage=usage,
+        started_at=start,
+        staging_s=staging_s,
+        train_start=None if train_start is None else train_start.ts,
+        restore_s=_seconds(restore.data, "seconds") if restore else 0.0,
+        session_ends=tuple(e.ts for e in mine if e.kind == EventKind.SESSION_END),
+        last_step_at=tail.ts,
+        first_start=min((e.ts for e in mine if e.kind == EventKind.ATTEMPT_START), default=None),
+        loses_work=loses_work,
+    )
 
 
-def _idle_tail(mine: Sequence[Event], tail: StepTail, since: float, end: float, *, finished: bool) -> float:
+def _idle_tail(
+    session_ends: Sequence[float], last_step_at: float | None, since: float, end: float, *, finished: bool
+) -> float:
     """Seconds held after the session ended (or, for a finished attempt without one, after its last step).
 
     ``since`` is where training began (the attempt's start if it never did), already within the wall:
     the processes' exit, the GPUs held but no longer used.
     """
-    ends = [e.ts for e in mine if e.kind == EventKind.SESSION_END and e.ts >= since]
+    ends = [t for t in session_ends if t >= since]
     stop = ends[0] if ends else None
-    if stop is None and finished and tail.ts is not None and tail.ts >= since:
-        stop = tail.ts
+    if stop is None and finished and last_step_at is not None and last_step_at >= since:
+        stop = last_step_at
     return 0.0 if stop is None else max(0.0, end - min(stop, end))
 
 
@@ -512,12 +583,14 @@ def store_usages(store: Store, team: str | None = None, job_ids: Sequence[int] |
 __all__ = [
     "PHASES_KEY",
     "USAGE_KINDS",
+    "AttemptReading",
     "JobFacts",
     "StepTail",
     "attempt_gpus",
     "attempt_notice",
     "attempt_phases",
     "attempt_queued",
+    "attempt_reading",
     "attempt_short_handed",
     "attempt_usage",
     "attempt_usages",
