@@ -45,7 +45,7 @@ from gpufleet.cost.ledger import BUCKETS, GOODPUT_BUCKETS, PREEMPTION_BUCKETS, C
 from gpufleet.cost.rates import RateCard
 from gpufleet.jobs.store import TERMINAL
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 """Bumped when what a row holds changes; part of every pricing digest and checked against the file."""
 
 FINGERPRINT = ("updated_at", "submitted_at", "state", "restarts", "events_offset", "name", "team")
@@ -97,7 +97,7 @@ _SCHEMA = (
     DELETE FROM sums WHERE digest=old.digest AND team=old.team AND n <= 0; END""",
     "CREATE TRIGGER IF NOT EXISTS rows_text AFTER DELETE ON rows BEGIN DELETE FROM frags WHERE rid=old.rid; END",
     """CREATE TABLE IF NOT EXISTS live (digest TEXT NOT NULL, job_id INTEGER NOT NULL, spec_key TEXT NOT NULL,
-    seen INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (digest, job_id))""",
+    seen INTEGER NOT NULL, body TEXT NOT NULL, priced TEXT, PRIMARY KEY (digest, job_id))""",
 )
 _FRESH_COLUMNS = 1 + len(FINGERPRINT) + 2 + 3 + len(COST_COLUMNS) + 1
 KEPT_DIGESTS = 3
@@ -207,10 +207,10 @@ class Filters:
     """Only jobs with an attempt that ended at or after it (or still running)."""
 
 
-Seen = tuple[int, int, int, int, float]
+Seen = tuple[int, int, int, int, float, tuple[int, ...]]
 """The last event id, attempt row id, job id and attempt edit (``attempt_edits.seq``) a digest's rows account for,
-and the latest time a job's record was written (``jobs.updated_at``)."""
-UNSEEN: Seen = (-1, -1, -1, -1, -1.0)
+the latest time a job's record was written (``jobs.updated_at``), and the jobs written at that time."""
+UNSEEN: Seen = (-1, -1, -1, -1, -1.0, ())
 
 
 class CostCache:
@@ -270,9 +270,11 @@ class CostCache:
             self._max("s.attempts", "rowid"),
             self._max("s.jobs", "id"),
             self._max("s.attempt_edits", "seq"),
-            self._latest_update(),
+            *self._latest_update(),
         )
-        self.trusted = self._seen != UNSEEN and all(a >= b for a, b in zip(self._now_seen, self._seen, strict=True))
+        now, seen = self._now_seen, self._seen  # every id and time only grows: else rebuild
+        grown = now[0] >= seen[0] and now[1] >= seen[1] and now[2] >= seen[2] and now[3] >= seen[3]
+        self.trusted = seen != UNSEEN and grown and now[4] >= seen[4]
         self._candidates()
         ended = (
             f"j.state IN ({','.join('?' * len(TERMINAL))})"
@@ -313,20 +315,26 @@ class CostCache:
             return UNSEEN
         ok = (
             isinstance(seen, list)
-            and len(seen) == 5
+            and len(seen) == 6
             and all(isinstance(v, int) and v >= 0 for v in seen[:4])
             and isinstance(seen[4], (int, float))
             and math.isfinite(seen[4])
+            and isinstance(seen[5], list)
+            and all(isinstance(v, int) for v in seen[5])
         )
-        return (seen[0], seen[1], seen[2], seen[3], float(seen[4])) if ok else UNSEEN
+        return (seen[0], seen[1], seen[2], seen[3], float(seen[4]), tuple(seen[5])) if ok else UNSEEN
 
     def _max(self, table: str, column: str) -> int:
         value = self.db.execute(f"SELECT max({column}) FROM {table}").fetchone()[0]
         return value if isinstance(value, int) and value >= 0 else 0
 
-    def _latest_update(self) -> float:
+    def _latest_update(self) -> tuple[float, tuple[int, ...]]:
+        """The latest ``updated_at`` of a job, and the jobs written then (from the index)."""
         value = self.db.execute("SELECT max(updated_at) FROM s.jobs").fetchone()[0]
-        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return 0.0, ()
+        ids = self.db.execute("SELECT id FROM s.jobs WHERE updated_at = ? ORDER BY id", (value,))
+        return float(value), tuple(int(j) for (j,) in ids)
 
     def _candidates(self) -> None:
         """``temp.cand``: the jobs to look at (all of them when the rows cannot be trusted; else those watched,
@@ -346,7 +354,7 @@ class CostCache:
         if not self.trusted:
             db.execute("INSERT INTO temp.cand SELECT id, 1 FROM s.jobs")
             return
-        events, attempts, jobs, edits, updated = self._seen
+        events, attempts, jobs, edits, updated, _ = self._seen
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.events WHERE id > ?", (events,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempts WHERE rowid > ?", (attempts,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempt_edits WHERE seq > ?", (edits,))
@@ -420,7 +428,7 @@ class CostCache:
         db, digest = self.db, self.digest
         if self._has("live_fresh"):
             db.execute(
-                "INSERT OR REPLACE INTO live SELECT ?, job_id, spec_key, seen, body FROM temp.live_fresh"
+                "INSERT OR REPLACE INTO live SELECT ?, job_id, spec_key, seen, body, priced FROM temp.live_fresh"
                 " WHERE job_id IN (SELECT job_id FROM watch WHERE digest=?)",
                 (digest, digest),
             )
@@ -434,9 +442,15 @@ class CostCache:
         return self.db.execute("SELECT 1 FROM temp.sqlite_master WHERE name=?", (table,)).fetchone() is not None
 
     def dirty(self) -> set[int]:
-        """The jobs of this read written about since the last one (events, attempts), or all if the rows are not
-        trusted."""
-        return {int(j) for (j,) in self.db.execute("SELECT job_id FROM temp.cand WHERE dirty")}
+        """The jobs of this read written about since the last one (events, attempts, their record), or all if the
+        rows are not trusted."""
+        written = {int(j) for (j,) in self.db.execute("SELECT job_id FROM temp.cand WHERE dirty")}
+        if self.trusted:  # a record written since: after the latest time seen, or then by a job not seen then
+            latest, then = self._seen[4], set(self._seen[5])
+            for job_id, at in self.db.execute("SELECT id, updated_at FROM s.jobs WHERE updated_at >= ?", (latest,)):
+                if at > latest or job_id not in then:
+                    written.add(int(job_id))
+        return written
 
     def _changes(self) -> bool:
         """Whether this read found anything to write: rows gone stale, rows to keep, jobs to watch or not,

@@ -350,18 +350,22 @@ def _price(
 
     Its inputs are those ``live`` read (or kept, brought up to date). Its ``--json`` text is written when it
     will be kept (it ended) or printed now."""
-    attempts = live.attempts.get(miss.job_id, []) if miss.attempted else []
-    job = live.jobs.get(miss.job_id)
-    if not attempts or job is None:  # queued (looked at again next time), or ended without starting (kept as such)
-        if miss.ended:
-            cache.add(miss, team="", name="", last_end=0.0, cost=None, shown=False, text="")
-        return
-    facts = job.facts
-    cost, last_end, shown = job.price(attempts, rates, now, since)
-    if job.closed is not None and job.closed.fresh:
-        live.changed.add(facts.id)  # its ended attempts priced now: kept with its inputs
-    text = job_text(facts.id, facts.name, cost) if miss.ended or with_json else ""
-    cache.add(miss, team=facts.team, name=facts.name, last_end=last_end, cost=cost, shown=shown, text=text)
+    kept = live.kept.get(miss.job_id) if miss.attempted and not miss.ended else None
+    if kept is not None:  # nothing written about it since it was priced: what that read is enough
+        cost, last_end, shown = kept.price(rates, now, since)
+        name, team = kept.name, kept.team
+    else:
+        attempts = live.attempts.get(miss.job_id, []) if miss.attempted else []
+        job = live.jobs.get(miss.job_id)
+        if not attempts or job is None:  # queued (looked at again next time), or ended without starting (kept)
+            if miss.ended:
+                cache.add(miss, team="", name="", last_end=0.0, cost=None, shown=False, text="")
+            return
+        cost, last_end, shown = job.price(attempts, rates, now, since)
+        live.changed.add(miss.job_id)  # what it read is kept, for the next read
+        name, team = job.facts.name, job.facts.team
+    text = job_text(miss.job_id, name, cost) if miss.ended or with_json else ""
+    cache.add(miss, team=team, name=name, last_end=last_end, cost=cost, shown=shown, text=text)
 
 
 __all__ = [

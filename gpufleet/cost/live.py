@@ -15,16 +15,17 @@ events written since (incremental ingestion):
   start sets the world size the phase totals are checked against);
 - anything else: nothing the ledger reads.
 
-A job's first attempts that had ended when it was priced are kept priced as well (:class:`Closed`): what they
-cost depends on nothing a later read can change without writing about the job (events, attempt rows), and the
-kept inputs of a job written about are brought up to date without them. A read then prices only the attempt
-still open, and adds it to their sum, as the ledger adds a job's attempts in order: the same figures to the last
-bit. That was a quarter of pricing a running fleet at 100,000 jobs.
+A job's spec is validated again only when its text changes (a resize). Everything is read through the
+cache's connection, in its read transaction, so the events folded in and the id they are kept as of come
+from one snapshot.
 
-A job with nothing written since the last read (the cache's candidates say which) is not queried at
-all; its spec is validated again only when its text changes (a resize); its attempts are read again
-every time, in one query for all the jobs. Everything is read through the cache's connection, in its
-read transaction, so the events folded in and the id they are kept as of come from one snapshot.
+A job priced from its inputs also leaves what pricing it read, as :class:`Priced`: what its first attempts
+that had ended came to (:class:`Closed`, summed in the ledger's order), and for each attempt after them its
+:class:`~gpufleet.cost.usage.AttemptReading`, which only needs a time to give its usage. A job nothing was
+written about since the last read (no event, no attempt row added or changed, its record not written: the
+cache's :meth:`~gpufleet.cost.cache.CostCache.dirty`) is priced from that alone, without reading its
+attempts, its record or its inputs: the same figures to the last bit. At 100,000 jobs with 1,042 running,
+that took pricing the running jobs from about 0.15 s to 0.05 s.
 """
 
 from __future__ import annotations
@@ -33,20 +34,22 @@ import hashlib
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.cost.cache import COST_COLUMNS, cost_from, cost_values
-from gpufleet.cost.ledger import Cost, PhaseShares, job_cost
+from gpufleet.cost.ledger import AttemptUsage, Cost, PhaseShares, job_cost
 from gpufleet.cost.rates import RateCard
 from gpufleet.cost.usage import (
     PHASES_KEY,
     USAGE_KINDS,
+    AttemptReading,
     JobFacts,
     StepTail,
     _step,
     _world_size,
-    attempt_usages,
+    attempt_readings,
     phase_shares,
 )
 from gpufleet.errors import SpecError
@@ -75,8 +78,59 @@ class Closed:
     """When the last of them ended (the ledger's ``end``)."""
     unended: bool
     """One of them has no outcome (the ledger counts it as ``running``)."""
-    fresh: bool = False
-    """Priced in this read (not read from the kept inputs): to be kept."""
+
+    def to_list(self) -> list[Any]:
+        return [self.n, self.last_end, self.unended, list(cost_values(self.cost)[0])]
+
+    @classmethod
+    def from_list(cls, kept: Any) -> Closed:
+        """What :meth:`to_list` wrote (``ValueError`` or ``TypeError`` on anything else)."""
+        n, last_end, unended, values = kept
+        if not isinstance(values, list) or len(values) != len(COST_COLUMNS):
+            raise ValueError("kept priced attempts of another shape")
+        return cls(int(n), cost_from(values), float(last_end), bool(unended))
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """What pricing a job read, to price it again at another time without reading anything else."""
+
+    job_id: int
+    name: str
+    team: str
+    closed: Closed | None
+    """Its first attempts, ended, priced (``None``: none, or a figure the cache does not keep)."""
+    open: tuple[tuple[float | None, AttemptReading], ...]
+    """Each attempt after them: when it ended (``None``: still open) and its reading."""
+
+    def price(self, rates: RateCard, now: float, since: float | None) -> tuple[Cost, float, bool]:
+        """:meth:`LiveJob.price` at ``now``, from this alone."""
+        usages = [reading.at(now if ended is None else ended) for ended, reading in self.open]
+        return _total(self.closed, usages, rates, since)
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "job": [self.job_id, self.name, self.team],
+                "closed": None if self.closed is None else self.closed.to_list(),
+                "open": [[ended, reading.to_list()] for ended, reading in self.open],
+            }
+        )
+
+    @classmethod
+    def loads(cls, text: str, job_id: int) -> Priced:
+        """What :meth:`dumps` wrote for ``job_id`` (``ValueError``, ``TypeError`` or ``KeyError`` on anything else)."""
+        d = json.loads(text)
+        kept_id, name, team = d["job"]
+        if kept_id != job_id or not isinstance(name, str) or not isinstance(team, str):
+            raise ValueError(f"kept pricing of another job ({kept_id!r})")
+        opened = tuple(
+            (None if ended is None else float(ended), AttemptReading.from_list(reading)) for ended, reading in d["open"]
+        )
+        closed = None if d["closed"] is None else Closed.from_list(d["closed"])
+        if closed is None and not opened:
+            raise ValueError("kept pricing of no attempt")
+        return cls(job_id, name, team, closed, opened)
 
 
 @dataclass
@@ -96,34 +150,27 @@ class LiveJob:
     """Per attempt: its newest runtime step's mark and step number."""
     phases: dict[int, tuple[Mark, PhaseShares]] = field(default_factory=dict)
     """Per attempt: its newest well-formed phase totals and their mark."""
-    closed: Closed | None = None
-    """Its first attempts priced, while nothing was written about the job since (``None``: price them all)."""
+    priced: Priced | None = None
+    """What :meth:`price` read, for the next read (not kept in :meth:`dumps`: beside it)."""
 
     def price(
         self, attempts: Sequence[Attempt], rates: RateCard, now: float, since: float | None
     ) -> tuple[Cost, float, bool]:
         """The job's cost at ``now``, when its last attempt ended (or ``now``), and whether it ran at or after
-        ``since``: what pricing every attempt gives (``job_usages``, ``job_cost``), its first ended attempts
-        taken from :attr:`closed` where it holds them, and left there when it did not."""
+        ``since``: what pricing every attempt gives (``job_usages``, ``job_cost``); :attr:`priced` is left set."""
+        read = attempt_readings(self.facts, attempts, self.usage_events, self.tails())
+        usages = [r.at(now if a.ended_at is None else a.ended_at) for a, r in read]
         ended = _ended_first(attempts)
-        closed = self.closed if self.closed is not None and self.closed.n == ended else None
-        skip = 0 if closed is None else closed.n
-        usages = attempt_usages(self.facts, attempts, self.usage_events, now, self.tails(), skip=skip)
-        if closed is None and ended:
+        closed = None
+        if ended:
             first = job_cost(usages[:ended], rates)
-            if cost_values(first)[1]:  # a figure the cache keeps (else priced whole every time)
-                last = max(u.end for u in usages[:ended])
+            if cost_values(first)[1]:  # a figure the cache keeps (else every attempt is kept as a reading)
                 unended = any(u.outcome == "running" for u in usages[:ended])
-                closed = self.closed = Closed(ended, first, last, unended, fresh=True)
-                usages = usages[ended:]
-        cost = job_cost(usages, rates, first=None if closed is None else closed.cost)
-        ends = [u.end for u in usages] + ([] if closed is None else [closed.last_end])
-        shown = (
-            since is None
-            or any(u.end >= since or u.outcome == "running" for u in usages)
-            or (closed is not None and (closed.unended or closed.last_end >= since))
-        )
-        return cost, max(ends), shown
+                closed = Closed(ended, first, max(u.end for u in usages[:ended]), unended)
+                read, usages = read[ended:], usages[ended:]
+        f = self.facts
+        self.priced = Priced(f.id, f.name, f.team, closed, tuple((a.ended_at, r) for a, r in read))
+        return _total(closed, usages, rates, since)
 
     @property
     def usage_events(self) -> list[Event]:
@@ -145,7 +192,6 @@ class LiveJob:
     # ---- folding ------------------------------------------------------------------------------
     def fold(self, rows: Iterable[sqlite3.Row]) -> bool:
         """Fold in the job's events newer than :attr:`seen` (by id); ``False``: it must be read again whole."""
-        self.closed = None  # written about: its first attempts are priced again
         added = False
         for row in rows:
             self.seen = max(self.seen, int(row["id"]))
@@ -202,9 +248,6 @@ class LiveJob:
                 "phases": [
                     [n, *mark, s.data_wait_s, s.straggler_wait_s, s.busy_s] for n, (mark, s) in self.phases.items()
                 ],
-                "closed": None
-                if (c := self.closed) is None
-                else [c.n, c.last_end, c.unended, list(cost_values(c.cost)[0])],
             }
         )
 
@@ -229,15 +272,15 @@ class LiveJob:
                 int(n): ((float(ts), int(k)), PhaseShares(float(w), float(s), float(b)))
                 for n, ts, k, w, s, b in d["phases"]
             },
-            _closed(d.get("closed")),
         )
 
 
 class LiveReader:
-    """One read's pricing inputs for the jobs the cost cache missed: :meth:`read`, then each job's :meth:`job`.
+    """One read's pricing inputs for the jobs the cost cache missed: :meth:`read`, then each job from :attr:`kept`
+    (nothing written about it since) or from :attr:`jobs` and :attr:`attempts`.
 
     ``db`` is the cost cache's connection (the store attached as ``s``, the ``live`` table, ``temp.cand``);
-    the jobs read again or brought up to date are left in ``temp.live_fresh`` for the cache to keep.
+    the jobs read again or brought up to date are left in ``temp.live_fresh`` for the cache to keep (:meth:`keep`).
     """
 
     def __init__(self, db: sqlite3.Connection, digest: str) -> None:
@@ -245,6 +288,8 @@ class LiveReader:
         self.digest = digest
         self.jobs: dict[int, LiveJob] = {}
         self.attempts: dict[int, list[Attempt]] = {}
+        self.kept: dict[int, Priced] = {}
+        """The jobs priced from what their last pricing read: nothing was written about them since."""
         self.changed: set[int] = set()
         """The jobs whose inputs changed in this read (read again, brought up to date, priced anew): :meth:`keep`."""
 
@@ -252,11 +297,22 @@ class LiveReader:
         """Read (or bring up to date) the inputs of ``job_ids``; ``dirty``: those written about since the last read."""
         db = self.db
         db.execute("DROP TABLE IF EXISTS temp.live_fresh")
-        db.execute("CREATE TEMP TABLE live_fresh (job_id INTEGER PRIMARY KEY, spec_key TEXT, seen INTEGER, body TEXT)")
+        db.execute(
+            "CREATE TEMP TABLE live_fresh (job_id INTEGER PRIMARY KEY, spec_key TEXT, seen INTEGER, body TEXT,"
+            " priced TEXT)"
+        )
         self.changed.clear()
         db.execute("DROP TABLE IF EXISTS temp.live_ids")
         db.execute("CREATE TEMP TABLE live_ids (job_id INTEGER PRIMARY KEY)")
-        db.executemany("INSERT OR IGNORE INTO temp.live_ids VALUES (?)", ((j,) for j in job_ids))
+        db.executemany("INSERT OR IGNORE INTO temp.live_ids VALUES (?)", ((j,) for j in job_ids if j not in dirty))
+        for job_id, text in db.execute(
+            "SELECT job_id, priced FROM live WHERE digest=? AND priced IS NOT NULL AND job_id IN temp.live_ids",
+            (self.digest,),
+        ).fetchall():
+            with suppress(ValueError, TypeError, KeyError):  # written by something else: read the job as below
+                self.kept[int(job_id)] = Priced.loads(str(text), int(job_id))
+        db.execute("DELETE FROM temp.live_ids")
+        db.executemany("INSERT INTO temp.live_ids VALUES (?)", ((j,) for j in set(job_ids) if j not in self.kept))
         cursor = db.cursor()
         cursor.row_factory = sqlite3.Row
         # CROSS JOIN: from the few jobs asked for into the store's tables by key (SQLite would scan the store's
@@ -291,8 +347,12 @@ class LiveReader:
     def keep(self) -> None:
         """Leave the inputs of the jobs :attr:`changed` in ``temp.live_fresh``, for the cache to keep."""
         self.db.executemany(
-            "INSERT OR REPLACE INTO temp.live_fresh VALUES (?, ?, ?, ?)",
-            ((j, live.spec_key, live.seen, live.dumps()) for j in sorted(self.changed) if (live := self.jobs.get(j))),
+            "INSERT OR REPLACE INTO temp.live_fresh VALUES (?, ?, ?, ?, ?)",
+            (
+                (j, live.spec_key, live.seen, live.dumps(), None if live.priced is None else live.priced.dumps())
+                for j in sorted(self.changed)
+                if (live := self.jobs.get(j))
+            ),
         )
 
     def _kept(self, kept: tuple[str, int, str] | None, key: str, attempts: tuple[int, ...]) -> LiveJob | None:
@@ -348,15 +408,19 @@ def _ended_first(attempts: Sequence[Attempt]) -> int:
     return n
 
 
-def _closed(kept: Any) -> Closed | None:
-    """:attr:`LiveJob.closed` from what :meth:`LiveJob.dumps` wrote (``ValueError`` or ``TypeError`` on anything
-    else, as a kept body that does not read)."""
-    if kept is None:
-        return None
-    n, last_end, unended, values = kept
-    if not isinstance(values, list) or len(values) != len(COST_COLUMNS):
-        raise ValueError("kept priced attempts of another shape")
-    return Closed(int(n), cost_from(values), float(last_end), bool(unended))
+def _total(
+    closed: Closed | None, usages: Sequence[AttemptUsage], rates: RateCard, since: float | None
+) -> tuple[Cost, float, bool]:
+    """A job's cost (its closed attempts' sum, then ``usages`` added in order), when its last attempt ended, and
+    whether it ran at or after ``since``."""
+    cost = job_cost(usages, rates, first=None if closed is None else closed.cost)
+    ends = [u.end for u in usages] + ([] if closed is None else [closed.last_end])
+    shown = (
+        since is None
+        or any(u.end >= since or u.outcome == "running" for u in usages)
+        or (closed is not None and (closed.unended or closed.last_end >= since))
+    )
+    return cost, max(ends), shown
 
 
 def _spec_key(name: Any, team: Any, spec: Any) -> str:
@@ -375,4 +439,4 @@ def _facts(job_id: int, name: Any, team: Any, spec_text: Any) -> JobFacts:
     return JobFacts(job_id, str(name), str(team), spec.resources.gpu_type, spec.provider, spec.spot, spec.total_gpus)
 
 
-__all__ = ["Closed", "LiveJob", "LiveReader"]
+__all__ = ["Closed", "LiveJob", "LiveReader", "Priced"]

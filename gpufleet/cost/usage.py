@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gpufleet.cost.ledger import PREEMPTED_OUTCOMES, AttemptUsage, PhaseShares
@@ -414,6 +414,87 @@ class AttemptReading:
             queued_s=_queued(self.first_start, start, end),
         )
 
+    def to_list(self) -> list[Any]:
+        """As JSON values (what :meth:`from_list` reads back: the same floats, ints and strings)."""
+        usage = [_plain(getattr(self.usage, name)) for name in _USAGE_FIELDS]
+        return [
+            self.started_at,
+            self.staging_s,
+            self.train_start,
+            self.restore_s,
+            list(self.session_ends),
+            self.last_step_at,
+            self.first_start,
+            self.loses_work,
+            usage,
+        ]
+
+    @classmethod
+    def from_list(cls, values: Any) -> AttemptReading:
+        """What :meth:`to_list` wrote; ``ValueError`` on anything else (values of other types included)."""
+        if not isinstance(values, list) or len(values) != 9:
+            raise ValueError("not an attempt's reading")
+        started, staging, train_start, restore, ends, last_step_at, first_start, loses, usage = values
+        if not isinstance(usage, list) or len(usage) != len(_USAGE_FIELDS):
+            raise ValueError("not an attempt's usage")
+        typed = {name: _typed(kind, value) for (name, kind), value in zip(_USAGE_FIELDS.items(), usage, strict=True)}
+        if typed["outcome"] in _OUTCOMES:  # an attempt's outcome as the store reads it (``running`` is none)
+            typed["outcome"] = Outcome(typed["outcome"])
+        return cls(
+            usage=AttemptUsage(**typed),
+            started_at=_typed("float", started),
+            staging_s=_typed("float", staging),
+            train_start=_typed("float | None", train_start),
+            restore_s=_typed("float", restore),
+            session_ends=_typed("tuple[float, ...]", ends),
+            last_step_at=_typed("float | None", last_step_at),
+            first_start=_typed("float | None", first_start),
+            loses_work=_typed("bool", loses),
+        )
+
+
+_OUTCOMES = frozenset(o.value for o in Outcome)
+_USAGE_FIELDS = {f.name: str(f.type) for f in fields(AttemptUsage)}
+"""Each field of :class:`AttemptUsage` and its type as written (``from __future__ import annotations``)."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, PhaseShares):
+        return [value.data_wait_s, value.straggler_wait_s, value.busy_s]
+    return value
+
+
+def _typed(kind: str, value: Any) -> Any:
+    """``value`` read back from JSON as a field of type ``kind`` holds it (ints stay ints: the sums are the same),
+    or ``ValueError``."""
+    if kind.endswith(" | None"):
+        return None if value is None else _typed(kind.removesuffix(" | None"), value)
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str)
+    elif kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind == "tuple[float, ...]":
+        return tuple(_typed("float", v) for v in _list(value))
+    elif kind == "PhaseShares":
+        return PhaseShares(*(float(_typed("float", v)) for v in _list(value, 3)))
+    else:
+        raise ValueError(f"no reading of a {kind}")
+    if not ok:
+        raise ValueError(f"{value!r} is not a {kind}")
+    return value
+
+
+def _list(value: Any, length: int | None = None) -> list[Any]:
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        raise ValueError(f"{value!r} is not a list of {length or 'any'} values")
+    return value
+
 
 def attempt_reading(
     job: Job | JobFacts,
@@ -532,23 +613,31 @@ def attempt_usages(
     events: Sequence[Event],
     now: float,
     tails: Mapping[int, StepTail] | None = None,
-    *,
-    skip: int = 0,
 ) -> list[AttemptUsage]:
     """Every attempt of one job, each told whether the attempt before it was preempted.
 
-    ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out. ``skip``: leave out
-    the first ``skip`` attempts (in number order; priced already), the next one still told about the one before.
+    ``tails``: each attempt's :class:`StepTail`, when ``events`` leaves the step events out.
     """
+    return [
+        reading.at(attempt.ended_at if attempt.ended_at is not None else now)
+        for attempt, reading in attempt_readings(job, attempts, events, tails)
+    ]
+
+
+def attempt_readings(
+    job: Job | JobFacts,
+    attempts: Sequence[Attempt],
+    events: Sequence[Event],
+    tails: Mapping[int, StepTail] | None = None,
+) -> list[tuple[Attempt, AttemptReading]]:
+    """:func:`attempt_usages`' attempts with their readings, not yet ended at a time."""
     ordered = sorted(attempts, key=lambda a: a.n)
     job = job if isinstance(job, JobFacts) else JobFacts.of(job)  # read once, not per attempt
-    out: list[AttemptUsage] = []
+    out: list[tuple[Attempt, AttemptReading]] = []
     for i, attempt in enumerate(ordered):
-        if i < skip:
-            continue
         after = i > 0 and (ordered[i - 1].outcome or "") in PREEMPTED_OUTCOMES
         tail = None if tails is None else tails.get(attempt.n, StepTail())
-        out.append(attempt_usage(job, attempt, events, now, after_preemption=after, tail=tail))
+        out.append((attempt, attempt_reading(job, attempt, events, after_preemption=after, tail=tail)))
     return out
 
 
@@ -591,6 +680,7 @@ __all__ = [
     "attempt_phases",
     "attempt_queued",
     "attempt_reading",
+    "attempt_readings",
     "attempt_short_handed",
     "attempt_usage",
     "attempt_usages",

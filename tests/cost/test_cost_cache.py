@@ -127,15 +127,22 @@ def assert_same_figures(summary: CostSummary, expected: Expected) -> None:
 
 
 def priced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The ids of the jobs the next reads price from the store (not read from the cache)."""
+    """The ids of the jobs the next reads price (not read from the cache's rows): from their events, or from what
+    their last pricing read (``live.Priced``)."""
     seen: list[int] = []
-    real = usage.attempt_usages
+    real = usage.attempt_readings
+    real_kept = live.Priced.price
 
     def counting(job: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(job.id)
         return real(job, *args, **kwargs)
 
-    monkeypatch.setattr(live, "attempt_usages", counting)
+    def counting_kept(self: live.Priced, *args: Any, **kwargs: Any) -> Any:
+        seen.append(self.job_id)
+        return real_kept(self, *args, **kwargs)
+
+    monkeypatch.setattr(live, "attempt_readings", counting)
+    monkeypatch.setattr(live.Priced, "price", counting_kept)
     return seen
 
 

@@ -152,32 +152,43 @@ def test_a_job_that_ends_is_priced_from_its_kept_inputs_brought_up_to_date(store
     assert whole == []
 
 
-def test_ended_attempts_are_priced_once_until_the_job_is_written_about(
+def test_a_job_nothing_was_written_about_is_priced_from_what_its_last_pricing_read(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Job 2's first attempt (preempted) is kept priced: a read prices only its open attempt, and adds it to what
-    the first came to, with the figures of a read from scratch; an event or a change to the attempt prices it
-    again."""
-    skipped: dict[int, list[int]] = {}
-    real = usage.attempt_usages
+    """Job 2 (its first attempt preempted, its second open): a read where nothing was written about it prices it
+    from its kept reading alone (``kept``), at the read's time, with the figures of a read from scratch; an event,
+    a change to an attempt or to its record reads it again (``events``)."""
+    how: dict[int, list[str]] = {}
+    real, real_kept = usage.attempt_readings, live.Priced.price
 
-    def counting(facts: Any, *args: Any, skip: int = 0, **kwargs: Any) -> Any:
-        skipped.setdefault(facts.id, []).append(skip)
-        return real(facts, *args, skip=skip, **kwargs)
+    def from_events(facts: Any, *args: Any, **kwargs: Any) -> Any:
+        how.setdefault(facts.id, []).append("events")
+        return real(facts, *args, **kwargs)
 
-    monkeypatch.setattr(live, "attempt_usages", counting)
+    def from_kept(self: live.Priced, *args: Any, **kwargs: Any) -> Any:
+        how.setdefault(self.job_id, []).append("kept")
+        return real_kept(self, *args, **kwargs)
+
+    monkeypatch.setattr(live, "attempt_readings", from_events)
+    monkeypatch.setattr(live.Priced, "price", from_kept)
+    clock = [NOW]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     check(store)
-    assert skipped == {1: [0], 2: [0], 3: [0]}  # nothing kept yet: every attempt priced
+    assert how == {1: ["events"], 2: ["events"], 3: ["events"]}  # nothing kept yet
     changes: list[tuple[bool, Any]] = [
-        (False, lambda: None),  # nothing written: the kept price
+        (False, lambda: None),  # nothing written: the kept reading, at a later time
         (True, lambda: store.add_runtime_events(2, steps(2, 2, 7600.0, 40, 3), 9)),  # steps of its open attempt
         (False, lambda: None),
         (True, lambda: store.add_event(2, "checkpoint", attempt=1, ts=7050.0, step=4, seconds=30.0)),  # a late one
         (True, lambda: store.update_attempt(2, 1, ended_at=7080.0)),  # attempt 1 changed in place (attempt_edits)
         (False, lambda: None),
+        (True, lambda: store.set_reason(2, "waiting on a node")),  # its record written, nothing else
+        (False, lambda: None),
     ]
     for written, change in changes:
-        skipped.clear()
+        how.clear()
+        clock[0] += 30.0  # later, as a user reads it again: the open attempt has grown
         change()
         check(store)
-        assert skipped[2] == ([0] if written else [1])  # written about: its ended attempt priced again
+        assert how[2] == (["events"] if written else ["kept"])
+        assert how[1] == ["kept"]  # nothing written about job 1 all along
