@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -437,25 +437,23 @@ class AttemptReading:
         started, staging, train_start, restore, ends, last_step_at, first_start, loses, usage = values
         if not isinstance(usage, list) or len(usage) != len(_USAGE_FIELDS):
             raise ValueError("not an attempt's usage")
-        typed = {name: _typed(kind, value) for (name, kind), value in zip(_USAGE_FIELDS.items(), usage, strict=True)}
+        typed = {name: read(value) for (name, read), value in zip(_USAGE_FIELDS.items(), usage, strict=True)}
         if typed["outcome"] in _OUTCOMES:  # an attempt's outcome as the store reads it (``running`` is none)
             typed["outcome"] = Outcome(typed["outcome"])
         return cls(
             usage=AttemptUsage(**typed),
-            started_at=_typed("float", started),
-            staging_s=_typed("float", staging),
-            train_start=_typed("float | None", train_start),
-            restore_s=_typed("float", restore),
-            session_ends=_typed("tuple[float, ...]", ends),
-            last_step_at=_typed("float | None", last_step_at),
-            first_start=_typed("float | None", first_start),
-            loses_work=_typed("bool", loses),
+            started_at=_number(started),
+            staging_s=_number(staging),
+            train_start=_optional(_number)(train_start),
+            restore_s=_number(restore),
+            session_ends=tuple(_number(t) for t in _list(ends)),
+            last_step_at=_optional(_number)(last_step_at),
+            first_start=_optional(_number)(first_start),
+            loses_work=_exactly(bool)(loses),
         )
 
 
 _OUTCOMES = frozenset(o.value for o in Outcome)
-_USAGE_FIELDS = {f.name: str(f.type) for f in fields(AttemptUsage)}
-"""Each field of :class:`AttemptUsage` and its type as written (``from __future__ import annotations``)."""
 
 
 def _plain(value: Any) -> Any:
@@ -466,34 +464,46 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _typed(kind: str, value: Any) -> Any:
-    """``value`` read back from JSON as a field of type ``kind`` holds it (ints stay ints: the sums are the same),
-    or ``ValueError``."""
-    if kind.endswith(" | None"):
-        return None if value is None else _typed(kind.removesuffix(" | None"), value)
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "str":
-        ok = isinstance(value, str)
-    elif kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif kind == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif kind == "tuple[float, ...]":
-        return tuple(_typed("float", v) for v in _list(value))
-    elif kind == "PhaseShares":
-        return PhaseShares(*(float(_typed("float", v)) for v in _list(value, 3)))
-    else:
-        raise ValueError(f"no reading of a {kind}")
-    if not ok:
-        raise ValueError(f"{value!r} is not a {kind}")
-    return value
+def _exactly(*types: type) -> Callable[[Any], Any]:
+    """A reader of a JSON value that must be of one of ``types`` (``bool`` is not an ``int`` here)."""
+
+    def read(value: Any) -> Any:
+        if type(value) not in types:
+            raise ValueError(f"{value!r} is not a {' or '.join(t.__name__ for t in types)}")
+        return value
+
+    return read
+
+
+def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else inner(value)
 
 
 def _list(value: Any, length: int | None = None) -> list[Any]:
     if not isinstance(value, list) or (length is not None and len(value) != length):
         raise ValueError(f"{value!r} is not a list of {length or 'any'} values")
     return value
+
+
+_number = _exactly(int, float)  # ints stay ints: the sums they enter are the same
+
+
+def _reader(kind: str) -> Callable[[Any], Any]:
+    """What reads back a JSON value of a field of type ``kind`` (as written), or raises ``ValueError``."""
+    if kind.endswith(" | None"):
+        return _optional(_reader(kind.removesuffix(" | None")))
+    simple = {"bool": _exactly(bool), "str": _exactly(str), "int": _exactly(int), "float": _number}
+    if kind in simple:
+        return simple[kind]
+    if kind == "tuple[float, ...]":
+        return lambda value: tuple(_number(v) for v in _list(value))
+    if kind == "PhaseShares":
+        return lambda value: PhaseShares(*(float(_number(v)) for v in _list(value, 3)))
+    raise ValueError(f"no reading of a {kind}")
+
+
+_USAGE_FIELDS = {f.name: _reader(str(f.type)) for f in fields(AttemptUsage)}
+"""Each field of :class:`AttemptUsage` and what reads it back from JSON (types as written: ``from __future__``)."""
 
 
 def attempt_reading(
