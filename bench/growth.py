@@ -262,9 +262,14 @@ def plot(result: dict[str, Any], path: Path) -> str:
     sizes = sorted(int(n) for n in result["sizes"])
     rows = [result["sizes"][str(n)] for n in sizes]
     fig, (cli, api) = figure(1, 2, size=(11, 4.2))
+    colours = {}
     for name in rows[0]["commands"]:
-        cli.plot(sizes, [r["commands"][name]["wall"] for r in rows], marker="o", label=f"gpufleet {name}")
+        (line,) = cli.plot(sizes, [r["commands"][name]["wall"] for r in rows], marker="o", label=f"gpufleet {name}")
+        colours[name] = line.get_color()
     cli.axhline(result["target_s"], color="grey", linestyle="--", label=f"target {result['target_s']} s")
+    for name, figures in result.get("floor", {}).items():  # the same command with no job, in the same rounds
+        colour = colours.get(name, "grey")
+        cli.axhline(figures["wall"], color=colour, linestyle=":", label=f"gpufleet {name} with no job (floor)")
     for name in rows[0]["api_p95"]:
         api.plot(sizes, [r["api_p95"][name] * 1000 for r in rows], marker="o", label=f"GET {name}")
     api.axhline(API_TARGET_S * 1000, color="grey", linestyle="--", label="paged list target")
