@@ -323,7 +323,8 @@ def _summarise(
     now = time.time()
     misses = cache.lookup(filters)
     live = LiveReader(cache.db, cache.digest)
-    live.read([m.job_id for m in misses if m.attempted], cache.dirty())
+    # An ended job is read whole: it is priced once more, then kept (its row replaces its kept pricing).
+    live.read([m.job_id for m in misses if m.attempted], cache.dirty() | {m.job_id for m in misses if m.ended})
     for miss in misses:
         _price(live, cache, miss, rates, now, filters.since, with_json=with_json)
     live.keep()
@@ -350,7 +351,7 @@ def _price(
 
     Its inputs are those ``live`` read (or kept, brought up to date). Its ``--json`` text is written when it
     will be kept (it ended) or printed now."""
-    kept = live.kept.get(miss.job_id) if miss.attempted and not miss.ended else None
+    kept = live.kept.get(miss.job_id) if miss.attempted else None
     if kept is not None:  # nothing written about it since it was priced: what that read is enough
         cost, last_end, shown = kept.price(rates, now, since)
         name, team = kept.name, kept.team
