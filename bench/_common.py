@@ -192,22 +192,7 @@ def run_json_script(python: Path, script: str, args: Sequence[str], env: dict[st
 def process_times(argv: Sequence[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
     """The median wall and CPU (user + system) seconds of ``runs`` fresh processes of ``argv`` (each must exit 0),
     after one untimed run. The CPU time is what it costs on a busy machine, where its wall time waits for a core."""
-    import resource
-    import subprocess
-    import time
-
-    first = subprocess.run(list(argv), env=env, capture_output=True, text=True)
-    if first.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {first.stderr.strip()[-300:]}")
-    walls, cpus = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        subprocess.run(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        walls.append(time.perf_counter() - started)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return median(walls), median(cpus)
+    return interleaved_times([("", argv, env)], runs)[""]
 
 
 def interleaved_times(

@@ -227,6 +227,8 @@ class CostCache:
         """Whether the rows of this digest may be used at all (else every job is priced again)."""
         self._seen: Seen = UNSEEN
         self._now_seen: Seen = UNSEEN
+        self._records: set[int] = set()
+        """The jobs whose record was written since the last read (:meth:`_candidates`; with the rows trusted)."""
         self._added: list[tuple[Any, ...]] = []
 
     # ---- opening ----------------------------------------------------------------------------
@@ -359,7 +361,10 @@ class CostCache:
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempts WHERE rowid > ?", (attempts,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT job_id, 1 FROM s.attempt_edits WHERE seq > ?", (edits,))
         db.execute("INSERT OR IGNORE INTO temp.cand SELECT id, 0 FROM s.jobs WHERE id > ?", (jobs,))
-        db.execute("INSERT OR IGNORE INTO temp.cand SELECT id, 0 FROM s.jobs WHERE updated_at >= ?", (updated,))
+        written = db.execute("SELECT id, updated_at FROM s.jobs WHERE updated_at >= ?", (updated,)).fetchall()
+        db.executemany("INSERT OR IGNORE INTO temp.cand VALUES (?, 0)", ((j,) for j, _ in written))
+        then = set(self._seen[5])  # the jobs written at the latest time seen: a record written since is later,
+        self._records = {int(j) for j, at in written if at > updated or j not in then}  # or by another job
         # A watched job that had no attempt, and nothing written about it or its record since, still has none: a
         # queued job costs nothing, so it is not looked at (at 100,000 jobs, two thirds of those watched).
         db.execute(
@@ -445,12 +450,7 @@ class CostCache:
         """The jobs of this read written about since the last one (events, attempts, their record), or all if the
         rows are not trusted."""
         written = {int(j) for (j,) in self.db.execute("SELECT job_id FROM temp.cand WHERE dirty")}
-        if self.trusted:  # a record written since: after the latest time seen, or then by a job not seen then
-            latest, then = self._seen[4], set(self._seen[5])
-            for job_id, at in self.db.execute("SELECT id, updated_at FROM s.jobs WHERE updated_at >= ?", (latest,)):
-                if at > latest or job_id not in then:
-                    written.add(int(job_id))
-        return written
+        return written | self._records
 
     def _changes(self) -> bool:
         """Whether this read found anything to write: rows gone stale, rows to keep, jobs to watch or not,

@@ -160,7 +160,7 @@ class LiveJob:
         ``since``: what pricing every attempt gives (``job_usages``, ``job_cost``); :attr:`priced` is left set."""
         read = attempt_readings(self.facts, attempts, self.usage_events, self.tails())
         usages = [r.at(now if a.ended_at is None else a.ended_at) for a, r in read]
-        ended = _ended_first(attempts)
+        ended = next((i for i, (a, _) in enumerate(read) if a.ended_at is None), len(read))  # first ones, ended
         closed = None
         if ended:
             first = job_cost(usages[:ended], rates)
@@ -396,16 +396,6 @@ class LiveReader:
                     if n in live.phases:
                         break
         return live
-
-
-def _ended_first(attempts: Sequence[Attempt]) -> int:
-    """How many of a job's first attempts, in number order, have ended."""
-    n = 0
-    for attempt in sorted(attempts, key=lambda a: a.n):
-        if attempt.ended_at is None:
-            break
-        n += 1
-    return n
 
 
 def _total(

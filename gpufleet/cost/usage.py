@@ -366,8 +366,6 @@ class AttemptReading:
     usage: AttemptUsage
     """Every figure but those :meth:`at` sets (``end``, ``startup_s``, ``lost_s``, ``shutdown_s``, ``idle_s``,
     ``queued_s``)."""
-    started_at: float
-    staging_s: float
     train_start: float | None
     """When its first step began (``train_start``), ``None`` if it never did."""
     restore_s: float
@@ -383,12 +381,12 @@ class AttemptReading:
 
     def at(self, end: float) -> AttemptUsage:
         """Its usage if it ended at ``end``: the figures :func:`attempt_usage` gives."""
-        u, start = self.usage, self.started_at
+        u, start = self.usage, self.usage.start
         if self.train_start is None:
-            startup_s = max(0.0, end - start - self.staging_s)  # never reached the first step: all of it was start-up
+            startup_s = max(0.0, end - start - u.staging_s)  # never reached the first step: all of it was start-up
         else:
             first = min(max(self.train_start, start), end)
-            startup_s = max(0.0, first - start - self.restore_s - self.staging_s)
+            startup_s = max(0.0, first - start - self.restore_s - u.staging_s)
         lost_s, shutdown_s = u.lost_s, 0.0
         if self.loses_work:
             assert self.train_start is not None
@@ -418,8 +416,6 @@ class AttemptReading:
         """As JSON values (what :meth:`from_list` reads back: the same floats, ints and strings)."""
         usage = [_plain(getattr(self.usage, name)) for name in _USAGE_FIELDS]
         return [
-            self.started_at,
-            self.staging_s,
             self.train_start,
             self.restore_s,
             list(self.session_ends),
@@ -432,9 +428,9 @@ class AttemptReading:
     @classmethod
     def from_list(cls, values: Any) -> AttemptReading:
         """What :meth:`to_list` wrote; ``ValueError`` on anything else (values of other types included)."""
-        if not isinstance(values, list) or len(values) != 9:
+        if not isinstance(values, list) or len(values) != 7:
             raise ValueError("not an attempt's reading")
-        started, staging, train_start, restore, ends, last_step_at, first_start, loses, usage = values
+        train_start, restore, ends, last_step_at, first_start, loses, usage = values
         if not isinstance(usage, list) or len(usage) != len(_USAGE_FIELDS):
             raise ValueError("not an attempt's usage")
         typed = {name: read(value) for (name, read), value in zip(_USAGE_FIELDS.items(), usage, strict=True)}
@@ -442,8 +438,6 @@ class AttemptReading:
             typed["outcome"] = Outcome(typed["outcome"])
         return cls(
             usage=AttemptUsage(**typed),
-            started_at=_number(started),
-            staging_s=_number(staging),
             train_start=_optional(_number)(train_start),
             restore_s=_number(restore),
             session_ends=tuple(_number(t) for t in _list(ends)),
@@ -591,8 +585,6 @@ def attempt_reading(
     )
     return AttemptReading(
         usage=usage,
-        started_at=start,
-        staging_s=staging_s,
         train_start=None if train_start is None else train_start.ts,
         restore_s=_seconds(restore.data, "seconds") if restore else 0.0,
         session_ends=tuple(e.ts for e in mine if e.kind == EventKind.SESSION_END),
