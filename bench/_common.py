@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gpufleet  # noqa: F401  (imported before numpy, as in every command: numpy's CPU kernels as users get them)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpufleet import numpy_cpu
 from gpufleet._version import __version__
 from gpufleet.errors import GpufleetError
+
+numpy_cpu.steer()  # before anything imports numpy: its AVX-512 sort is slow on AMD Zen 4
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec, load_spec

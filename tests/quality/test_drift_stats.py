@@ -15,6 +15,7 @@ from scipy.spatial.distance import jensenshannon
 from gpufleet.errors import UsageError
 from gpufleet.quality import drift
 from gpufleet.quality.drift import ColumnDrift, DriftReport, drift_report
+from gpufleet.quality.drift.columns import BLOCK, mean_abs_difference, population_std
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -43,6 +44,18 @@ def test_wasserstein_raw_and_normed(n: int, m: int) -> None:
     raw = drift.wasserstein(a, b, normed=False)
     assert raw == pytest.approx(stats.wasserstein_distance(a, b), abs=1e-12)
     assert drift.wasserstein(a, b, normed=True) == pytest.approx(raw / np.std(a), abs=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17])
+def test_block_sums_equal_numpys_over_several_blocks(n: int) -> None:
+    """The sums a block at a time (no temporary of the columns' size) equal numpy's to rounding."""
+    a, b = rng(5).gamma(2.0, size=n) + 1e3, rng(6).normal(1e3, 3.0, size=n)
+    assert mean_abs_difference(a, b) == pytest.approx(float(np.mean(np.abs(a - b))), rel=1e-12)
+    assert population_std(a) == pytest.approx(float(np.std(a)), rel=1e-9, abs=1e-12)
+    a.sort()
+    b.sort()
+    assert drift.wasserstein(a, b, normed=False) == pytest.approx(stats.wasserstein_distance(a, b), rel=1e-12)
+    assert math.isnan(population_std(np.empty(0)))
 
 
 def test_normed_wasserstein_floors_the_reference_spread() -> None:

@@ -62,6 +62,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpufleet import numpy_cpu
 from gpufleet.backends import lifecycle
 from gpufleet.backends.base import Backend, Feature, ingest_events, register
 from gpufleet.backends.lifecycle import AttemptEnd, attempt_end
@@ -82,8 +83,12 @@ class Runner(Protocol):
 
 
 def slurm_env() -> dict[str, str]:
-    """The environment for Slurm client commands: ``SLURM_CONF`` from the dev cluster if unset."""
-    env = dict(os.environ)
+    """The environment for Slurm client commands: ``SLURM_CONF`` from the dev cluster if unset.
+
+    A batch job takes this environment to its node, which may not be a Zen 4: gpufleet's own numpy
+    setting for this machine (``numpy_cpu``) stays here.
+    """
+    env = numpy_cpu.without_own_setting(os.environ)
     if "SLURM_CONF" not in env:
         state = Path(env.get("GPUFLEET_SLURM_DIR", dev_services_dir("slurm")))
         if (state / "slurm.conf").exists():

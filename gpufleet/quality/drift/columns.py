@@ -29,6 +29,7 @@ the original values, and values in ordinary ranges are not touched at all.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -251,10 +252,50 @@ def psi_null_quantile(n_ref: int, n_cur: int, n_bins: int, q: float = 0.95) -> f
     return float((1 / n_ref + 1 / n_cur) * stats.chi2.ppf(q, max(n_bins - 1, 1)))
 
 
+BLOCK = 1 << 16
+"""Values per block of the sums below: their scratch (512 KiB) stays in cache, where a temporary the
+size of a 200,000-row column is new memory, faulted in page by page (a third of a report's time)."""
+
+
+def _block_sums(values: Floats, fill: Callable[[Floats, int, int], None]) -> float:
+    """The sum over ``values``' blocks of what ``fill(scratch, start, stop)`` writes into the scratch."""
+    scratch = np.empty(min(values.size, BLOCK))
+    total = 0.0
+    for start in range(0, values.size, BLOCK):
+        stop = min(start + BLOCK, values.size)
+        part = scratch[: stop - start]
+        fill(part, start, stop)
+        total += float(part.sum())
+    return total
+
+
+def mean_abs_difference(a: Floats, b: Floats) -> float:
+    """``mean(|a - b|)`` of two arrays of one size, without a temporary of their size."""
+
+    def fill(part: Floats, start: int, stop: int) -> None:
+        np.subtract(a[start:stop], b[start:stop], out=part)
+        np.abs(part, out=part)
+
+    return _block_sums(a, fill) / a.size
+
+
+def population_std(values: Floats) -> float:
+    """``np.std(values)`` (ddof 0, two passes), without a temporary of their size."""
+    if not values.size:
+        return math.nan
+    mean = float(np.mean(values))
+
+    def fill(part: Floats, start: int, stop: int) -> None:
+        np.subtract(values[start:stop], mean, out=part)
+        np.square(part, out=part)
+
+    return math.sqrt(_block_sums(values, fill) / values.size)
+
+
 def wasserstein_sorted(rs: Floats, cs: Floats) -> float:
     """W1 between two empirical distributions given sorted samples: the area between their CDFs."""
     if rs.size == cs.size:
-        return float(np.mean(np.abs(rs - cs)))
+        return mean_abs_difference(rs, cs)
     pooled = np.sort(np.concatenate([rs, cs]), kind="stable")
     deltas = np.diff(pooled)
     ref_cdf = np.searchsorted(rs, pooled[:-1], side="right") / rs.size
@@ -275,9 +316,9 @@ def wasserstein_parts(rs: Floats, cs: Floats) -> tuple[float, float, float]:
     """
     scale = power_of_two_scale(rs, cs)
     if scale == 1.0:
-        distance, std = wasserstein_sorted(rs, cs), float(np.std(rs))
+        distance, std = wasserstein_sorted(rs, cs), population_std(rs)
         return distance, distance / wasserstein_norm(std), std
-    distance, std = wasserstein_sorted(rs * scale, cs * scale), float(np.std(rs * scale))
+    distance, std = wasserstein_sorted(rs * scale, cs * scale), population_std(rs * scale)
     with np.errstate(over="ignore"):
         raw, raw_std = float(np.float64(distance) / scale), float(np.float64(std) / scale)
     return raw, distance / max(std, 0.001 * scale), raw_std
