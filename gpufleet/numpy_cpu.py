@@ -20,17 +20,14 @@ kernels wherever they import numpy; what goes to another machine (a Slurm batch 
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 import sys
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 
 VARIABLE = "NPY_DISABLE_CPU_FEATURES"
 USER_VARIABLES = (VARIABLE, "NPY_ENABLE_CPU_FEATURES")
 ZEN4_FAMILY = 25
-CPUINFO = Path("/proc/cpuinfo")
+CPUINFO = "/proc/cpuinfo"
 
 # numpy names its dispatch targets differently from 2.4 on; a name it does not dispatch draws an
 # ImportWarning, so each release range gets exactly its own AVX-512 names.
@@ -38,8 +35,6 @@ FEATURES_2_4 = "X86_V4 AVX512_ICL AVX512_SPR"
 FEATURES_2_3 = "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"
 
 _set_here: str | None = None  # the value steer() set in this process, if it did
-
-_VERSION = re.compile(r"^version\s*(?::\s*str\s*)?=\s*['\"](\d+)\.(\d+)", re.MULTILINE)
 
 
 def is_zen4(cpuinfo: str) -> bool:
@@ -66,23 +61,34 @@ def features_for(numpy_version: tuple[int, int] | None) -> str | None:
     return FEATURES_2_4 if numpy_version >= (2, 4) else FEATURES_2_3
 
 
-def installed_numpy_version() -> tuple[int, int] | None:
-    """numpy's major and minor version, read from its ``version.py`` without importing it."""
-    try:
-        spec = importlib.util.find_spec("numpy")
-        locations = spec.submodule_search_locations if spec is not None else None
-        if not locations:
+def installed_numpy_version(path: list[str] | None = None) -> tuple[int, int] | None:
+    """numpy's major and minor version, read from its ``version.py`` on ``sys.path`` without importing it
+    (nor ``importlib.util``, ``re`` or ``pathlib``: this runs in every command, before anything else)."""
+    for entry in path if path is not None else sys.path:
+        try:
+            with open(os.path.join(entry or ".", "numpy", "version.py"), encoding="utf-8") as f:
+                text = f.read(4096)
+        except (OSError, UnicodeDecodeError):
+            continue
+        return _version_of(text)
+    return None
+
+
+def _version_of(text: str) -> tuple[int, int] | None:
+    """``(2, 4)`` from the line ``version = "2.4.6"`` (or ``version: str = ...``) of numpy's ``version.py``."""
+    for line in text.splitlines():
+        name, eq, value = line.partition("=")
+        if eq and name.split(":")[0].strip() == "version":
+            parts = value.strip().strip("'\"").split(".")
+            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+                return int(parts[0]), int(parts[1])
             return None
-        text = (Path(next(iter(locations))) / "version.py").read_text(encoding="utf-8")
-    except (OSError, ValueError, ImportError, UnicodeDecodeError):
-        return None
-    found = _VERSION.search(text)
-    return (int(found.group(1)), int(found.group(2))) if found else None
+    return None
 
 
-def _read_cpuinfo(path: Path) -> str:
+def _read_cpuinfo(path: str) -> str:
     try:
-        with path.open("rb") as f:  # the first processor is in the first few KiB
+        with open(path, "rb") as f:  # the first processor is in the first few KiB
             return f.read(16384).decode("ascii", "replace")
     except OSError:
         return ""
@@ -91,7 +97,7 @@ def _read_cpuinfo(path: Path) -> str:
 def steer(
     environ: MutableMapping[str, str] | None = None,
     modules: Mapping[str, object] | None = None,
-    cpuinfo: Path = CPUINFO,
+    cpuinfo: str = CPUINFO,
 ) -> str | None:
     """Set ``NPY_DISABLE_CPU_FEATURES`` for numpy's AVX2 kernels on Zen 4; the value set, or None."""
     environ = environ if environ is not None else os.environ

@@ -47,9 +47,19 @@ def test_features_by_numpy_release() -> None:
     assert numpy_cpu.features_for((3, 0)) == numpy_cpu.FEATURES_2_4
 
 
-def test_installed_numpy_version_is_read_without_importing() -> None:
+def test_installed_numpy_version_is_read_without_importing(tmp_path: Path) -> None:
     major, minor = (int(part) for part in np.__version__.split(".")[:2])
     assert numpy_cpu.installed_numpy_version() == (major, minor)
+    (tmp_path / "numpy").mkdir()
+    assert numpy_cpu.installed_numpy_version([str(tmp_path / "nowhere")]) is None
+    for text, expected in [
+        ('"""doc"""\nversion = "2.3.5"\n__version__ = version\n', (2, 3)),
+        ("version: str = '2.5.0rc1'\n", (2, 5)),
+        ('short_version = "9.9"\nversion = "dev"\n', None),
+        ("", None),
+    ]:
+        (tmp_path / "numpy" / "version.py").write_text(text)
+        assert numpy_cpu.installed_numpy_version([str(tmp_path / "nowhere"), str(tmp_path)]) == expected
 
 
 def test_steer_sets_the_variable_on_zen4_only(tmp_path: Path) -> None:
@@ -60,7 +70,7 @@ def test_steer_sets_the_variable_on_zen4_only(tmp_path: Path) -> None:
     assert expected is not None
 
     environ: dict[str, str] = {"PATH": "/usr/bin"}
-    assert numpy_cpu.steer(environ, modules={}, cpuinfo=zen4) == expected
+    assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4)) == expected
     assert environ == {"PATH": "/usr/bin", numpy_cpu.VARIABLE: expected}
 
     for env, modules, path in [
@@ -71,7 +81,7 @@ def test_steer_sets_the_variable_on_zen4_only(tmp_path: Path) -> None:
         ({"NPY_ENABLE_CPU_FEATURES": "X86_V3"}, {}, zen4),
     ]:
         before = dict(env)
-        assert numpy_cpu.steer(env, modules=modules, cpuinfo=path) is None
+        assert numpy_cpu.steer(env, modules=modules, cpuinfo=str(path)) is None
         assert env == before
 
 
@@ -87,7 +97,7 @@ def _child(env: dict[str, str]) -> tuple[str | None, bool]:
 
 def test_importing_gpufleet_steers_numpy_in_a_fresh_process() -> None:
     """Run on the machine at hand: on Zen 4 numpy runs without its AVX-512 kernels, elsewhere as it was."""
-    text = numpy_cpu.CPUINFO.read_text() if numpy_cpu.CPUINFO.exists() else ""
+    text = Path(numpy_cpu.CPUINFO).read_text() if Path(numpy_cpu.CPUINFO).exists() else ""
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     has_x86_v4 = {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"} <= set(flags)
     base = {k: v for k, v in os.environ.items() if k not in numpy_cpu.USER_VARIABLES}
