@@ -65,8 +65,11 @@ services-down:
 	scripts/dev-prometheus down
 	scripts/dev-slurm down
 
+# Two workers (pytest-xdist): the tests of the shared services run on one of them, one at a time (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 unit: dev services
-	$(BIN)/pytest -q -m "not slow" --durations=30
+	$(BIN)/pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=30
 
 test: lint typecheck docs unit
 

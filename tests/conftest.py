@@ -23,6 +23,13 @@ from gpufleet.jobs.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A worker of `pytest -n` starts with COLUMNS=80 and LINES=24: the CLI's tables (and those of every
+    # command a test starts) would wrap at 80 columns there, where a plain run without a terminal draws
+    # them 200 wide (gpufleet/cli/render.py). The tests read the plain run's output.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 def drive(scheduler: LocalScheduler, until: Callable[[], bool], timeout: float = 120.0) -> None:
     """Tick an in-process local scheduler until ``until()`` holds (the timeout is only a safety net)."""
@@ -88,6 +95,29 @@ def ray_backend(ray: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     for job in backend.store.jobs():
         if job.state not in ("completed", "failed", "cancelled"):
             backend.cancel(job.id)
+
+
+def uses_shared_services(nodeid: str) -> bool:
+    """Whether a test drives the shared real services (the one Slurm cluster, Ray and Prometheus of this
+    machine): those under tests/integration/, and every test with Slurm in its name."""
+    return nodeid.startswith("tests/integration/") or "slurm" in nodeid.lower()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``pytest -n 2`` (``make test``), the tests of the shared real services run one after the other
+    on one worker, the rest on both: two at once would queue behind each other on the same cluster, and
+    read each other's jobs in its queue. Every other test has its own home and ports.
+
+    (xdist's own ``--dist loadgroup`` marks groups by renaming each test, which pytest 9.2 no longer reads.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServicesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return "services" if uses_shared_services(nodeid) else nodeid
+
+    return ServicesOnOneWorker(config, log)
 
 
 def slurm_is_up() -> str | None:
