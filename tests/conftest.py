@@ -99,8 +99,9 @@ def ray_backend(ray: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 def uses_shared_services(nodeid: str) -> bool:
     """Whether a test drives the shared real services (the one Slurm cluster, Ray and Prometheus of this
-    machine): those under tests/integration/, and every test with Slurm in its name."""
-    return nodeid.startswith("tests/integration/") or "slurm" in nodeid.lower()
+    machine): those under tests/integration/, and every test with Slurm or Ray in its file's name."""
+    path = nodeid.partition("::")[0].lower()
+    return path.startswith("tests/integration/") or "slurm" in path or "/test_ray" in path
 
 
 @pytest.hookimpl(optionalhook=True)
