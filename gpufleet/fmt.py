@@ -12,6 +12,7 @@
   far below a second (a restore, a save).
 - ``finite_or_none(value)``: a float, or ``None`` for NaN, infinities and ``None``.
 - ``finite_json(value)``: the same through dicts, lists and tuples, for strict JSON.
+- ``shown_path(path)``: a path quoted for a one-line message, a long one cut in the middle.
 
 Kept elsewhere on purpose: the cost note's prose durations (``4 min 05 s``, ``n/a``) and the AI
 documentation's policy periods (``30 days``), the NaN-as-string encoders of the event log and the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from os import PathLike
 from typing import Any, Final
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "money",
     "number",
     "short_duration",
+    "shown_path",
 ]
 
 CURRENCY_SYMBOLS: Final = {"USD": "$", "EUR": "€", "GBP": "£"}
@@ -156,3 +159,11 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite_json(v) for v in value]
     return value
+
+
+def shown_path(path: PathLike[str] | str, limit: int = 160) -> str:
+    """``path`` quoted for a one-line message; a longer one is cut in the middle, with its length."""
+    text = repr(str(path))
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 50]}...{text[-40:]} ({len(str(path)):,} characters)"

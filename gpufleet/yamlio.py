@@ -18,14 +18,16 @@ import difflib
 import os
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar, get_args
-
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, get_args
 
 from gpufleet.errors import GpufleetError
+from gpufleet.fmt import shown_path
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:  # pydantic is imported by the functions that validate: reading a file needs none of it
+    from pydantic import BaseModel, ValidationError
+    from pydantic_core import ErrorDetails
+
+M = TypeVar("M", bound="BaseModel")
 
 MAX_BYTES = 1 << 20
 """Largest YAML file read (1 MiB; the biggest example shipped, ``examples/catalog.yaml``, is 3.4 KB)."""
@@ -59,14 +61,6 @@ def parse_yaml(
     from gpufleet.yamlload import parse_bounded
 
     return parse_bounded(text, source=source, error=error, max_nodes=max_nodes, max_depth=max_depth)
-
-
-def shown_path(path: Path | str, limit: int = 160) -> str:
-    """``path`` quoted for a one-line message; a longer one is cut in the middle, with its length."""
-    text = repr(str(path))
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit - 50]}...{text[-40:]} ({len(str(path)):,} characters)"
 
 
 def _os_problem(err: OSError | ValueError) -> str:
@@ -126,6 +120,11 @@ def read_text_bounded(
 ) -> str:
     """A regular file's UTF-8 text, refused (``error``) when it is anything else or over ``max_bytes``."""
     data = read_bytes_bounded(path, what=what, error=error, max_bytes=max_bytes, expect=expect)
+    return utf8_text(data, path, what=what, error=error)
+
+
+def utf8_text(data: bytes, path: Path | str, *, what: str, error: type[GpufleetError]) -> str:
+    """``data`` read from ``path`` as UTF-8 text; ``error`` when it is not."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -186,6 +185,8 @@ def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    from pydantic import BaseModel
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
@@ -193,6 +194,8 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def validate(model: type[M], data: Any, *, source: str, what: str, reference: str, error: type[GpufleetError]) -> M:
     """Validate a mapping as ``model``; raise ``error`` naming the first bad field."""
+    from pydantic import ValidationError
+
     if not isinstance(data, dict):
         raise error(f"{source}: {what} must be a YAML mapping, got {type(data).__name__}")
     try:
@@ -217,6 +220,6 @@ __all__ = [
     "read_bytes_bounded",
     "read_text_bounded",
     "read_yaml",
-    "shown_path",
+    "utf8_text",
     "validate",
 ]

@@ -12,9 +12,12 @@ from rich.markup import escape
 from typer import TyperException
 
 from gpufleet._version import __version__
+from gpufleet.cli import typer_values
 from gpufleet.cli.lazy import LazyGroup
 from gpufleet.cli.render import err_console
 from gpufleet.errors import GpufleetError
+
+typer_values.install()  # a value's pydantic check only when one needs it: no pydantic import for most commands
 
 app = typer.Typer(
     name="gpufleet",

@@ -13,10 +13,9 @@ from rich.markup import escape
 from gpufleet.cli.options import JsonOpt, check_path_name
 from gpufleet.cli.render import console, emit_json, err_console, table
 from gpufleet.errors import UsageError, parameters_as_flags
-from gpufleet.fmt import number
+from gpufleet.fmt import number, shown_path
 from gpufleet.iobench import DISK_COLUMNS, NET_COLUMNS, format_bytes, measure_disk, measure_net, parse_size
 from gpufleet.paths import gpufleet_home
-from gpufleet.yamlio import shown_path
 
 bench_app = typer.Typer(help="Measure the disk and the network a job depends on.", no_args_is_help=True)
 

@@ -13,9 +13,9 @@ from rich.markup import escape
 from gpufleet.backends import sync_remote
 from gpufleet.cli.render import err_console
 from gpufleet.errors import GpufleetError, NotFound, UsageError
+from gpufleet.fmt import shown_path
 from gpufleet.jobs.store import Store
 from gpufleet.paths import gpufleet_home, has_store, state_db
-from gpufleet.yamlio import shown_path
 
 try:  # Typer runs commands in its own copy of Click: their context is that copy's
     from typer._click.globals import get_current_context as _current_context

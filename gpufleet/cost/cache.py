@@ -114,7 +114,7 @@ def pricing_digest(rates: RateCard) -> str:
     """
     from gpufleet.cost import ledger, usage
 
-    h = hashlib.sha256(f"{CACHE_VERSION}\0{__version__}\0{rates.model_dump_json()}".encode())
+    h = hashlib.sha256(f"{CACHE_VERSION}\0{__version__}\0{rates.to_json()}".encode())
     for module in (ledger, usage):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()

@@ -15,18 +15,21 @@ not sold there: the on-demand price is used.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import math
 import os
-from collections.abc import Mapping
-from datetime import date
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from gpufleet._version import __version__
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
-from gpufleet.yamlio import parse_yaml, read_yaml, validate
+from gpufleet.paths import gpufleet_home
+from gpufleet.yamlio import read_bytes_bounded
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -35,33 +38,29 @@ ENV_RATES = "GPUFLEET_RATES"
 """A rate card's path, in the environment of the backend (the local scheduler, the Slurm submitter)."""
 
 
-class Rate(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rate:
+    """One row of a rate card (validated by ``gpufleet.cost.rate_schema`` when the card is read)."""
+
     gpu_type: str
     provider: str = "*"
-    on_demand: float = Field(ge=0)
-    spot: float | None = Field(default=None, ge=0)
+    on_demand: float
+    spot: float | None = None
     source: str | None = None
 
 
-class RateCard(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateCard:
+    """A validated rate card. Its YAML is checked by the pydantic models of ``gpufleet.cost.rate_schema``
+    the first time these bytes are read, and kept (:func:`load_rates`): reading a known card imports neither
+    pydantic nor PyYAML, a third of what `gpufleet cost` takes to start."""
+
     currency: str = "USD"
     as_of: str | None = None
+    rates: Sequence[Rate]  # kept as a tuple
 
-    @field_validator("currency")
-    @classmethod
-    def _currency_code(cls, value: str) -> str:
-        if not CURRENCY_RE.fullmatch(value):
-            raise ValueError(f"currency {value!r} is not a currency code: give 2 to 10 letters, such as USD or EUR")
-        return value
-
-    @field_validator("as_of", mode="before")
-    @classmethod
-    def _date_as_text(cls, value: object) -> object:
-        return value.isoformat() if isinstance(value, date) else value
-
-    rates: list[Rate]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rates", tuple(self.rates))  # a list given (as pydantic took) is kept as a tuple
 
     def price(self, gpu_type: str, provider: str, *, spot: bool) -> float | None:
         """Price per GPU-hour, or ``None`` when the card has no row for this GPU type."""
@@ -73,31 +72,112 @@ class RateCard(BaseModel):
         row = rows[0]
         return row.spot if spot and row.spot is not None else row.on_demand
 
+    def to_dict(self) -> dict[str, Any]:
+        rows = [
+            {
+                "gpu_type": r.gpu_type,
+                "provider": r.provider,
+                "on_demand": r.on_demand,
+                "spot": r.spot,
+                "source": r.source,
+            }
+            for r in self.rates
+        ]
+        return {"currency": self.currency, "as_of": self.as_of, "rates": rows}
+
+    def to_json(self) -> str:
+        """The card as compact JSON, in field order: what the cost cache's digest hashes."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RateCard:
+        """A card written by :meth:`to_dict`, each value checked; ``ValueError`` for anything else."""
+        if not isinstance(data, dict) or set(data) != {"currency", "as_of", "rates"}:
+            raise ValueError("not a rate card")
+        currency, as_of, rows = data["currency"], data["as_of"], data["rates"]
+        if not isinstance(currency, str) or not CURRENCY_RE.fullmatch(currency):
+            raise ValueError("currency")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ValueError("rates")
+        return cls(currency=currency, as_of=_text_or_none(as_of), rates=tuple(_rate(r) for r in rows))
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("text")
+    return value
+
+
+def _price_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) is not float or not math.isfinite(value) or value < 0:
+        raise ValueError("price")
+    return value
+
+
+def _rate(row: dict[str, Any]) -> Rate:
+    if set(row) != {"gpu_type", "provider", "on_demand", "spot", "source"}:
+        raise ValueError("rate")
+    gpu_type, provider = row["gpu_type"], row["provider"]
+    if not isinstance(gpu_type, str) or not isinstance(provider, str):
+        raise ValueError("rate")
+    on_demand = _price_or_none(row["on_demand"])
+    if on_demand is None:
+        raise ValueError("on_demand")
+    spot, source = _price_or_none(row["spot"]), _text_or_none(row["source"])
+    return Rate(gpu_type=gpu_type, provider=provider, on_demand=on_demand, spot=spot, source=source)
+
 
 def load_rates(path: str | Path | None = None) -> RateCard:
-    """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None`` (read once per process)."""
+    """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None`` (read once per process).
+
+    A card is parsed and validated the first time its bytes are seen, then read back from
+    ``$GPUFLEET_HOME/cache/rates/`` (keyed by the SHA-256 of its bytes and gpufleet's version): an
+    edited card is new bytes, so it is validated again; a kept copy that does not read back as a
+    card is ignored and written again.
+    """
     if path is None:
         return _shipped_rates()
-    data, source = read_yaml(Path(path), what="rate card", error=UsageError), str(path)
-    return _validated(data, source)
+    raw = read_bytes_bounded(Path(path), what="rate card", error=UsageError)
+    return _card(raw, str(path))
 
 
 @functools.cache
 def _shipped_rates() -> RateCard:
-    shipped = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_text(encoding="utf-8")
-    source = "<default rate card>"
-    return _validated(parse_yaml(shipped, source=source, error=UsageError), source)
+    raw = resources.files("gpufleet.cost").joinpath("default_rates.yaml").read_bytes()
+    return _card(raw, "<default rate card>")
 
 
-def _validated(data: object, source: str) -> RateCard:
-    return validate(
-        RateCard,
-        data,
-        source=source,
-        what="a rate card",
-        reference="the rate card format in docs/cost.md",
-        error=UsageError,
-    )
+def _kept_path(raw: bytes) -> Path:
+    key = hashlib.sha256(raw + b"\0" + __version__.encode()).hexdigest()
+    return gpufleet_home() / "cache" / "rates" / f"{key}.json"
+
+
+def _card(raw: bytes, source: str) -> RateCard:
+    kept = _kept_path(raw)
+    try:
+        return RateCard.from_dict(json.loads(kept.read_bytes()))
+    except (OSError, ValueError):  # not kept yet, or not a card (json's errors are ValueErrors)
+        pass
+    from gpufleet.cost.rate_schema import validated_card
+
+    card = validated_card(raw, source)
+    _keep(kept, card)
+    return card
+
+
+def _keep(kept: Path, card: RateCard) -> None:
+    """Write the validated card for the next read; only into an existing home, and never fatally."""
+    if not gpufleet_home().is_dir():
+        return
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(card.to_json(), encoding="utf-8")
+        os.replace(tmp, kept)
+    except OSError:
+        return
 
 
 def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -23,8 +23,8 @@ from typing import Any
 
 from gpufleet.data.stage import CHUNK, Listed, Progress, Stager, StageReport, list_source
 from gpufleet.errors import UsageError
+from gpufleet.fmt import shown_path
 from gpufleet.spec import DataPolicy
-from gpufleet.yamlio import shown_path
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import ParameterError, UsageError
+from gpufleet.fmt import shown_path
 from gpufleet.iobench.tools import FIO_HINT, json_object, last_line, require_tool
 from gpufleet.units import MAX_SIZE, format_bytes
-from gpufleet.yamlio import shown_path
 
 KiB = 1 << 10
 MiB = 1 << 20

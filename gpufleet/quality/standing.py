@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from gpufleet.errors import GpufleetError, SpecError, UsageError
+from gpufleet.fmt import shown_path
 from gpufleet.quality.monitor import AlarmControl
 from gpufleet.quality.performance import EstimateConfig
 from gpufleet.quality.policy import (
@@ -68,7 +69,7 @@ from gpufleet.quality.policy import (
     evidence_from_report,
 )
 from gpufleet.quality.registry import MODEL_NAME_RE, check_model_name
-from gpufleet.yamlio import read_yaml, shown_path, validate
+from gpufleet.yamlio import read_yaml, validate
 
 if TYPE_CHECKING:
     import pandas as pd

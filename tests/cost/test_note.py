@@ -151,7 +151,7 @@ def test_tiny_costs_show_fractions_of_a_cent(tmp_path: Path) -> None:
 
 
 def test_currency_code_when_no_symbol(tmp_path: Path) -> None:
-    card = load_rates().model_copy(update={"currency": "CHF"})
+    card = replace(load_rates(), currency="CHF")
     usages = sample_usages()
     paths = write_cost_note(tmp_path, usages, build_ledger(usages, card), generated_at=GENERATED)
     assert " CHF" in paths.markdown.read_text(encoding="utf-8")
