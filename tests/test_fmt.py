@@ -88,7 +88,7 @@ def test_finite_json_makes_strict_json() -> None:
 
 def test_all_lists_the_public_names() -> None:
     names = ["CURRENCY_SYMBOLS", "compact_duration", "finite_json", "finite_or_none", "markdown_table"]
-    names += ["GPU_SECONDS_BELOW_HOURS", "gpu_time", "number", "short_duration"]
+    names += ["GPU_SECONDS_BELOW_HOURS", "gpu_time", "number", "short_duration", "shown_path"]
     assert sorted(fmt.__all__) == sorted([*names, "money"])
     for name in fmt.__all__:
         assert hasattr(fmt, name)

@@ -187,15 +187,27 @@ class Crash(Exception):
     """A process that dies without saving: the next attempt resumes from the last periodic checkpoint."""
 
 
-def _run(preempt_at: set[int], monkeypatch: pytest.MonkeyPatch, crash_at: int | None = None) -> int:
-    """Run tinylm to the end, asking for a preemption after each step in ``preempt_at`` and crashing once
-    at ``crash_at``; the attempts it took."""
+def _saved_after(events: Path, step: int) -> bool:
+    """Whether the event log holds a periodic checkpoint of a step after ``step``."""
+    if not events.exists():
+        return False
+    found, _ = read_events(events)
+    return any(e["kind"] == EventKind.CHECKPOINT and e["reason"] == "periodic" and e["step"] > step for e in found)
+
+
+def _run(
+    preempt_at: set[int], monkeypatch: pytest.MonkeyPatch, crash_after: int | None = None, events: Path | None = None
+) -> int:
+    """Run tinylm to the end, asking for a preemption after each step in ``preempt_at`` and crashing once, at
+    the first step after ``crash_after`` by which a periodic checkpoint past it is in ``events``; the attempts
+    it took. (The crash waits for that save, not for a number of steps: on a loaded machine the interval, from
+    the measured save or restore time, may span more steps than on an idle one.)"""
     pending = set(preempt_at)
-    crash = [crash_at]
+    crash = [crash_after]
 
     def on_step(sess: TrainSession) -> None:
         time.sleep(0.01)  # steps long enough for the auto interval (about 0.1 s here) to pass now and then
-        if sess.step == crash[0]:
+        if crash[0] is not None and sess.step > crash[0] and events is not None and _saved_after(events, crash[0]):
             crash[0] = None
             raise Crash
         if sess.step in pending:
@@ -224,7 +236,9 @@ def test_preempted_and_resumed_with_every_auto_is_bit_exact(
     monkeypatch.setenv(ENV_PREEMPTIONS, "3600")  # the backend's rate, over the spec's: MTBF 1 s
     monkeypatch.setenv("GPUFLEET_CKPT_DIR", str(tmp_path / "auto"))
     monkeypatch.setenv("GPUFLEET_EVENTS", str(tmp_path / "auto.jsonl"))
-    assert _run({12, 30, 44}, monkeypatch, crash_at=58) == 5
+    assert _run({12, 30, 44}, monkeypatch, crash_after=45, events=tmp_path / "auto.jsonl") == 5, (
+        "no periodic save came between the last preemption (step 45) and the end (step 60)"
+    )
     _, resumed = CheckpointDir(tmp_path / "auto").load(tmp_path / "auto" / f"step-{SMALL['steps']:08d}")
     for name in ("model", "optimizer", "scheduler"):
         assert_bitwise_equal(reference[name], resumed[name], name)
@@ -235,7 +249,7 @@ def test_preempted_and_resumed_with_every_auto_is_bit_exact(
     assert reasons.count("preempt") == 3 and "periodic" in reasons
     crashed = next(e for e in events if e["kind"] == EventKind.SESSION_END and e["status"] == "failed")
     restored = next(e for e in events if e["kind"] == EventKind.RESTORE and e["attempt"] == crashed["attempt"] + 1)
-    assert 45 < restored["step"] <= 58  # from a periodic save after the last preemption (steps redone)
+    assert 45 < restored["step"] < SMALL["steps"]  # from a periodic save after the last preemption (steps redone)
     intervals = [e for e in events if e["kind"] == EventKind.CHECKPOINT_INTERVAL]
     assert {e["attempt"] for e in intervals} == {1, 2, 3, 4, 5}
     assert all(f"${ENV_PREEMPTIONS}" in e["why"] and e["preemptions_per_hour"] == 3600 for e in intervals)
