@@ -578,7 +578,7 @@ def cost(
     from $GPUFLEET_HOME/cache/cost.db (docs/cost.md says when a row is priced again).
     """
     from gpufleet.cost.gather import cost_report, cost_summary
-    from gpufleet.cost.rates import load_rates
+    from gpufleet.cost.rates import keep_validated, load_rates
 
     load_rates(rates)  # a refused rate card leaves the home as it was: read it before opening the store
     if out is not None:
@@ -588,12 +588,14 @@ def cost(
     shown = None if every or limit == 0 else limit
     if out is not None:  # a note draws every attempt: price them all
         report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
+        keep_validated()  # the card read, now that the command did its work: the next read skips the YAML
         if json_out:
             emit_json(report.to_dict())
             return
         summary = report.summary(shown)
     else:
         summary = cost_summary(open_store(), team=team, job_ids=job, rates_path=rates, limit=shown, with_json=json_out)
+        keep_validated()
         if summary.json_text is not None:
             sys.stdout.write(summary.json_text + "\n")
             return

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gpufleet._version import __version__
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
-from gpufleet.paths import gpufleet_home
+from gpufleet.paths import gpufleet_home, has_store
 from gpufleet.yamlio import read_bytes_bounded
 
 if TYPE_CHECKING:
@@ -133,9 +133,9 @@ def load_rates(path: str | Path | None = None) -> RateCard:
     """Load a rate card, or the one shipped with gpufleet when ``path`` is ``None`` (read once per process).
 
     A card is parsed and validated the first time its bytes are seen, then read back from
-    ``$GPUFLEET_HOME/cache/rates/`` (keyed by the SHA-256 of its bytes and gpufleet's version): an
-    edited card is new bytes, so it is validated again; a kept copy that does not read back as a
-    card is ignored and written again.
+    ``$GPUFLEET_HOME/cache/rates/`` (keyed by the SHA-256 of its bytes and gpufleet's version), once
+    the command that read it calls :func:`keep_validated`: an edited card is new bytes, so it is
+    validated again; a kept copy that does not read back as a card is ignored and written again.
     """
     if path is None:
         return _shipped_rates()
@@ -154,6 +154,10 @@ def _kept_path(raw: bytes) -> Path:
     return gpufleet_home() / "cache" / "rates" / f"{key}.json"
 
 
+_validated_here: dict[Path, tuple[Path, RateCard]] = {}
+"""Cards this process validated: where each would be kept, the home it was read for, the card."""
+
+
 def _card(raw: bytes, source: str) -> RateCard:
     kept = _kept_path(raw)
     try:
@@ -163,21 +167,29 @@ def _card(raw: bytes, source: str) -> RateCard:
     from gpufleet.cost.rate_schema import validated_card
 
     card = validated_card(raw, source)
-    _keep(kept, card)
+    _validated_here[kept] = (gpufleet_home(), card)
     return card
 
 
-def _keep(kept: Path, card: RateCard) -> None:
-    """Write the validated card for the next read; only into an existing home, and never fatally."""
-    if not gpufleet_home().is_dir():
-        return
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(card.to_json(), encoding="utf-8")
-        os.replace(tmp, kept)
-    except OSError:
-        return
+def keep_validated() -> None:
+    """Write the cards this process validated, for the next read to skip parsing and validation.
+
+    Called by a command once it has done its work (``gpufleet cost``), so a command that fails after
+    reading a card leaves the home as it was. Only into a home that holds a store (a folder that merely
+    exists may be anything), and never fatally: a home where it cannot write reads the YAML again.
+    """
+    pending = list(_validated_here.items())
+    _validated_here.clear()
+    for kept, (home, card) in pending:
+        if not has_store(home):
+            continue
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(card.to_json(), encoding="utf-8")
+            os.replace(tmp, kept)
+        except OSError:
+            continue
 
 
 def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -199,4 +211,4 @@ def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> di
     return {} if price is None else {ENV_PRICE: repr(float(price)), ENV_CURRENCY: card.currency}
 
 
-__all__ = ["ENV_RATES", "Rate", "RateCard", "load_rates", "price_environment"]
+__all__ = ["ENV_RATES", "Rate", "RateCard", "keep_validated", "load_rates", "price_environment"]

@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 from gpufleet.cli import typer_values
 from gpufleet.cli.app import app
 from gpufleet.cli.commands import COMMANDS
+from gpufleet.jobs.store import Store
 
 TYPED = [
     "0",
@@ -123,6 +124,7 @@ def test_commands_that_need_no_model_do_not_import_pydantic(argv: list[str], tmp
     on its first run (gpufleet/cost/rates.py): nothing left for pydantic to do."""
     home = tmp_path / "home"
     home.mkdir()
+    Store(home / "state.db").close()  # cards are kept in a home with a store, by a command that succeeded
     first, _ = _modules_after(["cost"], home)
     assert first, "the first `cost` validates the rate card: the check below would prove nothing"
     imported, stderr = _modules_after(argv, home)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from gpufleet.cost import rate_schema, rates
-from gpufleet.cost.rates import Rate, RateCard, load_rates
+from gpufleet.cost.rates import Rate, RateCard, keep_validated, load_rates
 from gpufleet.errors import UsageError
+from gpufleet.jobs.store import Store
 
 CARD = """currency: EUR
 as_of: 2026-11-30
@@ -22,8 +23,9 @@ rates:
 
 @pytest.fixture
 def made(home: Path) -> Path:
-    """A home that exists, as after a first job: cards are kept only there."""
+    """A home with a store, as after a first job: cards are kept only there."""
     home.mkdir()
+    Store(home / "state.db").close()
     return home
 
 
@@ -38,6 +40,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(raw, source)
 
     monkeypatch.setattr(rate_schema, "validated_card", counting)
+    monkeypatch.setattr(rates, "_validated_here", {})
     return seen
 
 
@@ -58,11 +61,14 @@ def test_a_card_is_validated_once_then_read_back(made: Path, tmp_path: Path, cou
         ],
     )
     assert type(first.rates[0].on_demand) is float  # 3 in the YAML, a price once validated
-    assert counted == [str(path)] and len(kept_files(made)) == 1
+    assert counted == [str(path)] and kept_files(made) == []  # kept only once the command did its work
+    keep_validated()
+    assert len(kept_files(made)) == 1
     assert load_rates(path) == first
     assert counted == [str(path)]  # read back: not validated again
     path.write_text(CARD.replace("0.8", "0.9"))  # an edited card is new bytes: validated again
     assert load_rates(path).price("L4", "any", spot=False) == 0.9
+    keep_validated()
     assert counted == [str(path)] * 2 and len(kept_files(made)) == 2
 
 
@@ -86,32 +92,47 @@ def test_a_kept_copy_that_is_not_a_card_is_validated_again(
     path = tmp_path / "rates.yaml"
     path.write_text(CARD)
     card = load_rates(path)
+    keep_validated()
     (kept,) = kept_files(made)
     kept.write_text(tamper(json.loads(kept.read_text())))
     assert load_rates(path) == card
     assert counted == [str(path)] * 2
+    keep_validated()
     assert RateCard.from_dict(json.loads(kept.read_text())) == card  # written again, whole
 
 
-def test_nothing_is_kept_without_a_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: list[str]) -> None:
-    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "no-home-yet"))
+@pytest.mark.parametrize("folder", ["missing", "empty", "junk"])
+def test_nothing_is_kept_in_a_home_without_a_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: list[str], folder: str
+) -> None:
+    """A $GPUFLEET_HOME that is not one yet (or a folder named by mistake) is left exactly as it was."""
+    home = tmp_path / folder
+    if folder != "missing":
+        home.mkdir()
+    if folder == "junk":
+        (home / "notes.txt").write_text("mine")
+    monkeypatch.setenv("GPUFLEET_HOME", str(home))
     path = tmp_path / "rates.yaml"
     path.write_text(CARD)
+    before = sorted(tmp_path.rglob("*"))
     assert load_rates(path) == load_rates(path)
+    keep_validated()
     assert counted == [str(path)] * 2
-    assert not (tmp_path / "no-home-yet").exists()  # reading a card never creates the home
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_a_bad_card_is_refused_whether_or_not_a_good_one_was_kept(made: Path, tmp_path: Path) -> None:
     path = tmp_path / "rates.yaml"
     path.write_text(CARD)
     load_rates(path)
+    keep_validated()
     path.write_text(CARD.replace("on_demand: 3", "on_demand: -3"))
     with pytest.raises(UsageError, match=r"on_demand.*greater than or equal to 0"):
         load_rates(path)
     path.write_bytes(b"currency: \xff\n")
     with pytest.raises(UsageError, match="not UTF-8 text"):
         load_rates(path)
+    keep_validated()
     assert len(kept_files(made)) == 1
 
 
