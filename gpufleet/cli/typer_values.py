@@ -32,7 +32,8 @@ _INSTALLED = False
 
 
 def _simple(annotation: Any) -> Any:
-    """``int`` for ``int`` and ``int | None``; None for anything else."""
+    """The type a value must have to pass unchecked (``int``, ``float``, ``str`` or an Enum), from ``T`` or
+    ``T | None``; None for any other annotation."""
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
