@@ -183,13 +183,13 @@ def keep_validated() -> None:
     for kept, (home, card) in pending:
         if not has_store(home):
             continue
+        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(card.to_json(), encoding="utf-8")
             os.replace(tmp, kept)
         except OSError:
-            continue
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
 
 
 def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:
