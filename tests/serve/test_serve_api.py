@@ -123,9 +123,11 @@ def test_a_period_keeps_the_jobs_that_ran_in_it(fleet: Path) -> None:
 
 def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, home: Path) -> None:
     backend = local_daemon
-    # Priority 5, as the job held below: the scheduler never preempts a job for one of equal priority, so
-    # that one stays queued until it is held, however late the hold request arrives.
-    job = backend.submit(toy("slow", "vision", steps=100_000, pace=0.01).copy_with(priority=5))
+    # Each job takes the scheduler's one GPU slot (a job without GPUs takes none and would start at
+    # once). All three have priority 5: the scheduler never preempts a job for one of equal priority,
+    # so the job held below stays queued until it is held, however late the hold request arrives.
+    gpu = {"resources": {"gpus": 1, "gpu_type": "H100", "cpus": 1}}
+    job = backend.submit(toy("slow", "vision", steps=100_000, pace=0.01, **gpu).copy_with(priority=5))
     follow(backend, lambda: (latest_step(backend.store, job) or 0) >= 2)
     with served(create_app(ServeConfig(home=home, token=TOKEN, sync_remote=False))) as url:
         preempt = f"{url}/api/jobs/{job}/preempt"
@@ -142,8 +144,8 @@ def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, 
         assert backend.store.attempts(job)[0].outcome == "preempted"
         follow(backend, lambda: backend.store.job(job).state == "running")
         assert http("POST", f"{url}/api/jobs/{job}/hold", headers=bearer)[0] == 409  # refused while it runs
-        held = backend.submit(toy("held", "vision", steps=100_000, pace=0.01).copy_with(priority=5))
-        after = backend.submit(toy("after", "vision", steps=100_000, pace=0.01))
+        held = backend.submit(toy("held", "vision", steps=100_000, pace=0.01, **gpu).copy_with(priority=5))
+        after = backend.submit(toy("after", "vision", steps=100_000, pace=0.01, **gpu).copy_with(priority=5))
         assert http("POST", f"{url}/api/jobs/{held}/hold")[0] == 401
         assert http("POST", f"{url}/api/jobs/{held}/hold", headers=bearer) == (200, {"id": held, "requested": "hold"})
         status, reply = http("POST", f"{url}/api/jobs/{job}/cancel", headers=bearer)
@@ -153,7 +155,8 @@ def test_actions_need_the_token_and_the_same_origin(local_daemon: LocalBackend, 
         assert backend.store.job(held).state == "queued" and "held" in (backend.store.job(held).reason or "")
         assert http("POST", f"{url}/api/jobs/{held}/release", headers=bearer)[0] == 200
         assert http("POST", f"{url}/api/jobs/{held}/release", headers=bearer)[0] == 409  # not held any more
-        backend.cancel(after)  # frees the slot: the released job, higher in priority, starts
+        assert backend.store.job(held).state == "queued"  # released, but the slot is taken
+        backend.cancel(after)  # frees the slot: the released job starts
         follow(backend, lambda: backend.store.job(held).state == "running")
         assert http("POST", f"{url}/api/jobs/{job}/cancel", headers=bearer)[0] == 409  # already over: refused
     with served(create_app(ServeConfig(home=home, token=None, sync_remote=False))) as url:
