@@ -588,18 +588,19 @@ def cost(
     shown = None if every or limit == 0 else limit
     if out is not None:  # a note draws every attempt: price them all
         report = cost_report(open_store(), team=team, job_ids=job, rates_path=rates, out=out)
-        keep_validated()  # the card read, now that the command did its work: the next read skips the YAML
         if json_out:
             emit_json(report.to_dict())
+            keep_validated()  # the card read, now that the command did its work: the next read skips the YAML
             return
         summary = report.summary(shown)
     else:
         summary = cost_summary(open_store(), team=team, job_ids=job, rates_path=rates, limit=shown, with_json=json_out)
-        keep_validated()
         if summary.json_text is not None:
             sys.stdout.write(summary.json_text + "\n")
+            keep_validated()
             return
     print_cost(summary, buckets=buckets)
+    keep_validated()
     killed = summary.total.killed
     if killed:  # a killed or lost process is not a preemption: never counted under "preempted"
         which = ", ".join(f"#{j} {name} ({n})" for j, name, n in summary.killed[:20])

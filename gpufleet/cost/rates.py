@@ -14,6 +14,7 @@ not sold there: the on-demand price is used.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -29,7 +30,7 @@ from gpufleet._version import __version__
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.jobs.protocol import CURRENCY_RE, ENV_CURRENCY, ENV_PRICE
 from gpufleet.paths import gpufleet_home, has_store
-from gpufleet.yamlio import read_bytes_bounded
+from gpufleet.yamlio import MAX_BYTES, read_bytes_bounded
 
 if TYPE_CHECKING:
     from gpufleet.spec import JobSpec
@@ -102,10 +103,16 @@ class RateCard:
         return cls(currency=currency, as_of=_text_or_none(as_of), rates=tuple(_rate(r) for r in rows))
 
 
-def _text_or_none(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
+def _text(value: Any) -> str:
+    """``value`` if it is text UTF-8 can write (a lone surrogate cannot: ``UnicodeEncodeError``, a ``ValueError``)."""
+    if not isinstance(value, str):
         raise ValueError("text")
+    value.encode("utf-8")
     return value
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _price_or_none(value: Any) -> float | None:
@@ -119,9 +126,7 @@ def _price_or_none(value: Any) -> float | None:
 def _rate(row: dict[str, Any]) -> Rate:
     if set(row) != {"gpu_type", "provider", "on_demand", "spot", "source"}:
         raise ValueError("rate")
-    gpu_type, provider = row["gpu_type"], row["provider"]
-    if not isinstance(gpu_type, str) or not isinstance(provider, str):
-        raise ValueError("rate")
+    gpu_type, provider = _text(row["gpu_type"]), _text(row["provider"])
     on_demand = _price_or_none(row["on_demand"])
     if on_demand is None:
         raise ValueError("on_demand")
@@ -158,12 +163,17 @@ _validated_here: dict[Path, tuple[Path, RateCard]] = {}
 """Cards this process validated: where each would be kept, the home it was read for, the card."""
 
 
+KEPT_MAX_BYTES = MAX_BYTES * 4
+"""The largest kept card read back: its JSON is a few times the size of the largest YAML card read."""
+
+
 def _card(raw: bytes, source: str) -> RateCard:
     kept = _kept_path(raw)
     try:
-        return RateCard.from_dict(json.loads(kept.read_bytes()))
-    except (OSError, ValueError):  # not kept yet, or not a card (json's errors are ValueErrors)
-        pass
+        data = read_bytes_bounded(kept, what="kept rate card", error=UsageError, max_bytes=KEPT_MAX_BYTES)
+        return RateCard.from_dict(json.loads(data))
+    except (GpufleetError, ValueError, RecursionError):  # not kept yet, not a regular file, or not a card
+        pass  # (json's errors and an unencodable string are ValueErrors; a deep nesting a RecursionError)
     from gpufleet.cost.rate_schema import validated_card
 
     card = validated_card(raw, source)
@@ -189,7 +199,8 @@ def keep_validated() -> None:
             tmp.write_text(card.to_json(), encoding="utf-8")
             os.replace(tmp, kept)
         except OSError:
-            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
+            with contextlib.suppress(OSError):  # a full disk leaves no half-written temporary behind
+                tmp.unlink()
 
 
 def price_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:

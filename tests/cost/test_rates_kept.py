@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,8 @@ def test_a_card_is_validated_once_then_read_back(made: Path, tmp_path: Path, cou
         lambda d: json.dumps({**d, "rates": [{**d["rates"][0], "gpu_type": 7}]}),
         lambda d: json.dumps({**d, "rates": "all"}),
         lambda d: json.dumps([d]),
+        lambda d: "[" * 100_000,  # json's parser recurses: a RecursionError, not a ValueError
+        lambda d: json.dumps({**d, "rates": [{**d["rates"][0], "gpu_type": "\ud800"}]}),  # a lone surrogate
     ],
 )
 def test_a_kept_copy_that_is_not_a_card_is_validated_again(
@@ -99,6 +102,47 @@ def test_a_kept_copy_that_is_not_a_card_is_validated_again(
     assert counted == [str(path)] * 2
     keep_validated()
     assert RateCard.from_dict(json.loads(kept.read_text())) == card  # written again, whole
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_kept_path_that_is_not_a_regular_file_is_never_read(
+    made: Path, tmp_path: Path, counted: list[str], kind: str
+) -> None:
+    """A FIFO would block the read for ever, /dev/zero never end it: neither is opened for reading."""
+    path = tmp_path / "rates.yaml"
+    path.write_text(CARD)
+    card = load_rates(path)
+    keep_validated()
+    (kept,) = kept_files(made)
+    kept.unlink()
+    if kind == "fifo":
+        os.mkfifo(kept)
+    elif kind == "device":
+        kept.symlink_to("/dev/zero")
+    else:
+        kept.mkdir()
+    assert load_rates(path) == card
+    assert counted == [str(path)] * 2
+    keep_validated()  # written again over a FIFO or a link; a folder in the way is left there
+    if kind == "folder":
+        assert kept.is_dir() and not list(kept.parent.glob("*.tmp"))
+    else:
+        assert RateCard.from_dict(json.loads(kept.read_text())) == card
+
+
+def test_cost_prints_its_report_where_the_card_cannot_be_kept(made: Path, tmp_path: Path) -> None:
+    """A cache that is a file (or a full disk) costs the next run a validation, never this run its output."""
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.app import app
+
+    (made / "cache").write_text("not a folder")
+    path = tmp_path / "rates.yaml"
+    path.write_text(CARD)
+    result = CliRunner().invoke(app, ["cost", "--rates", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["currency"] == "EUR"
+    assert (made / "cache").read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("folder", ["missing", "empty", "junk"])
