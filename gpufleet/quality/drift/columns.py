@@ -270,7 +270,9 @@ def _block_sums(values: Floats, fill: Callable[[Floats, int, int], None]) -> flo
 
 
 def mean_abs_difference(a: Floats, b: Floats) -> float:
-    """``mean(|a - b|)`` of two arrays of one size, without a temporary of their size."""
+    """``mean(|a - b|)`` of two arrays of one size, without a temporary of their size (NaN when empty)."""
+    if not a.size:
+        return math.nan
 
     def fill(part: Floats, start: int, stop: int) -> None:
         np.subtract(a[start:stop], b[start:stop], out=part)
