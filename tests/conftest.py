@@ -111,7 +111,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     read each other's jobs in its queue. Every other test has its own home and ports.
 
     (xdist's own ``--dist loadgroup`` marks groups by renaming each test, which pytest 9.2 no longer reads.)
+    Any other ``--dist`` given on the command line (``each``, ``loadfile``, ``worksteal``) is xdist's own.
     """
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ServicesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
