@@ -55,7 +55,10 @@ def test_block_sums_equal_numpys_over_several_blocks(n: int) -> None:
     a.sort()
     b.sort()
     assert drift.wasserstein(a, b, normed=False) == pytest.approx(stats.wasserstein_distance(a, b), rel=1e-12)
-    assert math.isnan(population_std(np.empty(0)))
+    assert math.isnan(population_std(np.empty(0))) and math.isnan(mean_abs_difference(np.empty(0), np.empty(0)))
+    for empty in (np.empty(0), np.array([math.nan])):  # nothing to compare: NaN, as scipy's is
+        assert math.isnan(drift.wasserstein(empty, empty, normed=True))
+        assert math.isnan(drift.wasserstein(empty, empty, normed=False))
 
 
 def test_normed_wasserstein_floors_the_reference_spread() -> None:
