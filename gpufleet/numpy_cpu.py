@@ -11,11 +11,18 @@ is its fastest: all are left alone, as are numpy releases before 2.3 (1.26's onl
 is the AVX-512 one).
 
 numpy reads ``NPY_DISABLE_CPU_FEATURES`` once, when it is first imported, so ``steer()`` runs when
-``gpufleet`` is imported (every command does first) and does nothing once numpy is imported. The
-processes gpufleet starts on this machine inherit the variable, so a job's ranks run the same numpy
-kernels wherever they import numpy; what goes to another machine (a Slurm batch job) goes without it
-(``without_own_setting``), and that machine decides for itself. Setting ``NPY_DISABLE_CPU_FEATURES``
-(even to nothing) or ``NPY_ENABLE_CPU_FEATURES`` yourself turns this off.
+``gpufleet`` is imported (every command does first) and does nothing once numpy is imported. Only a
+numpy from a portable wheel (PyPI's ``manylinux``/``musllinux``, per its ``WHEEL`` file) is steered:
+numpy refuses to import at all when a disabled target is part of its baseline, which a build for
+this very CPU (``-Dcpu-baseline=native``) may make AVX-512, and a wheel built for every x86-64 never.
+
+The value is marked as gpufleet's (``GPUFLEET_NUMPY_STEERED``), so what it starts can tell it from
+the user's own. A process that imports gpufleet decides again for its own numpy (another venv's
+may take other names, or none); what runs a job's own code (an attempt, a Slurm batch job) gets
+its environment without gpufleet's setting (:func:`without_own_setting`), as the user's shell had
+it. A job that imports gpufleet before numpy is steered by that import, and so is every attempt the
+local backend's warm start forks (its server imported numpy the way gpufleet does). Setting
+``NPY_DISABLE_CPU_FEATURES`` (even to nothing) or ``NPY_ENABLE_CPU_FEATURES`` yourself turns this off.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ CPUINFO = "/proc/cpuinfo"
 FEATURES_2_4 = "X86_V4 AVX512_ICL AVX512_SPR"
 FEATURES_2_3 = "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"
 
-_set_here: str | None = None  # the value steer() set in this process, if it did
+MARKER = "GPUFLEET_NUMPY_STEERED"
+"""Set beside ``NPY_DISABLE_CPU_FEATURES`` to the same value: the setting is gpufleet's, not the user's."""
 
 
 def is_zen4(cpuinfo: str) -> bool:
@@ -64,25 +72,65 @@ def features_for(numpy_version: tuple[int, int] | None) -> str | None:
 def installed_numpy_version(path: list[str] | None = None) -> tuple[int, int] | None:
     """numpy's major and minor version, read from its ``version.py`` on ``sys.path`` without importing it
     (nor ``importlib.util``, ``re`` or ``pathlib``: this runs in every command, before anything else)."""
+    found = _installed_numpy(path)
+    return None if found is None else found[1]
+
+
+def portable_numpy(path: list[str] | None = None) -> tuple[int, int] | None:
+    """The version of the numpy on ``sys.path`` when it was installed from a portable wheel, else None."""
+    found = _installed_numpy(path)
+    if found is None or found[1] is None:
+        return None
+    entry, version, full = found
+    return version if _portable_wheel(os.path.join(entry, f"numpy-{full}.dist-info", "WHEEL")) else None
+
+
+def _installed_numpy(path: list[str] | None) -> tuple[str, tuple[int, int] | None, str] | None:
+    """Where numpy is (the ``sys.path`` entry), its major and minor version and its full version text."""
     for entry in path if path is not None else sys.path:
+        if not isinstance(entry, str):  # sys.path may hold bytes; the import system skips them too
+            continue
         try:
             with open(os.path.join(entry or ".", "numpy", "version.py"), encoding="utf-8") as f:
                 text = f.read(4096)
         except (OSError, UnicodeDecodeError):
             continue
-        return _version_of(text)
+        full = _version_text(text)
+        return entry or ".", _major_minor(full), full or ""
     return None
+
+
+def _portable_wheel(wheel_file: str) -> bool:
+    """Whether a ``WHEEL`` file tags every platform ``manylinux*`` or ``musllinux*`` (built for any x86-64)."""
+    try:
+        with open(wheel_file, encoding="utf-8") as f:
+            text = f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+    platforms = [
+        line.split(":", 1)[1].strip().rsplit("-", 1)[-1] for line in text.splitlines() if line.startswith("Tag:")
+    ]
+    return bool(platforms) and all(p.startswith(("manylinux", "musllinux")) for p in platforms)
 
 
 def _version_of(text: str) -> tuple[int, int] | None:
     """``(2, 4)`` from the line ``version = "2.4.6"`` (or ``version: str = ...``) of numpy's ``version.py``."""
+    return _major_minor(_version_text(text))
+
+
+def _version_text(text: str) -> str | None:
+    """``2.4.6`` from the line ``version = "2.4.6"`` (or ``version: str = ...``) of numpy's ``version.py``."""
     for line in text.splitlines():
         name, eq, value = line.partition("=")
         if eq and name.split(":")[0].strip() == "version":
-            parts = value.strip().strip("'\"").split(".")
-            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                return int(parts[0]), int(parts[1])
-            return None
+            return value.strip().strip("'\"")
+    return None
+
+
+def _major_minor(version: str | None) -> tuple[int, int] | None:
+    parts = (version or "").split(".")
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+        return int(parts[0]), int(parts[1])
     return None
 
 
@@ -94,30 +142,43 @@ def _read_cpuinfo(path: str) -> str:
         return ""
 
 
+def inherited(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ``'s ``NPY_DISABLE_CPU_FEATURES`` is gpufleet's setting (marked), not the user's."""
+    value = environ.get(MARKER)
+    return value is not None and environ.get(VARIABLE) == value and "NPY_ENABLE_CPU_FEATURES" not in environ
+
+
 def steer(
     environ: MutableMapping[str, str] | None = None,
     modules: Mapping[str, object] | None = None,
     cpuinfo: str = CPUINFO,
+    path: list[str] | None = None,
 ) -> str | None:
-    """Set ``NPY_DISABLE_CPU_FEATURES`` for numpy's AVX2 kernels on Zen 4; the value set, or None."""
+    """Set ``NPY_DISABLE_CPU_FEATURES`` for numpy's AVX2 kernels on Zen 4; the value set, or None.
+
+    A value gpufleet set in a parent process is decided again here, for this interpreter's numpy.
+    """
     environ = environ if environ is not None else os.environ
     modules = modules if modules is not None else sys.modules
-    if "numpy" in modules or any(name in environ for name in USER_VARIABLES):
-        return None
+    if "numpy" in modules:
+        return None  # too late: numpy read the variable when it was imported
+    if inherited(environ):
+        del environ[VARIABLE], environ[MARKER]
+    elif any(name in environ for name in USER_VARIABLES):
+        return None  # the user's own setting
+    environ.pop(MARKER, None)  # a marker without the value it marks means nothing
     if not is_zen4(_read_cpuinfo(cpuinfo)):  # no /proc/cpuinfo (macOS, Windows): not steered
         return None
-    features = features_for(installed_numpy_version())
+    features = features_for(portable_numpy(path))
     if features is not None:
-        environ[VARIABLE] = features
-        if environ is os.environ:
-            global _set_here
-            _set_here = features
+        environ[VARIABLE] = environ[MARKER] = features
     return features
 
 
 def without_own_setting(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` for a process on another machine: the variable dropped when this process set it."""
+    """``environ`` for what runs a job's own code (here or on another machine): gpufleet's setting dropped."""
     env = dict(environ)
-    if _set_here is not None and env.get(VARIABLE) == _set_here:
+    if inherited(env):
         del env[VARIABLE]
+    env.pop(MARKER, None)
     return env

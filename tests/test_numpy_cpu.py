@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from conftest import drive
 
 from gpufleet import numpy_cpu
 
@@ -71,7 +73,7 @@ def test_steer_sets_the_variable_on_zen4_only(tmp_path: Path) -> None:
 
     environ: dict[str, str] = {"PATH": "/usr/bin"}
     assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4)) == expected
-    assert environ == {"PATH": "/usr/bin", numpy_cpu.VARIABLE: expected}
+    assert environ == {"PATH": "/usr/bin", numpy_cpu.VARIABLE: expected, numpy_cpu.MARKER: expected}
 
     for env, modules, path in [
         ({}, {}, intel),
@@ -112,15 +114,121 @@ def test_importing_gpufleet_steers_numpy_in_a_fresh_process() -> None:
     assert _child({**base, numpy_cpu.VARIABLE: ""}) == ("", has_x86_v4)
 
 
+def fake_numpy(site: Path, version: str, platform: str | None) -> list[str]:
+    """A ``sys.path`` holding a numpy ``version`` installed from a wheel tagged ``platform`` (None: no WHEEL)."""
+    (site / "numpy").mkdir(parents=True)
+    (site / "numpy" / "version.py").write_text(f'version = "{version}"\n')
+    if platform is not None:
+        info = site / f"numpy-{version}.dist-info"
+        info.mkdir()
+        tags = "".join(f"Tag: cp311-cp311-{p}\n" for p in platform.split(","))
+        (info / "WHEEL").write_text(f"Wheel-Version: 1.0\nGenerator: meson\nRoot-Is-Purelib: false\n{tags}")
+    return [str(site)]
+
+
+def test_only_a_numpy_from_a_portable_wheel_is_steered(tmp_path: Path) -> None:
+    """A numpy built for this very CPU may have AVX-512 in its baseline: disabling it would stop its import."""
+    zen4 = tmp_path / "cpuinfo"
+    zen4.write_text(ZEN4)
+    for n, (version, platform, expected) in enumerate(
+        [
+            ("2.4.6", "manylinux_2_27_x86_64,manylinux_2_28_x86_64", numpy_cpu.FEATURES_2_4),
+            ("2.3.5", "musllinux_1_2_x86_64", numpy_cpu.FEATURES_2_3),
+            ("2.4.6", "linux_x86_64", None),  # built here (pip install --no-binary, -Dcpu-baseline=native)
+            ("2.4.6", "manylinux_2_28_x86_64,linux_x86_64", None),
+            ("2.4.6", None, None),  # no WHEEL file: a conda or system package
+            ("2.2.6", "manylinux_2_17_x86_64", None),
+        ]
+    ):
+        path = fake_numpy(tmp_path / str(n), version, platform)
+        portable = platform is not None and all(p.startswith(("manylinux", "musllinux")) for p in platform.split(","))
+        major, minor = (int(part) for part in version.split(".")[:2])
+        assert numpy_cpu.portable_numpy(path) == ((major, minor) if portable else None)
+        environ: dict[str, str] = {}
+        assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4), path=path) == expected
+        assert environ == ({} if expected is None else {numpy_cpu.VARIABLE: expected, numpy_cpu.MARKER: expected})
+    assert numpy_cpu.portable_numpy([b"/bytes", *path]) == (2, 2)  # type: ignore[list-item]  # bytes: skipped
+
+
+def test_a_setting_inherited_from_gpufleet_is_decided_again_the_users_kept(tmp_path: Path) -> None:
+    zen4 = tmp_path / "cpuinfo"
+    zen4.write_text(ZEN4)
+    older = fake_numpy(tmp_path / "older", "2.3.5", "manylinux_2_17_x86_64")
+    native = fake_numpy(tmp_path / "native", "2.4.6", "linux_x86_64")
+    ours = {numpy_cpu.VARIABLE: numpy_cpu.FEATURES_2_4, numpy_cpu.MARKER: numpy_cpu.FEATURES_2_4}
+    # Another venv's numpy 2.3 takes 2.3's names; a numpy built here is left alone.
+    environ = dict(ours)
+    assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4), path=older) == numpy_cpu.FEATURES_2_3
+    assert environ == {numpy_cpu.VARIABLE: numpy_cpu.FEATURES_2_3, numpy_cpu.MARKER: numpy_cpu.FEATURES_2_3}
+    environ = dict(ours)
+    assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4), path=native) is None
+    assert environ == {}
+    # The user's own value (unmarked, or marked for another value) is theirs: kept as it is.
+    for users in [
+        {numpy_cpu.VARIABLE: numpy_cpu.FEATURES_2_4},
+        {numpy_cpu.VARIABLE: "AVX512_SPR", numpy_cpu.MARKER: numpy_cpu.FEATURES_2_4},
+        {**ours, "NPY_ENABLE_CPU_FEATURES": "X86_V3"},
+    ]:
+        environ = dict(users)
+        assert numpy_cpu.steer(environ, modules={}, cpuinfo=str(zen4), path=older) is None
+        assert environ == users
+        assert numpy_cpu.without_own_setting(users) == {k: v for k, v in users.items() if k != numpy_cpu.MARKER}
+    assert numpy_cpu.without_own_setting({**ours, "PATH": "/usr/bin"}) == {"PATH": "/usr/bin"}
+
+
 def test_own_setting_stays_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Slurm batch job's environment goes to another node: gpufleet's own setting is dropped, the user's kept."""
     from gpufleet.backends.slurm.backend import slurm_env
 
-    monkeypatch.setattr(numpy_cpu, "_set_here", numpy_cpu.FEATURES_2_4)
     monkeypatch.setenv(numpy_cpu.VARIABLE, numpy_cpu.FEATURES_2_4)
-    assert numpy_cpu.VARIABLE not in slurm_env()
+    monkeypatch.setenv(numpy_cpu.MARKER, numpy_cpu.FEATURES_2_4)
+    env = slurm_env()
+    assert numpy_cpu.VARIABLE not in env and numpy_cpu.MARKER not in env
     monkeypatch.setenv(numpy_cpu.VARIABLE, "AVX512_SPR")  # the user's own, different value
     assert slurm_env()[numpy_cpu.VARIABLE] == "AVX512_SPR"
-    monkeypatch.setattr(numpy_cpu, "_set_here", None)  # this process did not steer: nothing to drop
+    monkeypatch.delenv(numpy_cpu.MARKER)  # the same value, unmarked: the user's
     monkeypatch.setenv(numpy_cpu.VARIABLE, numpy_cpu.FEATURES_2_4)
     assert slurm_env()[numpy_cpu.VARIABLE] == numpy_cpu.FEATURES_2_4
+
+
+JOB = """import json, os, sys
+import numpy._core._multiarray_umath as m
+names = ({variable!r}, {marker!r})
+json.dump({{"env": {{n: os.environ.get(n) for n in names}}, "x86_v4": bool(m.__cpu_features__.get("X86_V4"))}},
+          open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_a_jobs_own_code_gets_the_environment_without_gpufleets_setting(
+    local: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: str
+) -> None:
+    """Run on the machine at hand: the attempt sees the user's environment, as their shell had it."""
+    from gpufleet.backends.local.warm import WarmProcess
+    from gpufleet.spec import parse_spec
+
+    monkeypatch.setenv("GPUFLEET_WARM_START", warm)
+    ours = numpy_cpu.features_for(numpy_cpu.installed_numpy_version()) or numpy_cpu.FEATURES_2_4
+    monkeypatch.setenv(numpy_cpu.VARIABLE, ours)  # as a scheduler that imported gpufleet first has it on Zen 4
+    monkeypatch.setenv(numpy_cpu.MARKER, ours)
+    backend, scheduler = local
+    script, out = tmp_path / "job.py", tmp_path / "seen.json"
+    script.write_text(JOB.format(variable=numpy_cpu.VARIABLE, marker=numpy_cpu.MARKER))
+    if warm == "1":  # the server has imported: the attempt is forked from it, not started while it imports
+        scheduler.prepare()
+        assert scheduler.warm is not None and scheduler.warm.wait_ready(timeout=300)
+    job = backend.submit(parse_spec({"name": "env", "entrypoint": [sys.executable, str(script), str(out)]}))
+    drive(scheduler, lambda: job in scheduler.running)
+    forked = isinstance(scheduler.running[job].proc, WarmProcess)
+    drive(scheduler, lambda: backend.store.job(job).state in ("completed", "failed"))
+    assert backend.store.job(job).state == "completed", backend.store.job(job).reason
+    seen = json.loads(out.read_text())
+    assert seen["env"] == {numpy_cpu.VARIABLE: None, numpy_cpu.MARKER: None}
+    # A new interpreter's numpy has every kernel the CPU has; a warm attempt's was imported by the server,
+    # as gpufleet imports it: without AVX-512 on Zen 4.
+    text = Path(numpy_cpu.CPUINFO).read_text() if Path(numpy_cpu.CPUINFO).exists() else ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    has_x86_v4 = {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"} <= set(flags)
+    steered = warm == "1" and numpy_cpu.is_zen4(text) and numpy_cpu.portable_numpy() is not None
+    assert seen["x86_v4"] == (has_x86_v4 and not steered)
+    assert forked == (warm == "1")

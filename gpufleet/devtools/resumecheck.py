@@ -43,6 +43,7 @@ from gpufleet.devtools.debug import leaves, plain_equal
 from gpufleet.errors import CheckpointError, ParameterError, UsageError
 from gpufleet.jobs.events import EventKind, read_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_LOG_EVERY_S, REQUEUE_EXIT_CODE, entry_argv, job_environment
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.paths import attempt_log, events_file, job_dir, spec_file
 from gpufleet.spec import JobSpec
 
@@ -346,7 +347,7 @@ def _run_job(
     """
     attempt_log(home, job_id, 1).parent.mkdir(parents=True, exist_ok=True)
     spec_file(home, job_id).write_text(spec.model_dump_json(indent=2), encoding="utf-8")
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    inherited = {k: v for k, v in without_own_setting(os.environ).items() if not k.startswith("GPUFLEET_")}
     env = {**inherited, **job_environment(spec, job_id, home, "local"), ENV_LOG_EVERY_S: "0", **extra}
     argv = entry_argv(spec)
     codes[run] = []

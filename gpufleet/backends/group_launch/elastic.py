@@ -44,6 +44,7 @@ from gpufleet.jobs.protocol import (
     ENV_REPLICAS,
     exit_reason,
 )
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.runtime.elastic import healed_marker
 
 HEARTBEAT_TIMEOUT_MS = 2000
@@ -160,13 +161,15 @@ class ElasticSupervisor(RankSupervisor):
 
     def environment(self, rank: int) -> dict[str, str]:
         assert self.lighthouse is not None
-        return replica_environment(os.environ, rank, self.nproc, self.lighthouse.address, SHARED_REPLICA_ENVIRONMENT)
+        return replica_environment(
+            without_own_setting(os.environ), rank, self.nproc, self.lighthouse.address, SHARED_REPLICA_ENVIRONMENT
+        )
 
     def start(self) -> None:
         """The Lighthouse first (the replicas' managers connect to it), then the warm rank server and every rank."""
         self.lighthouse = Lighthouse.start()
         print(f"gpufleet: elastic replicas meet at the Lighthouse {self.lighthouse.address}", file=sys.stderr)
-        self.warm = WarmRanks.start(self.argv, {**os.environ, **SHARED_REPLICA_ENVIRONMENT})
+        self.warm = WarmRanks.start(self.argv, {**without_own_setting(os.environ), **SHARED_REPLICA_ENVIRONMENT})
         for rank in range(self.nproc):
             self.spawn(rank, warm=False)
 

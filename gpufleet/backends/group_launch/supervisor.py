@@ -77,6 +77,7 @@ from gpufleet.jobs.protocol import (
     REQUEUE_EXIT_CODE,
     exit_reason,
 )
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.runtime.group import (
     dist_timeout,
     lost_marker,
@@ -178,13 +179,18 @@ class RankSupervisor:
     def start(self) -> None:
         """Publish generation 0 and start every rank cold, and the warm rank server beside them."""
         write_rendezvous(self.rdzv, self.generation, self.port)
-        self.warm = WarmRanks.start(self.argv, {**os.environ, **shared_environment(self.nproc, self.run_id, self.rdzv)})
+        self.warm = WarmRanks.start(
+            self.argv, {**without_own_setting(os.environ), **shared_environment(self.nproc, self.run_id, self.rdzv)}
+        )
         for rank in range(self.nproc):
             self.spawn(rank, warm=False)
 
     def environment(self, rank: int) -> dict[str, str]:
         """The whole environment ``rank`` starts with, for the current generation."""
-        return {**os.environ, **rank_environment(rank, self.nproc, self.port, self.generation, self.run_id, self.rdzv)}
+        return {
+            **without_own_setting(os.environ),
+            **rank_environment(rank, self.nproc, self.port, self.generation, self.run_id, self.rdzv),
+        }
 
     def spawn(self, rank: int, *, warm: bool = True) -> bool:
         """Start ``rank`` for the current generation, forked warm when asked and possible: whether it was."""

@@ -48,6 +48,7 @@ from gpufleet.errors import StoreError, UsageError
 from gpufleet.jobs.events import EventKind
 from gpufleet.jobs.protocol import entry_argv, job_environment
 from gpufleet.jobs.store import TERMINAL, Job, JobState
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.paths import attempt_log, events_file, hold_file, job_dir, spec_file
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.runtime.interval import ENV_PREEMPTIONS
@@ -351,7 +352,7 @@ class LocalScheduler:
         log_path = attempt_log(self.home, job.id, n)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
-            **os.environ,
+            **without_own_setting(os.environ),  # the job's own code gets the user's environment
             **job_environment(spec, job.id, self.home, "local"),
             **price_environment(spec, {**os.environ, **job.env}),
             **job.env,
@@ -444,7 +445,7 @@ class LocalScheduler:
         """The warm server, started at the first launch unless ``GPUFLEET_WARM_START=0`` (``None``: none runs)."""
         if self.warm is None and not self.warm_cannot_start and warm_start_enabled(os.environ):
             try:
-                self.warm = WarmServer.start(os.environ)
+                self.warm = WarmServer.start(without_own_setting(os.environ))
                 self.warm_born = time.monotonic()
             except OSError as err:
                 print(f"gpufleet scheduler: no warm start: {err.strerror}; attempts start as new processes", flush=True)

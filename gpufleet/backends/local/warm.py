@@ -56,7 +56,7 @@ PRELOADED = (
 )
 """What the server imports once for every attempt: torch and the runtime an entrypoint uses. Not a module an
 attempt runs with ``-m`` (``gpufleet.runtime.launch``): run as ``__main__`` it must not be imported already."""
-START_VARIABLE_PREFIXES = ("PYTHON", "TORCH", "LD_", "LC_", "MKL_", "KMP_")
+START_VARIABLE_PREFIXES = ("PYTHON", "TORCH", "LD_", "LC_", "MKL_", "KMP_", "NPY_")
 """Variables read when an interpreter, the loader or a preloaded library starts: an attempt whose
 values differ from the server's starts cold."""
 START_VARIABLES = ("LANG",)

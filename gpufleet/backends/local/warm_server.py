@@ -69,6 +69,7 @@ from gpufleet.backends.local.warm import (
     warm_entry,
 )
 from gpufleet.jobs.deathsig import NOT_STARTED, die_with_parent
+from gpufleet.numpy_cpu import without_own_setting
 
 # ---- the server ---------------------------------------------------------------------------------
 
@@ -124,7 +125,7 @@ def serve(fd: int, world_size: int = 1) -> int:
 
 
 def _serve(sock: socket.socket, world_size: int) -> int:
-    start_env = dict(os.environ)
+    start_env = without_own_setting(os.environ)  # as an attempt's is: without gpufleet's numpy setting
     for name in PRELOADED:
         importlib.import_module(name)
     release_blas_threads()

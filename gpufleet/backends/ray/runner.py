@@ -67,6 +67,7 @@ from gpufleet.cost.rates import price_environment
 from gpufleet.errors import UsageError
 from gpufleet.jobs.protocol import ENV_EVENTS, entry_argv, job_environment, rank_argv
 from gpufleet.jobs.store import TERMINAL
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.paths import attempt_log, job_dir
 from gpufleet.spec import JobSpec, parse_spec
 
@@ -404,7 +405,7 @@ class JobRunner:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
-                env={**os.environ, **env},
+                env={**without_own_setting(os.environ), **env},
                 start_new_session=True,
             )
         except OSError as err:
