@@ -429,9 +429,16 @@ class CostCache:
 
     def _keep_live(self) -> None:
         """Keep the watched jobs' pricing inputs read or brought up to date now (:mod:`gpufleet.cost.live`);
-        forget those of the jobs no longer watched."""
+        forget those of the jobs no longer watched, and of the jobs written about that this read left out.
+
+        A read for one team or some jobs (``--team``, ``--job``) prices only those, yet the marks it stores
+        say everything written so far was seen: a left-out job's kept inputs would be taken as current by
+        the next read, which would price it from them without what was written meanwhile. Forgotten, they
+        are read again whole then.
+        """
         db, digest = self.db, self.digest
-        if self._has("live_fresh"):
+        fresh = self._has("live_fresh")
+        if fresh:
             db.execute(
                 "INSERT OR REPLACE INTO live SELECT ?, job_id, spec_key, seen, body, priced FROM temp.live_fresh"
                 " WHERE job_id IN (SELECT job_id FROM watch WHERE digest=?)",
@@ -442,6 +449,17 @@ class CostCache:
             " AND job_id NOT IN (SELECT job_id FROM watch WHERE digest=?)",
             (digest, digest),
         )
+        refreshed = "SELECT job_id FROM temp.live_fresh" if fresh else "SELECT NULL WHERE 0"
+        db.execute(
+            f"DELETE FROM live WHERE digest=? AND job_id IN (SELECT job_id FROM temp.cand WHERE dirty)"
+            f" AND job_id NOT IN ({refreshed})",
+            (digest,),
+        )
+        if self._records:
+            kept = {int(j) for (j,) in db.execute(refreshed)}
+            db.executemany(
+                "DELETE FROM live WHERE digest=? AND job_id=?", ((digest, j) for j in sorted(self._records - kept))
+            )
 
     def _has(self, table: str) -> bool:
         return self.db.execute("SELECT 1 FROM temp.sqlite_master WHERE name=?", (table,)).fetchone() is not None

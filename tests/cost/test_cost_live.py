@@ -192,3 +192,26 @@ def test_a_job_nothing_was_written_about_is_priced_from_what_its_last_pricing_re
         check(store)
         assert how[2] == (["events"] if written else ["kept"])
         assert how[1] == ["kept"]  # nothing written about job 1 all along
+
+
+@pytest.mark.parametrize("narrow", [{"team": "vision"}, {"job_ids": [2]}])
+def test_a_read_for_one_team_or_job_does_not_hide_what_was_written_about_the_others(
+    store: Store, whole: list[int], narrow: dict[str, Any]
+) -> None:
+    """``--team vision`` or ``--job 2`` prices only job 2, yet marks everything written so far as seen: job 1's
+    kept inputs, left out, are read again whole by the next read instead of taken as current."""
+    check(store)
+    whole.clear()
+    store.add_runtime_events(1, [{"ts": 8107.0, "kind": "checkpoint", "attempt": 1, "step": 56, "seconds": 30.0}], 10)
+    cost_summary(store, with_json=True, **narrow)
+    assert whole == []  # job 2: nothing written, its kept inputs; job 1 not in this report
+    check(store)
+    assert whole == [1]
+    whole.clear()
+    store.end_attempt(
+        1, 1, ended_at=9000.0, exit_code=75, outcome="preempted", job_state="queued", reason=None, restarts=1
+    )
+    add_attempt(store, 1, 2, 9500.0, None)
+    cost_summary(store, with_json=True, **narrow)
+    check(store)
+    assert whole == [1]
