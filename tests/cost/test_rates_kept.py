@@ -49,6 +49,16 @@ def kept_files(home: Path) -> list[Path]:
     return sorted((home / "cache" / "rates").glob("*.json"))
 
 
+def card_kept(home: Path, tmp_path: Path) -> tuple[Path, RateCard, Path]:
+    """A card read and kept in ``home``: its YAML's path, the card, and its kept file."""
+    path = tmp_path / "rates.yaml"
+    path.write_text(CARD)
+    card = load_rates(path)
+    keep_validated()
+    (kept,) = kept_files(home)
+    return path, card, kept
+
+
 def test_a_card_is_validated_once_then_read_back(made: Path, tmp_path: Path, counted: list[str]) -> None:
     path = tmp_path / "rates.yaml"
     path.write_text(CARD)
@@ -92,11 +102,7 @@ def test_a_card_is_validated_once_then_read_back(made: Path, tmp_path: Path, cou
 def test_a_kept_copy_that_is_not_a_card_is_validated_again(
     made: Path, tmp_path: Path, counted: list[str], tamper: Any
 ) -> None:
-    path = tmp_path / "rates.yaml"
-    path.write_text(CARD)
-    card = load_rates(path)
-    keep_validated()
-    (kept,) = kept_files(made)
+    path, card, kept = card_kept(made, tmp_path)
     kept.write_text(tamper(json.loads(kept.read_text())))
     assert load_rates(path) == card
     assert counted == [str(path)] * 2
@@ -109,11 +115,7 @@ def test_a_kept_path_that_is_not_a_regular_file_is_never_read(
     made: Path, tmp_path: Path, counted: list[str], kind: str
 ) -> None:
     """A FIFO would block the read for ever, /dev/zero never end it: neither is opened for reading."""
-    path = tmp_path / "rates.yaml"
-    path.write_text(CARD)
-    card = load_rates(path)
-    keep_validated()
-    (kept,) = kept_files(made)
+    path, card, kept = card_kept(made, tmp_path)
     kept.unlink()
     if kind == "fifo":
         os.mkfifo(kept)
