@@ -79,6 +79,7 @@ soak: dev services
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/backends/test_crash_injection.py
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_distributed_session.py -k any_rank_at_any_moment
 	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/runtime/test_port_exit.py -k ported
+	GPUFLEET_SOAK=1 $(BIN)/pytest -q tests/cost/test_cache_differential.py
 
 # The long fuzz run: 10,000 hostile inputs over every command that reads a file or a number, and the HTTP API
 # (`make test` runs ~400, seeded by the commit). FUZZ_ARGS narrows it, e.g. FUZZ_ARGS="--surface serve-http".
