@@ -232,3 +232,12 @@ def test_a_jobs_own_code_gets_the_environment_without_gpufleets_setting(
     steered = warm == "1" and numpy_cpu.is_zen4(text) and numpy_cpu.portable_numpy() is not None
     assert seen["x86_v4"] == (has_x86_v4 and not steered)
     assert forked == (warm == "1")
+
+
+def test_gpufleets_own_setting_is_not_a_change_of_the_schedulers_environment() -> None:
+    """A scheduler steers itself; a script that imported numpy first and submits has no setting: the same."""
+    from gpufleet.backends.local.process import environment_digests
+
+    base = {"PATH": "/usr/bin", "GPUFLEET_LOG_EVERY_S": "5"}
+    ours = {numpy_cpu.VARIABLE: numpy_cpu.FEATURES_2_4, numpy_cpu.MARKER: numpy_cpu.FEATURES_2_4}
+    assert environment_digests({**base, **ours}) == environment_digests(base)

@@ -27,6 +27,7 @@ from typing import Any
 from gpufleet.errors import UsageError
 from gpufleet.jobs.protocol import check_environment
 from gpufleet.jobs.store import Store
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.paths import scheduler_log, state_db
 from gpufleet.paths import scheduler_pid as pid_file
 from gpufleet.spec import JobSpec
@@ -89,10 +90,14 @@ def settings_file(home: Path) -> Path:
 
 
 def environment_digests(env: Mapping[str, str]) -> dict[str, str]:
-    """A short sha256 of each checked variable's value (:data:`SETTINGS_PREFIXES`): values may be secrets."""
+    """A short sha256 of each checked variable's value (:data:`SETTINGS_PREFIXES`): values may be secrets.
+
+    gpufleet's own numpy setting is left out (``numpy_cpu``): each process that imports gpufleet decides it
+    for itself, so a scheduler has it where a script that imported numpy first, and submits, has not.
+    """
     return {
         name: hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        for name, value in sorted(env.items())
+        for name, value in sorted(without_own_setting(env).items())
         if name.startswith(SETTINGS_PREFIXES) and name != "GPUFLEET_HOME"
     }
 
