@@ -241,3 +241,49 @@ def test_gpufleets_own_setting_is_not_a_change_of_the_schedulers_environment() -
     base = {"PATH": "/usr/bin", "GPUFLEET_LOG_EVERY_S": "5"}
     ours = {numpy_cpu.VARIABLE: numpy_cpu.FEATURES_2_4, numpy_cpu.MARKER: numpy_cpu.FEATURES_2_4}
     assert environment_digests({**base, **ours}) == environment_digests(base)
+
+
+NAMES = (numpy_cpu.VARIABLE, numpy_cpu.MARKER)
+SEEN = f"import json, os; print(json.dumps({{n: os.environ.get(n) for n in {NAMES!r}}}), flush=True)"
+"""A command that prints the two variables as it sees them."""
+
+
+def _inherited_setting() -> dict[str, str]:
+    """An environment as a gpufleet process on Zen 4 hands it down: with its setting, marked."""
+    ours = numpy_cpu.features_for(numpy_cpu.installed_numpy_version()) or numpy_cpu.FEATURES_2_4
+    base = {k: v for k, v in os.environ.items() if k not in (*numpy_cpu.USER_VARIABLES, numpy_cpu.MARKER)}
+    return {**base, numpy_cpu.VARIABLE: ours, numpy_cpu.MARKER: ours}
+
+
+def test_gpufleets_wrappers_start_the_jobs_command_without_the_setting(tmp_path: Path) -> None:
+    """The stage-in step and Slurm's rank shim import gpufleet (which steers them again on Zen 4), then become
+    the job's command: that command gets the user's environment, as a command started directly does."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"name": "w", "entrypoint": "gpufleet.workloads.toy:train"}))
+    env = {**_inherited_setting(), "GPUFLEET_SPEC": str(spec_file), "GPUFLEET_JOB_DIR": str(tmp_path)}
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost"}
+    slurm |= {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1"}
+    for wrapper, extra in [("gpufleet.data.stage_in", {}), ("gpufleet.backends.slurm.rank", slurm)]:
+        argv = [sys.executable, "-m", wrapper, "--", sys.executable, "-c", SEEN]
+        out = subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, (wrapper, out.stderr)
+        assert json.loads(out.stdout.splitlines()[-1]) == {numpy_cpu.VARIABLE: None, numpy_cpu.MARKER: None}, wrapper
+
+
+def test_a_slurm_batch_script_starts_the_jobs_command_without_the_setting(tmp_path: Path) -> None:
+    """The batch script imports gpufleet on the node (its notice handlers), then forks the job's command."""
+    from gpufleet.backends.slurm.backend import batch_script
+    from gpufleet.spec import parse_spec
+
+    spec = parse_spec({"name": "b", "entrypoint": [sys.executable, "-c", SEEN], "resources": {"gpus": 0}})
+    home = tmp_path / "home"
+    home.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(batch_script(spec, 7, home))
+    out = subprocess.run(
+        [sys.executable, str(script)], env=_inherited_setting(), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    (log,) = home.rglob("attempt-1.log")
+    seen = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert seen == [{numpy_cpu.VARIABLE: None, numpy_cpu.MARKER: None}]

@@ -19,6 +19,7 @@ from pathlib import Path
 from gpufleet.data.stage import StageError, default_cache, stage_for_attempt
 from gpufleet.jobs.events import EventKind, append_event
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_DATA_DIR, ENV_EVENTS, ENV_JOB_DIR, ENV_SPEC
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.spec import parse_spec
 
 USAGE = "usage: python -m gpufleet.data.stage_in -- ARGV..."
@@ -87,7 +88,7 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvp(args[0], args)
+        os.execvpe(args[0], args, without_own_setting(os.environ))  # the job's own code: the user's environment
     except OSError as err:
         print(f"gpufleet: cannot start {args[0]!r}: {err.strerror}", file=sys.stderr)
         return 127

@@ -63,6 +63,7 @@ from gpufleet.jobs.deathsig import PR_SET_PDEATHSIG as PR_SET_PDEATHSIG  # re-ex
 from gpufleet.jobs.deathsig import die_with_parent, shim_argv
 from gpufleet.jobs.events import exit_from_events
 from gpufleet.jobs.protocol import ENV_ATTEMPT, ENV_EVENTS, ENV_RECOVERY, ENV_WORLD_SIZE, REQUEUE_EXIT_CODE
+from gpufleet.numpy_cpu import without_own_setting
 from gpufleet.runtime.group import lost_marker, rank_end_statuses
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -262,7 +263,11 @@ def main(argv: Sequence[str]) -> int:
     try:
         child = subprocess.Popen(
             torchrun_argv(nproc, command, no_python=no_python),
-            env={**os.environ, "PET_SIGNALS_TO_HANDLE": TORCHRUN_SIGNALS, ENV_RANK_EXITS: str(exits)},
+            env={
+                **without_own_setting(os.environ),
+                "PET_SIGNALS_TO_HANDLE": TORCHRUN_SIGNALS,
+                ENV_RANK_EXITS: str(exits),
+            },
             preexec_fn=lambda: _die_with_parent(me),  # safe: the launcher runs no threads
         )
     except OSError as err:

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from gpufleet.backends.group_launch import exit_status
 from gpufleet.backends.lifecycle import NOT_STARTED, attempt_argv, signal_group
 from gpufleet.jobs.protocol import REQUEUE_EXIT_CODE
+from gpufleet.numpy_cpu import without_own_setting
 
 # ---- what the ranks are told and what their exits mean (pure) -----------------------------
 
@@ -187,7 +188,7 @@ class RankProcess:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=cwd,
-                    env={**os.environ, **env},
+                    env={**without_own_setting(os.environ), **env},
                     start_new_session=True,
                 )
             except OSError as err:

@@ -216,10 +216,12 @@ import json, os, signal, sys, time
     os.chdir(spec["cwd"])
 if signals.stops:
     sys.exit({REQUEUE_EXIT_CODE})
+from gpufleet.numpy_cpu import without_own_setting
+own = without_own_setting(os.environ)
 child = os.fork()
 if child == 0:
     try:
-        os.execvp(spec["argv"][0], spec["argv"])
+        os.execvpe(spec["argv"][0], spec["argv"], own)
     except OSError as err:
         print(f"gpufleet: cannot start {{spec['argv'][0]!r}}: {{err.strerror}}", file=sys.stderr, flush=True)
         os._exit(127)

@@ -44,6 +44,7 @@ from types import FrameType
 
 from gpufleet.backends.slurm.hostlist import expand_hostlist
 from gpufleet.jobs.protocol import ENV_EVENTS, REQUEUE_EXIT_CODE
+from gpufleet.numpy_cpu import without_own_setting
 
 ENV_MASTER_ADDR = "GPUFLEET_MASTER_ADDR"
 """The rendezvous host as the batch script resolved it (Slurm's ``NodeAddr`` of the first node)."""
@@ -237,7 +238,7 @@ def run_group(
     """
     from gpufleet.backends.group_launch import exit_status
 
-    env = dict(os.environ)
+    env = without_own_setting(os.environ)  # srun's, and so the ranks' (each rank's shim steers itself)
     try:
         port = master_port(_int(env, "SLURM_JOB_ID"))
         env[ENV_MASTER_ADDR] = node_address(first_host(env.get("SLURM_JOB_NODELIST", "")))
@@ -281,7 +282,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpufleet.backends.slurm.rank: {err}", file=sys.stderr, flush=True)
         return 2
     try:
-        os.execvp(command[0], command)
+        os.execvpe(command[0], command, without_own_setting(os.environ))  # the job's own code: the user's
     except OSError as err:
         print(f"gpufleet: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr, flush=True)
         return 127
