@@ -113,11 +113,6 @@ def _portable_wheel(wheel_file: str) -> bool:
     return bool(platforms) and all(p.startswith(("manylinux", "musllinux")) for p in platforms)
 
 
-def _version_of(text: str) -> tuple[int, int] | None:
-    """``(2, 4)`` from the line ``version = "2.4.6"`` (or ``version: str = ...``) of numpy's ``version.py``."""
-    return _major_minor(_version_text(text))
-
-
 def _version_text(text: str) -> str | None:
     """``2.4.6`` from the line ``version = "2.4.6"`` (or ``version: str = ...``) of numpy's ``version.py``."""
     for line in text.splitlines():

@@ -87,6 +87,13 @@ def test_steer_sets_the_variable_on_zen4_only(tmp_path: Path) -> None:
         assert env == before
 
 
+def this_cpu() -> tuple[str, bool]:
+    """The machine's ``/proc/cpuinfo`` text ("" where there is none), and whether its CPU has numpy's X86_V4."""
+    text = Path(numpy_cpu.CPUINFO).read_text() if Path(numpy_cpu.CPUINFO).exists() else ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return text, {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"} <= set(flags)
+
+
 def _child(env: dict[str, str]) -> tuple[str | None, bool]:
     code = (
         "import json, os, gpufleet, numpy._core._multiarray_umath as m;"
@@ -99,9 +106,7 @@ def _child(env: dict[str, str]) -> tuple[str | None, bool]:
 
 def test_importing_gpufleet_steers_numpy_in_a_fresh_process() -> None:
     """Run on the machine at hand: on Zen 4 numpy runs without its AVX-512 kernels, elsewhere as it was."""
-    text = Path(numpy_cpu.CPUINFO).read_text() if Path(numpy_cpu.CPUINFO).exists() else ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    has_x86_v4 = {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"} <= set(flags)
+    text, has_x86_v4 = this_cpu()
     base = {k: v for k, v in os.environ.items() if k not in numpy_cpu.USER_VARIABLES}
     value, avx512 = _child(base)
     if numpy_cpu.is_zen4(text):
@@ -112,6 +117,11 @@ def test_importing_gpufleet_steers_numpy_in_a_fresh_process() -> None:
         assert avx512 == has_x86_v4
     # Opting out: the user's own (empty) setting is kept, and numpy keeps every kernel the CPU has.
     assert _child({**base, numpy_cpu.VARIABLE: ""}) == ("", has_x86_v4)
+
+
+def inherited_value() -> str:
+    """The value a gpufleet process on Zen 4 sets for this numpy (2.4's names where it would set none)."""
+    return numpy_cpu.features_for(numpy_cpu.installed_numpy_version()) or numpy_cpu.FEATURES_2_4
 
 
 def fake_numpy(site: Path, version: str, platform: str | None) -> list[str]:
@@ -208,7 +218,7 @@ def test_a_jobs_own_code_gets_the_environment_without_gpufleets_setting(
     from gpufleet.spec import parse_spec
 
     monkeypatch.setenv("GPUFLEET_WARM_START", warm)
-    ours = numpy_cpu.features_for(numpy_cpu.installed_numpy_version()) or numpy_cpu.FEATURES_2_4
+    ours = inherited_value()
     monkeypatch.setenv(numpy_cpu.VARIABLE, ours)  # as a scheduler that imported gpufleet first has it on Zen 4
     monkeypatch.setenv(numpy_cpu.MARKER, ours)
     backend, scheduler = local
@@ -226,9 +236,7 @@ def test_a_jobs_own_code_gets_the_environment_without_gpufleets_setting(
     assert seen["env"] == {numpy_cpu.VARIABLE: None, numpy_cpu.MARKER: None}
     # A new interpreter's numpy has every kernel the CPU has; a warm attempt's was imported by the server,
     # as gpufleet imports it: without AVX-512 on Zen 4.
-    text = Path(numpy_cpu.CPUINFO).read_text() if Path(numpy_cpu.CPUINFO).exists() else ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    has_x86_v4 = {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"} <= set(flags)
+    text, has_x86_v4 = this_cpu()
     steered = warm == "1" and numpy_cpu.is_zen4(text) and numpy_cpu.portable_numpy() is not None
     assert seen["x86_v4"] == (has_x86_v4 and not steered)
     assert forked == (warm == "1")
@@ -250,7 +258,7 @@ SEEN = f"import json, os; print(json.dumps({{n: os.environ.get(n) for n in {NAME
 
 def _inherited_setting() -> dict[str, str]:
     """An environment as a gpufleet process on Zen 4 hands it down: with its setting, marked."""
-    ours = numpy_cpu.features_for(numpy_cpu.installed_numpy_version()) or numpy_cpu.FEATURES_2_4
+    ours = inherited_value()
     base = {k: v for k, v in os.environ.items() if k not in (*numpy_cpu.USER_VARIABLES, numpy_cpu.MARKER)}
     return {**base, numpy_cpu.VARIABLE: ours, numpy_cpu.MARKER: ours}
 

@@ -62,8 +62,13 @@ class Fleet:
         self.offsets[job_id] = self.offsets.get(job_id, 0) + 1
         self.store.add_runtime_events(job_id, events, self.offsets[job_id])
 
-    def running(self) -> list[Any]:
-        return [j for j in self.jobs("running") if self.open_attempt(j.id) is not None]
+    def pick_running(self) -> tuple[Any, int] | None:
+        """A running job with an open attempt, and that attempt's number (None: no such job)."""
+        running = [j for j in self.jobs("running") if self.open_attempt(j.id) is not None]
+        if not running:
+            return None
+        job = self.rng.choice(running)
+        return job, self.open_attempt(job.id).n
 
     # ---- what backends write ---------------------------------------------------------------------
     def submit(self) -> None:
@@ -102,12 +107,11 @@ class Fleet:
         return None
 
     def steps(self) -> None:
-        running = self.running()
-        if not running:
+        picked = self.pick_running()
+        if picked is None:
             return self.start()
-        r, now = self.rng, self.now()
-        job = r.choice(running)
-        n, k = self.open_attempt(job.id).n, r.randint(1, 5)
+        (job, n), r, now = picked, self.rng, self.now()
+        k = r.randint(1, 5)
         events: list[dict[str, Any]] = []
         for i in range(k):
             self.step[job.id] = self.step.get(job.id, 0) + 1
@@ -129,12 +133,10 @@ class Fleet:
         return None
 
     def end(self) -> None:
-        running = self.running()
-        if not running:
+        picked = self.pick_running()
+        if picked is None:
             return self.start()
-        r, now = self.rng, self.now()
-        job = r.choice(running)
-        n = self.open_attempt(job.id).n
+        (job, n), r, now = picked, self.rng, self.now()
         how = r.choice(("completed", "completed", "preempted", "failed", "killed", "requeued", "lost", "cancelled"))
         if how in ("preempted", "cancelled"):
             self.store.update_attempt(job.id, n, state="stopping", sigterm_at=now - 3)
@@ -195,10 +197,9 @@ class Fleet:
             self.store.add_event(job.id, "preemption_notice", attempt=attempt.n, ts=at, source="aws", lead_s=120.0)
 
     def notice(self) -> None:
-        running = self.running()
-        if running:
-            job = self.rng.choice(running)
-            n = self.open_attempt(job.id).n
+        picked = self.pick_running()
+        if picked is not None:
+            job, n = picked
             self.store.add_event(job.id, "preemption_notice", attempt=n, ts=self.now(), source="gcp", lead_s=30.0)
 
     def reason(self) -> None:
